@@ -1,0 +1,34 @@
+"""Segment reductions over edges: the scatter-sum and per-channel softmax of spec §5.
+
+PyTorch reference implementations; they run on any device and are twice differentiable
+(training on forces differentiates through the force computation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def scatter_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """``out[n] = Σ_{index[k] = n} src[k]``.
+
+    src: ``[n_edges, C]``; index: ``[n_edges]`` (int64); returns ``[num_segments, C]``.
+    """
+    out = src.new_zeros((num_segments,) + tuple(src.shape[1:]))
+    return out.index_add(0, index, src)
+
+
+def segment_softmax(logits: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Softmax over the edges that share ``index``, separately for every channel.
+
+    logits: ``[n_edges, C]``; index: ``[n_edges]``; returns ``[n_edges, C]`` whose rows with
+    the same index sum to one per channel. The segment maximum is subtracted for stability;
+    it is detached, as the softmax does not depend on it.
+    """
+    if logits.shape[0] == 0:
+        return logits
+    seg_max = logits.new_full((num_segments, logits.shape[1]), float("-inf"))
+    seg_max = seg_max.scatter_reduce(0, index.unsqueeze(1).expand_as(logits), logits.detach(), "amax", include_self=True)
+    w = torch.exp(logits - seg_max[index])
+    denom = scatter_sum(w, index, num_segments)
+    return w / denom[index]

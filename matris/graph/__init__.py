@@ -1,0 +1,7 @@
+"""Crystal graphs of MatRIS: atom graph (atoms, bonds) and line graph (bonds, angles)."""
+
+from .batch import GraphBatch, line_graph
+from .neighbors import half_neighbor_list
+from .system import AtomicSystem, element_symbol
+
+__all__ = ["AtomicSystem", "GraphBatch", "half_neighbor_list", "line_graph", "element_symbol"]

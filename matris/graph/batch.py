@@ -1,0 +1,191 @@
+"""The atom graph and line graph of a batch of structures (spec §2) as one typed object.
+
+Layout. ``B`` bonds (undirected edges) of all structures, then their ``2B`` directed edges:
+directed edge ``k < B`` is bond ``k`` as (target i, source j, image n) and ``k + B`` is the
+same bond reversed (target j, source i, image −n), so ``d2u[k] = k mod B``. Angles are
+records (atom c, target directed edge d_c, source directed edge d'); their target and
+source bonds are ``d_c mod B`` and ``d' mod B``. Indices are global over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from ..errors import MatRISInputError
+from .neighbors import half_neighbor_list
+from .system import MIN_DISTANCE, AtomicSystem
+
+
+@dataclass
+class GraphBatch:
+    """Atom graph + line graph of ``S`` structures with ``N`` atoms, ``B`` bonds, ``A`` angles.
+
+    Attributes:
+        atomic_numbers: ``[N]`` int64.
+        positions: ``[N, 3]`` Cartesian, Å.
+        cell: ``[S, 3, 3]`` rows are lattice vectors, Å.
+        pbc: ``[S, 3]`` bool.
+        atom_batch: ``[N]`` int64, structure of each atom.
+        n_atoms: ``[S]`` int64.
+        bond_target, bond_source: ``[B]`` int64 atom indices (i, j) of each bond's forward edge.
+        bond_image: ``[B, 3]`` image numbers n of the forward edge (float, dtype of positions).
+        n_bonds: ``[S]`` int64.
+        angle_atom: ``[A]`` int64, the shared atom c.
+        angle_target_edge, angle_source_edge: ``[A]`` int64 directed edges d_c and d'.
+        n_angles: ``[S]`` int64.
+    """
+
+    atomic_numbers: torch.Tensor
+    positions: torch.Tensor
+    cell: torch.Tensor
+    pbc: torch.Tensor
+    atom_batch: torch.Tensor
+    n_atoms: torch.Tensor
+    bond_target: torch.Tensor
+    bond_source: torch.Tensor
+    bond_image: torch.Tensor
+    n_bonds: torch.Tensor
+    angle_atom: torch.Tensor
+    angle_target_edge: torch.Tensor
+    angle_source_edge: torch.Tensor
+    n_angles: torch.Tensor
+
+    @property
+    def num_structures(self) -> int:
+        return int(self.n_atoms.shape[0])
+
+    @property
+    def num_atoms(self) -> int:
+        return int(self.atomic_numbers.shape[0])
+
+    @property
+    def num_bonds(self) -> int:
+        return int(self.bond_target.shape[0])
+
+    @property
+    def num_angles(self) -> int:
+        return int(self.angle_atom.shape[0])
+
+    @property
+    def edge_target(self) -> torch.Tensor:
+        """``[2B]`` target atom of each directed edge."""
+        return torch.cat([self.bond_target, self.bond_source])
+
+    @property
+    def edge_source(self) -> torch.Tensor:
+        """``[2B]`` source atom of each directed edge."""
+        return torch.cat([self.bond_source, self.bond_target])
+
+    @property
+    def bond_batch(self) -> torch.Tensor:
+        """``[B]`` structure of each bond."""
+        return self.atom_batch[self.bond_target]
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "GraphBatch":
+        """Move to ``device``; floating tensors (positions, cell, images) to ``dtype``."""
+        out = {}
+        for f in fields(self):
+            t = getattr(self, f.name)
+            out[f.name] = t.to(device=device, dtype=dtype if (dtype is not None and t.is_floating_point()) else None)
+        return GraphBatch(**out)
+
+    @staticmethod
+    def from_systems(
+        systems: list[AtomicSystem],
+        cutoff: float,
+        three_body_cutoff: float,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        validate: bool = True,
+    ) -> "GraphBatch":
+        """Build the graphs of ``systems`` (spec §2) and batch them with offset indices.
+
+        cutoff: atom-graph cutoff r_c, Å; three_body_cutoff: line-graph cutoff r_3, Å.
+        Raises :class:`MatRISInputError` for invalid structures.
+        """
+        if len(systems) == 0:
+            raise MatRISInputError("no structures given: pass at least one structure.")
+        atom_offset = 0
+        parts: dict[str, list] = {k: [] for k in ("i", "j", "n", "d", "nb")}
+        for k, system in enumerate(systems):
+            if validate:
+                system.validate(k)
+            i, j, n, d = half_neighbor_list(system, cutoff)
+            if validate and len(d) and d.min() < MIN_DISTANCE:
+                m = int(np.argmin(d))
+                raise MatRISInputError(
+                    f"{system.label(k)}: atoms {int(i[m])} and {int(j[m])} are {d[m]:.4f} Å apart, closer than "
+                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix the positions."
+                )
+            parts["i"].append(i + atom_offset)
+            parts["j"].append(j + atom_offset)
+            parts["n"].append(n)
+            parts["d"].append(d)
+            parts["nb"].append(len(i))
+            atom_offset += system.num_atoms
+
+        def cat(key, dt):
+            return torch.from_numpy(np.concatenate(parts[key]).astype(dt, copy=False))
+
+        bond_target, bond_source = cat("i", np.int64), cat("j", np.int64)
+        bond_image = cat("n", np.float64).reshape(-1, 3)
+        bond_length = cat("d", np.float64)
+        n_bonds = torch.tensor(parts["nb"], dtype=torch.int64)
+        n_atoms = torch.tensor([s.num_atoms for s in systems], dtype=torch.int64)
+        atom_batch = torch.repeat_interleave(torch.arange(len(systems)), n_atoms)
+        angle_atom, angle_target_edge, angle_source_edge = line_graph(
+            bond_target, bond_source, bond_length, three_body_cutoff, atom_offset
+        )
+        n_angles = torch.bincount(atom_batch[angle_atom], minlength=len(systems))
+        graph = GraphBatch(
+            atomic_numbers=torch.from_numpy(np.concatenate([s.atomic_numbers for s in systems])),
+            positions=torch.from_numpy(np.concatenate([s.positions for s in systems])),
+            cell=torch.from_numpy(np.stack([s.cell for s in systems])),
+            pbc=torch.from_numpy(np.stack([s.pbc for s in systems])),
+            atom_batch=atom_batch,
+            n_atoms=n_atoms,
+            bond_target=bond_target,
+            bond_source=bond_source,
+            bond_image=bond_image,
+            n_bonds=n_bonds,
+            angle_atom=angle_atom,
+            angle_target_edge=angle_target_edge,
+            angle_source_edge=angle_source_edge,
+            n_angles=n_angles,
+        )
+        return graph.to(device=device, dtype=dtype)
+
+
+def line_graph(
+    bond_target: torch.Tensor,
+    bond_source: torch.Tensor,
+    bond_length: torch.Tensor,
+    three_body_cutoff: float,
+    num_atoms: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Angles of spec §2: every ordered pair of distinct short directed edges sharing a target.
+
+    A directed edge is short when its bond is no longer than r_3. Returns ``(atom c,
+    target directed edge d_c, source directed edge d')``, each ``[A]`` int64. Vectorised: edges
+    are grouped by target and each group of k short edges yields its k·(k−1) ordered pairs.
+    """
+    n_b = bond_target.shape[0]
+    short = torch.nonzero(bond_length <= three_body_cutoff).squeeze(1)
+    edges = torch.cat([short, short + n_b])  # both directed copies of every short bond
+    targets = torch.cat([bond_target[short], bond_source[short]])
+    targets, order = torch.sort(targets, stable=True)
+    edges = edges[order]
+    counts = torch.bincount(targets, minlength=num_atoms)  # short edges per atom
+    start = torch.cumsum(counts, 0) - counts  # first position of each atom's group
+    k = counts[targets]  # group size of each sorted edge
+    rows = torch.repeat_interleave(torch.arange(edges.shape[0]), k)
+    # position of each pair inside its row, 0..k-1, gives the partner's position in the group
+    row_start = torch.cumsum(k, 0) - k
+    local = torch.arange(rows.shape[0]) - torch.repeat_interleave(row_start, k)
+    cols = start[targets[rows]] + local
+    keep = rows != cols
+    rows, cols = rows[keep], cols[keep]
+    return targets[rows], edges[rows], edges[cols]

@@ -1,0 +1,92 @@
+"""A structure as plain arrays, and the checks every structure passes before MatRIS sees it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MatRISInputError
+
+MAX_Z = 94
+MIN_DISTANCE = 0.1  # Å; closer atoms are almost certainly an input error
+
+_SYMBOLS = (
+    "X H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se Br Kr "
+    "Rb Sr Y Zr Nb Mo Tc Ru Rh Pd Ag Cd In Sn Sb Te I Xe Cs Ba La Ce Pr Nd Pm Sm Eu Gd Tb Dy Ho Er Tm Yb "
+    "Lu Hf Ta W Re Os Ir Pt Au Hg Tl Pb Bi Po At Rn Fr Ra Ac Th Pa U Np Pu Am Cm Bk Cf Es Fm Md No Lr Rf "
+    "Db Sg Bh Hs Mt Ds Rg Cn Nh Fl Mc Lv Ts Og"
+).split()
+
+
+def element_symbol(z: int) -> str:
+    """Chemical symbol of atomic number ``z`` (``'Z=<z>'`` outside the periodic table)."""
+    return _SYMBOLS[z] if 0 < z < len(_SYMBOLS) else f"Z={z}"
+
+
+@dataclass
+class AtomicSystem:
+    """One structure as arrays: the input of graph construction.
+
+    positions: ``[N, 3]`` Cartesian, Å. cell: ``[3, 3]``, rows are lattice vectors, Å
+    (rows of non-periodic directions are ignored). pbc: ``[3]`` bool.
+    atomic_numbers: ``[N]`` int. name: used in error messages.
+    """
+
+    positions: np.ndarray
+    cell: np.ndarray
+    pbc: np.ndarray
+    atomic_numbers: np.ndarray
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.positions = np.asarray(self.positions, dtype=np.float64).reshape(-1, 3)
+        self.cell = np.asarray(self.cell, dtype=np.float64).reshape(3, 3)
+        self.pbc = np.broadcast_to(np.asarray(self.pbc, dtype=bool), (3,)).copy()
+        self.atomic_numbers = np.asarray(self.atomic_numbers, dtype=np.int64).reshape(-1)
+
+    @property
+    def num_atoms(self) -> int:
+        return len(self.atomic_numbers)
+
+    @property
+    def volume(self) -> float:
+        """Cell volume in Å³ (0 unless all three directions are periodic)."""
+        return float(abs(np.linalg.det(self.cell))) if self.pbc.all() else 0.0
+
+    def label(self, index: int | None = None) -> str:
+        where = f"structure {index}" if index is not None else "structure"
+        return f"{where} ({self.name})" if self.name else where
+
+    def validate(self, index: int | None = None) -> None:
+        """Raise :class:`MatRISInputError` naming the problem, the structure and the fix."""
+        who = self.label(index)
+        if self.num_atoms == 0:
+            raise MatRISInputError(f"{who} is empty: it has no atoms. Remove it from the input.")
+        if len(self.positions) != self.num_atoms:
+            raise MatRISInputError(
+                f"{who} has {len(self.positions)} positions but {self.num_atoms} atomic numbers; they must match."
+            )
+        bad = (self.atomic_numbers < 1) | (self.atomic_numbers > MAX_Z)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            z = int(self.atomic_numbers[k])
+            raise MatRISInputError(
+                f"{who}: atom {k} is {element_symbol(z)} (Z={z}); MatRIS covers Z = 1 (H) to {MAX_Z} (Pu). "
+                "Remove or replace that element."
+            )
+        if not np.isfinite(self.positions).all():
+            k = int(np.flatnonzero(~np.isfinite(self.positions).all(axis=1))[0])
+            raise MatRISInputError(f"{who}: the position of atom {k} is NaN or infinite; fix the coordinates.")
+        if self.pbc.any():
+            periodic = self.cell[self.pbc]
+            if not np.isfinite(periodic).all():
+                raise MatRISInputError(f"{who}: the cell contains NaN or infinite values; fix the lattice vectors.")
+            sv = np.linalg.svd(periodic, compute_uv=False)
+            if sv.min() < 1e-4:
+                dirs = "".join("abc"[i] for i in np.flatnonzero(self.pbc))
+                raise MatRISInputError(
+                    f"{who}: the cell is degenerate in its periodic directions ({dirs}): the lattice vectors "
+                    f"{periodic.round(6).tolist()} are zero or linearly dependent. Give a proper cell, or set "
+                    "pbc=False along directions that are not periodic."
+                )

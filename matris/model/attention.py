@@ -1,0 +1,51 @@
+"""Separable attention (spec §5): a per-channel softmax over the edges of each node.
+
+Each softmax runs over the edges that share a node, so the cost is linear in the number
+of edges. Used on the atom graph (nodes = atoms, edges = directed edges) and on the line
+graph (nodes = bonds, edges = angles).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels import scatter_sum, segment_softmax
+from .layers import phi
+
+
+def pool_directed(m: torch.Tensor) -> torch.Tensor:
+    """``[2B, d]`` → ``[B, d]``: the mean of the two directed copies of each bond."""
+    n_b = m.shape[0] // 2
+    return (m[:n_b] + m[n_b:]) / 2
+
+
+class SeparableAttention(nn.Module):
+    """``(x, y) → (x', y')`` for node features x ``[n_nodes, d_x]`` and edge features y.
+
+    On the atom graph (``directed=True``) y holds one row per bond ``[B, d_y]`` and edge rows
+    are the ``2B`` directed edges (``y0 = y[d2u]``); on the line graph y is ``[A, d_y]``.
+    """
+
+    def __init__(self, config, d_x: int, d_y: int, d_hidden: int):
+        super().__init__()
+        self.node_res_weight = nn.Parameter(torch.ones(1, d_x))
+        self.edge_res_weight = nn.Parameter(torch.ones(1, d_y))
+        self.source_weight_linear = nn.Linear(d_y, d_y, bias=False)
+        self.target_weight_linear = nn.Linear(d_y, d_y, bias=False)
+        self.edge_nonlinear_update = phi(config, d_y + 2 * d_x, d_hidden, d_y)
+        self.node_nonlinear_update = phi(config, d_x + 2 * d_y, d_hidden, d_x)
+
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, directed: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        y0 = torch.cat([y, y]) if directed else y
+        m = self.edge_nonlinear_update(torch.cat([y0, x[tgt], x[src]], dim=-1))
+        s_hat = segment_softmax(self.source_weight_linear(y0), src, n)
+        t_hat = segment_softmax(self.target_weight_linear(y0), tgt, n)
+        s_agg = scatter_sum(s_hat * m, src, n)
+        t_agg = scatter_sum(t_hat * m, tgt, n)
+        x_new = self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)) + self.node_res_weight * x
+        y_new = (pool_directed(m) if directed else m) + self.edge_res_weight * y
+        return x_new, y_new

@@ -1,0 +1,70 @@
+"""One interaction block (spec §5): line-graph attention, atom-graph attention, then Refine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import SeparableAttention
+from .config import MatRISConfig
+from .refine import Refine
+
+
+@dataclass
+class BlockGraph:
+    """Indices and bases that every block reads, computed once per forward pass.
+
+    edge_target, edge_source: ``[2B]`` atoms of each directed edge.
+    angle_atom, angle_target_bond, angle_source_bond: ``[A]``.
+    line_mask: ``[B, 1]`` bool, bonds of structures that have angles; None when all do.
+    rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
+    """
+
+    edge_target: torch.Tensor
+    edge_source: torch.Tensor
+    angle_atom: torch.Tensor
+    angle_target_bond: torch.Tensor
+    angle_source_bond: torch.Tensor
+    line_mask: torch.Tensor | None
+    rbf_pair: torch.Tensor
+    rbf_3b: torch.Tensor
+
+    @property
+    def has_angles(self) -> bool:
+        return self.angle_atom.shape[0] > 0
+
+
+class InteractionBlock(nn.Module):
+    """``(h, e, a) → (h, e, a)``: atoms ``[N, d_n]``, bonds ``[B, d_e]``, angles ``[A, d_t]``."""
+
+    def __init__(self, config: MatRISConfig):
+        super().__init__()
+        d_n, d_e, d_t = config.node_feat_dim, config.edge_feat_dim, config.three_body_feat_dim
+        self.attn_block_atom_graph = SeparableAttention(config, d_n, d_e, d_n)
+        self.attn_block_line_graph = SeparableAttention(config, d_e, d_t, d_e)
+        self.refine_block_atom_graph = Refine(
+            config, d_n, d_e, d_n, config.num_radial, smooth_delta_edge=config.use_smoothed_for_delta_edge
+        )
+        self.refine_block_line_graph = Refine(config, d_e, d_t, d_e, config.num_angular, d_extra=d_n)
+
+    def forward(
+        self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if g.has_angles:
+            e_new, a = self.attn_block_line_graph(e, a, g.angle_target_bond, g.angle_source_bond, directed=False)
+            e = _masked(g.line_mask, e_new, e)
+        h, e = self.attn_block_atom_graph(h, e, g.edge_target, g.edge_source, directed=True)
+        if g.has_angles:
+            e_new, a = self.refine_block_line_graph(
+                e, a, g.angle_target_bond, g.angle_source_bond, g.rbf_3b, extra=h[g.angle_atom]
+            )
+            e = _masked(g.line_mask, e_new, e)
+        h, e = self.refine_block_atom_graph(h, e, g.edge_target, g.edge_source, g.rbf_pair, directed=True)
+        return h, e, a
+
+
+def _masked(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    # Structures without angles skip the line-graph steps, alone or in a batch.
+    return new if mask is None else torch.where(mask, new, old)

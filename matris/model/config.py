@@ -1,0 +1,101 @@
+"""The constructor configuration of a MatRIS model (spec §1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+ACTIVATIONS = ("relu", "silu", "gelu", "softplus", "sigmoid", "tanh")
+NORMS = ("rms", "layer")
+
+
+@dataclass
+class MatRISConfig:
+    """Hyper-parameters of MatRIS, with the names and defaults of published checkpoints.
+
+    Lengths are in Å. ``to_dict()`` gives the ``config`` entry of a checkpoint.
+    """
+
+    num_layers: int = 6
+    node_feat_dim: int = 128
+    edge_feat_dim: int = 128
+    three_body_feat_dim: int = 128
+    mlp_hidden_dims: tuple[int, ...] = (128, 128)
+    dropout: float = 0.0
+    use_bias: bool = False
+    distance_expansion: str = "Bessel"
+    three_body_expansion: str = "SH"
+    num_radial: int = 7
+    num_angular: int = 7
+    max_l: int = 4
+    max_n: int = 4
+    envelope_exponent: int = 8
+    graph_conv_mlp: str = "GateMLP"
+    activation_type: str = "silu"
+    norm_type: str = "rms"
+    pairwise_cutoff: float = 6.0
+    three_body_cutoff: float = 4.0
+    use_smoothed_for_delta_edge: bool = False
+    learnable_basis: bool = True
+    is_intensive: bool = True
+    is_conservation: bool = True
+    reference_energy: str | None = None
+
+    def __post_init__(self) -> None:
+        self.mlp_hidden_dims = tuple(int(h) for h in self.mlp_hidden_dims)
+        problems = []
+        if self.num_layers < 1:
+            problems.append(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.distance_expansion not in ("Bessel", "Gaussian"):
+            problems.append(f"distance_expansion must be 'Bessel' or 'Gaussian', got {self.distance_expansion!r}")
+        if self.three_body_expansion.lower() not in ("sh", "fourier"):
+            problems.append(f"three_body_expansion must be 'SH' or 'Fourier', got {self.three_body_expansion!r}")
+        if self.three_body_expansion.lower() == "fourier" and self.num_angular % 2 != 1:
+            problems.append(f"the Fourier basis needs an odd num_angular, got {self.num_angular}")
+        if self.three_body_expansion.lower() == "sh" and not (1 <= self.max_l <= 4 and 1 <= self.max_n <= 4):
+            problems.append(f"the SH basis needs 1 <= max_l, max_n <= 4, got max_l={self.max_l}, max_n={self.max_n}")
+        if self.num_angular != self.num_radial:
+            problems.append(
+                f"the line-graph envelope needs num_angular == num_radial, got {self.num_angular} and {self.num_radial}"
+            )
+        if self.graph_conv_mlp not in ("GateMLP", "MLP"):
+            problems.append(f"graph_conv_mlp must be 'GateMLP' or 'MLP', got {self.graph_conv_mlp!r}")
+        if self.activation_type not in ACTIVATIONS:
+            problems.append(f"activation_type must be one of {ACTIVATIONS}, got {self.activation_type!r}")
+        if self.norm_type not in NORMS:
+            problems.append(f"norm_type must be one of {NORMS} ('batch' is not supported), got {self.norm_type!r}")
+        if not 0 < self.three_body_cutoff <= self.pairwise_cutoff:
+            problems.append(
+                f"need 0 < three_body_cutoff <= pairwise_cutoff, got {self.three_body_cutoff} and {self.pairwise_cutoff}"
+            )
+        if not self.is_conservation:
+            problems.append("is_conservation=False (direct force/stress heads) is not supported; no published model uses it")
+        if problems:
+            raise ValueError("invalid MatRIS config: " + "; ".join(problems))
+
+    @property
+    def three_body_basis_size(self) -> int:
+        """Width of the angle basis: max_l·max_n for SH, num_angular for Fourier."""
+        if self.three_body_expansion.lower() == "sh":
+            return self.max_l * self.max_n
+        return self.num_angular
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint's ``config`` entry (plain Python types only)."""
+        out = dataclasses.asdict(self)
+        out["mlp_hidden_dims"] = list(self.mlp_hidden_dims)
+        return out
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> "MatRISConfig":
+        """Build from a checkpoint's ``config``; unknown keys are ignored with a warning."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            warnings.warn(f"ignoring unknown MatRIS config keys {unknown}", stacklevel=2)
+        return cls(**{k: v for k, v in config.items() if k in known})
+
+
+__all__ = ["MatRISConfig", "ACTIVATIONS", "NORMS"]

@@ -1,0 +1,265 @@
+"""MatRIS: embeddings → interaction blocks → readout, with forces and stress by autograd."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from ..graph import GraphBatch
+from ..kernels import scatter_sum
+from .block import BlockGraph, InteractionBlock
+from .config import MatRISConfig
+from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
+from .layers import norm
+from .readout import EnergyHead, MagmomHead, ReferenceEnergy
+
+EV_PER_A3_TO_GPA = 160.21766208
+# Keeps arccos differentiable for collinear bonds (spec §2).
+ANGLE_SHRINK = 1 - 1e-6
+
+
+@dataclass
+class ModelOutput:
+    """Predictions for a batch of ``S`` structures and ``N`` atoms.
+
+    energy: ``[S]`` eV (reference term included); energy_per_atom: ``[S]`` eV/atom;
+    forces: ``[N, 3]`` eV/Å; stress: ``[S, 3, 3]`` GPa, positive = tensile, NaN for
+    structures without a 3-D cell; magmoms: ``[N]`` μB; node_features: atom features
+    after the embedding and after each block (when asked for).
+    """
+
+    energy: torch.Tensor
+    energy_per_atom: torch.Tensor
+    forces: torch.Tensor | None = None
+    stress: torch.Tensor | None = None
+    magmoms: torch.Tensor | None = None
+    node_features: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class MatRIS(nn.Module):
+    """The MatRIS interatomic potential (spec §4–§6); module names mirror published checkpoints."""
+
+    def __init__(self, config: MatRISConfig | None = None, **kwargs: Any):
+        super().__init__()
+        if config is None:
+            config = MatRISConfig(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either a MatRISConfig or keyword arguments, not both")
+        self.config = config
+        c = config
+        self.atom_embedding = AtomEmbedding(c.node_feat_dim)
+        self.edge_embedding = EdgeEmbedding(c)
+        self.three_body_embedding = ThreeBodyEmbedding(c)
+        self.interaction_block = nn.ModuleList(InteractionBlock(c) for _ in range(c.num_layers))
+        self.readout_norm = norm(c.norm_type, c.node_feat_dim)
+        self.energy_head = EnergyHead(c.node_feat_dim, c.mlp_hidden_dims, c.activation_type, c.dropout)
+        self.magmom_head = MagmomHead(c.node_feat_dim, c.activation_type, c.dropout)
+        self.reference_energy = ReferenceEnergy() if c.reference_energy is not None else None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.atom_embedding.embedding.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.atom_embedding.embedding.weight.device
+
+    @property
+    def cutoff(self) -> float:
+        return float(self.config.pairwise_cutoff)
+
+    @property
+    def three_body_cutoff(self) -> float:
+        return float(self.config.three_body_cutoff)
+
+    def num_parameters(self) -> int:
+        """Number of parameter entries (trainable or not, reference energies excluded)."""
+        ref = set() if self.reference_energy is None else {id(p) for p in self.reference_energy.parameters()}
+        return sum(p.numel() for p in self.parameters() if id(p) not in ref)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        graph: GraphBatch,
+        compute_forces: bool = True,
+        compute_stress: bool = True,
+        compute_magmoms: bool = True,
+        create_graph: bool | None = None,
+        return_node_features: bool = False,
+    ) -> ModelOutput:
+        """Energy, forces, stress and magnetic moments of every structure in ``graph``.
+
+        ``create_graph`` keeps the graph of the force computation for training on forces
+        (default: ``self.training``).
+        """
+        if create_graph is None:
+            create_graph = self.training
+        g = graph if graph.positions.dtype == self.dtype and graph.positions.device == self.device else graph.to(
+            self.device, self.dtype
+        )
+        with torch.enable_grad() if (compute_forces or compute_stress) else torch.no_grad():
+            return self._forward(g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features)
+
+    def _forward(self, g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features):
+        n_struct = g.num_structures
+        positions, cell = g.positions, g.cell
+        if compute_forces:
+            positions = positions.detach().requires_grad_(True)
+        strain = None
+        if compute_stress:
+            # zero symmetric strain ε = ½(s + sᵀ) per structure; ∂E/∂s gives the virial
+            strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
+            eps = (strain + strain.transpose(1, 2)) / 2
+            positions = positions + torch.einsum("ni,nij->nj", positions, eps[g.atom_batch])
+            cell = cell + torch.bmm(cell, eps)
+
+        # bond vectors v = x_i − (x_j + n·L) of the forward edges; reverse edges are −v
+        bond_batch = g.bond_batch
+        shift = torch.einsum("bi,bij->bj", g.bond_image, cell[bond_batch])
+        v = positions[g.bond_target] - positions[g.bond_source] - shift
+        r = torch.linalg.vector_norm(v, dim=-1)
+        u_fwd = v / r.unsqueeze(-1)
+        unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]
+
+        n_b = g.num_bonds
+        h = self.atom_embedding(g.atomic_numbers)
+        e, rbf_pair, rbf_3b = self.edge_embedding(r)
+        u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
+        theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
+        # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
+        rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
+        a = self.three_body_embedding(theta, rho)
+
+        line_mask = None
+        if g.num_angles > 0 and bool((g.n_angles[g.n_bonds > 0] == 0).any()):
+            line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1)
+        bg = BlockGraph(
+            edge_target=g.edge_target,
+            edge_source=g.edge_source,
+            angle_atom=g.angle_atom,
+            angle_target_bond=g.angle_target_edge % n_b if n_b else g.angle_target_edge,
+            angle_source_bond=g.angle_source_edge % n_b if n_b else g.angle_source_edge,
+            line_mask=line_mask,
+            rbf_pair=rbf_pair,
+            rbf_3b=rbf_3b,
+        )
+        features = {"embedding": h} if return_node_features else {}
+        for k, block in enumerate(self.interaction_block):
+            h, e, a = block(h, e, a, bg)
+            if return_node_features:
+                features[f"block_{k}"] = h
+
+        h_norm = self.readout_norm(h)
+        atomic_energy = self.energy_head(h_norm)
+        e_model = scatter_sum(atomic_energy.unsqueeze(-1), g.atom_batch, n_struct).squeeze(-1)  # [S], eV
+        n_atoms = g.n_atoms.to(e_model.dtype)
+        ref = (
+            self.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms)
+            if self.reference_energy is not None
+            else torch.zeros_like(e_model)
+        )
+        if self.config.is_intensive:
+            energy_per_atom = e_model / n_atoms + ref
+            energy = energy_per_atom * n_atoms
+        else:  # the reference adds the per-atom reference term to the total (spec §6)
+            energy = e_model + ref
+            energy_per_atom = energy / n_atoms
+
+        out = ModelOutput(energy=energy, energy_per_atom=energy_per_atom, node_features=features)
+        inputs = ([positions] if compute_forces else []) + ([strain] if compute_stress else [])
+        if inputs:
+            grads = torch.autograd.grad(
+                e_model.sum(), inputs, create_graph=create_graph, allow_unused=True, materialize_grads=True
+            )
+            if compute_forces:
+                out.forces = -grads[0]
+            if compute_stress:
+                volume = torch.linalg.det(g.cell).abs()
+                valid = g.pbc.any(dim=1) & (volume > 1e-8)
+                volume = torch.where(valid, volume, torch.ones_like(volume))
+                stress = grads[-1] / volume[:, None, None] * EV_PER_A3_TO_GPA
+                out.stress = torch.where(valid[:, None, None], stress, torch.full_like(stress, float("nan")))
+        if not create_graph:
+            out.energy, out.energy_per_atom = out.energy.detach(), out.energy_per_atom.detach()
+        if compute_magmoms:
+            out.magmoms = self.magmom_head(h_norm)
+            if not create_graph:
+                out.magmoms = out.magmoms.detach()
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> "MatRIS":
+        """Load a checkpoint in the published format (``{"config", "state_dict"}``).
+
+        Loaded with ``weights_only=True``: no arbitrary objects are unpickled. Extra
+        top-level keys (optimizer state, epoch) are ignored.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        try:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - re-raised with a clear message
+            raise CheckpointError(
+                f"cannot read {path} as a MatRIS checkpoint ({type(exc).__name__}: {exc}). Published checkpoints are "
+                "torch.save({'config': ..., 'state_dict': ...}) files that load with weights_only=True."
+            ) from exc
+        if not isinstance(ckpt, dict) or "config" not in ckpt or "state_dict" not in ckpt:
+            keys = list(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
+            raise CheckpointError(f"{path} is not a MatRIS checkpoint: expected keys 'config' and 'state_dict', got {keys}")
+        return cls.from_state(ckpt["config"], ckpt["state_dict"], source=str(path))
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], source: str = "state") -> "MatRIS":
+        """Build a model from a checkpoint's ``config`` dict and ``state_dict``."""
+        try:
+            model = cls(MatRISConfig.from_dict(dict(config)))
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{source}: invalid config: {exc}") from exc
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{source}: state_dict does not match its config: missing {missing[:5]}{'…' if len(missing) > 5 else ''},"
+                f" unexpected {unexpected[:5]}{'…' if len(unexpected) > 5 else ''}"
+            )
+        return model.eval()
+
+    def checkpoint_state(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+        """The published checkpoint dict: config and a ``dtype`` (float32) CPU state_dict."""
+        state = {k: v.detach().to("cpu", dtype=dtype if v.is_floating_point() else None).clone()
+                 for k, v in self.state_dict().items()}
+        return {"config": self.config.to_dict(), "state_dict": state}
+
+    def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+        """Write the published format to ``path`` atomically (temp file + rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(self.checkpoint_state(dtype), fh)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    # ------------------------------------------------------------------ prediction
+    def predict(self, structures: Sequence[Any] | Any, batch_size: int = 16, **kwargs: Any):
+        """Predict energy, forces, stress and magnetic moments of Atoms/Structures.
+
+        See :func:`matris.predict.predict` for the arguments; returns a list of
+        :class:`matris.predict.Prediction` (one for a single structure).
+        """
+        from ..predict import predict
+
+        return predict(self, structures, batch_size=batch_size, **kwargs)

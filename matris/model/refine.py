@@ -1,0 +1,55 @@
+"""Refine (spec §5): messages smoothed by a learned envelope of the radial basis, summed per node."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels import scatter_sum
+from .attention import pool_directed
+from .layers import ffn, phi
+
+
+class Refine(nn.Module):
+    """``(x, y) → (x', y')`` with ``u = Φ(z)``, ``u_g = u ⊙ g``, ``R[n] = Σ_{tgt=n} u_g``.
+
+    ``d_extra`` is the width of the atom features concatenated on the line graph
+    (``z = [y0 ‖ h[c] ‖ x[tgt] ‖ x[src]]``); 0 on the atom graph. ``num_basis`` is the
+    width of the radial basis that ``W_env`` (``learnable_envelope``) maps to ``d_y``.
+    """
+
+    def __init__(self, config, d_x: int, d_y: int, d_hidden: int, num_basis: int, d_extra: int = 0,
+                 smooth_delta_edge: bool = False):
+        super().__init__()
+        self.smooth_delta_edge = smooth_delta_edge
+        self.node_res_weight = nn.Parameter(torch.ones(1, d_x))
+        self.edge_res_weight = nn.Parameter(torch.ones(1, d_y))
+        self.edge_nonlinear_update = phi(config, d_y + d_extra + 2 * d_x, d_hidden, d_y)
+        self.node_FFN = ffn(d_y, d_x, config.use_bias, config.dropout)
+        self.edge_FFN = ffn(d_y, d_y, config.use_bias, config.dropout)
+        self.learnable_envelope = nn.Linear(num_basis, d_y, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        tgt: torch.Tensor,
+        src: torch.Tensor,
+        basis: torch.Tensor,
+        extra: torch.Tensor | None = None,
+        directed: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """basis: ``[B, K]`` radial basis per bond. On the atom graph g = W_env·basis[d2u];
+        on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt]."""
+        q = self.learnable_envelope(basis)
+        if directed:
+            y0, g = torch.cat([y, y]), torch.cat([q, q])
+        else:
+            y0, g = y, q[src] * q[tgt]
+        parts = [y0] if extra is None else [y0, extra]
+        u = self.edge_nonlinear_update(torch.cat(parts + [x[tgt], x[src]], dim=-1))
+        u_g = u * g
+        x_new = self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])) + self.node_res_weight * x
+        delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
+        y_new = (pool_directed(delta) if directed else delta) + self.edge_res_weight * y
+        return x_new, y_new
