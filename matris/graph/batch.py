@@ -100,17 +100,19 @@ class GraphBatch:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         validate: bool = True,
+        index_offset: int = 0,
     ) -> "GraphBatch":
         """Build the graphs of ``systems`` (spec §2) and batch them with offset indices.
 
         cutoff: atom-graph cutoff r_c, Å; three_body_cutoff: line-graph cutoff r_3, Å.
-        Raises :class:`MatRISInputError` for invalid structures.
+        Raises :class:`MatRISInputError` for invalid structures, naming each by its position
+        in the caller's list (``index_offset`` + position in ``systems``).
         """
         if len(systems) == 0:
             raise MatRISInputError("no structures given: pass at least one structure.")
         atom_offset = 0
         parts: dict[str, list] = {k: [] for k in ("i", "j", "n", "d", "nb")}
-        for k, system in enumerate(systems):
+        for k, system in enumerate(systems, start=index_offset):
             if validate:
                 system.validate(k)
             i, j, n, d = half_neighbor_list(system, cutoff)

@@ -219,6 +219,23 @@ class MatRIS(nn.Module):
         return cls.from_state(ckpt["config"], ckpt["state_dict"], source=str(path))
 
     @classmethod
+    def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "cpu",
+             dtype: torch.dtype = torch.float32) -> "MatRIS":
+        """A model by checkpoint path, or the bundled demo model (``None`` or ``"demo"``)."""
+        from ..bundled import BUNDLED_NAMES, DEMO_CHECKPOINT
+
+        if model is None or (isinstance(model, str) and model.replace("_", "-").lower() in BUNDLED_NAMES):
+            path = DEMO_CHECKPOINT
+        else:
+            path = Path(model)
+            if not path.exists():
+                raise FileNotFoundError(
+                    f"no checkpoint at {path}; give the path of a published-format checkpoint (*.pth.tar) "
+                    f"or one of the bundled names {list(BUNDLED_NAMES)}"
+                )
+        return cls.from_checkpoint(path, map_location="cpu").to(device=device, dtype=dtype)
+
+    @classmethod
     def from_state(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], source: str = "state") -> "MatRIS":
         """Build a model from a checkpoint's ``config`` dict and ``state_dict``."""
         try:

@@ -1,0 +1,87 @@
+"""ASE calculator for MatRIS."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from ase import units
+from ase.calculators.calculator import Calculator, all_changes
+
+from .graph import GraphBatch
+from .model import MatRIS
+from .structures import to_system
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, torch.float32: torch.float32, torch.float64: torch.float64}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/None picks CUDA when available, else the CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be 'float32' or 'float64' (or the torch dtypes), got {dtype!r}") from None
+
+
+class MatRISCalculator(Calculator):
+    """MatRIS as an ASE calculator.
+
+    Properties: ``energy`` and ``free_energy`` (eV), ``forces`` (eV/Å), ``stress`` (ASE
+    units eV/Å³, Voigt order xx yy zz yz xz xy; only for cells with a volume), ``magmoms``
+    (μB). The caller's Atoms are never modified.
+
+    Args:
+        model: a :class:`MatRIS`, a checkpoint path, or None for the bundled demo model.
+        device: "cpu", "cuda", "cuda:1", or "auto".
+        dtype: "float32" (default) or "float64".
+        compute_stress: set False to skip the stress (a little faster in MD at fixed cell).
+    """
+
+    implemented_properties = ["energy", "free_energy", "forces", "stress", "magmoms"]
+
+    def __init__(
+        self,
+        model: MatRIS | str | os.PathLike | None = None,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "float32",
+        compute_stress: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        if isinstance(model, MatRIS):
+            self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        else:
+            self.model = MatRIS.load(model, device=self.device, dtype=self.dtype).eval()
+        self.compute_stress = compute_stress
+
+    def calculate(self, atoms=None, properties=None, system_changes=all_changes) -> None:
+        properties = properties or ["energy"]
+        super().calculate(atoms, properties, system_changes)  # keeps a copy in self.atoms
+        system = to_system(self.atoms)
+        graph = GraphBatch.from_systems(
+            [system], self.model.cutoff, self.model.three_body_cutoff, dtype=self.dtype, device=self.device
+        )
+        want_stress = self.compute_stress or "stress" in properties
+        out = self.model(graph, compute_forces=True, compute_stress=want_stress, compute_magmoms=True)
+        energy = float(out.energy[0])
+        self.results = {
+            "energy": energy,
+            "free_energy": energy,
+            "forces": out.forces.detach().cpu().numpy().astype(np.float64),
+            "magmoms": out.magmoms.detach().cpu().numpy().astype(np.float64),
+        }
+        if want_stress:
+            stress = out.stress[0].detach().cpu().numpy().astype(np.float64)
+            if not np.isnan(stress).any():
+                s = stress * units.GPa
+                self.results["stress"] = np.array([s[0, 0], s[1, 1], s[2, 2], s[1, 2], s[0, 2], s[0, 1]])

@@ -1,0 +1,45 @@
+"""Conversion of user structures (ASE Atoms, pymatgen Structure/Molecule) to :class:`AtomicSystem`.
+
+This is the edge of the package where ase and pymatgen objects enter; everything after it
+works on arrays and tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import MatRISInputError
+from .graph import AtomicSystem
+
+
+def to_system(obj: Any, index: int | None = None) -> AtomicSystem:
+    """An :class:`AtomicSystem` from ASE ``Atoms``, a pymatgen ``Structure``/``Molecule``, or itself.
+
+    pymatgen Structures are periodic in all directions; Molecules are not periodic.
+    """
+    if isinstance(obj, AtomicSystem):
+        return obj
+    if hasattr(obj, "get_positions") and hasattr(obj, "get_atomic_numbers") and hasattr(obj, "pbc"):  # ase.Atoms
+        name = str(obj.info.get("name", "")) or obj.get_chemical_formula()
+        return AtomicSystem(obj.get_positions(), np.asarray(obj.cell[:]), obj.pbc, obj.get_atomic_numbers(), name)
+    if hasattr(obj, "cart_coords") and hasattr(obj, "species"):  # pymatgen
+        if not getattr(obj, "is_ordered", True):
+            raise MatRISInputError(
+                f"{_where(index)}: the structure is disordered (partial occupancies); MatRIS needs one element per "
+                "site. Order it first, e.g. with pymatgen's OrderDisorderedStructureTransformation."
+            )
+        numbers = [getattr(site.specie, "Z", 0) for site in obj]
+        name = obj.composition.reduced_formula
+        if hasattr(obj, "lattice"):
+            return AtomicSystem(obj.cart_coords, obj.lattice.matrix, True, numbers, name)
+        return AtomicSystem(obj.cart_coords, np.zeros((3, 3)), False, numbers, name)
+    raise MatRISInputError(
+        f"{_where(index)} is a {type(obj).__module__}.{type(obj).__name__}; MatRIS takes ase.Atoms or "
+        "pymatgen Structure/Molecule objects."
+    )
+
+
+def _where(index: int | None) -> str:
+    return "structure" if index is None else f"structure {index}"
