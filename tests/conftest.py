@@ -1,0 +1,44 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from matris import AtomicSystem, GraphBatch, MatRIS
+
+FIXTURES = Path(__file__).parent / "fixtures" / "official-v0.9"
+FOLDERS = ["small_sh_float64", "small_fourier_float64", "mixed_widths_float64", "small_sh_float32"]
+
+
+def load_reference(folder: str) -> dict:
+    return json.loads((FIXTURES / folder / "reference.json").read_text())
+
+
+def load_fixture_model(folder: str, dtype=torch.float64) -> MatRIS:
+    return MatRIS.from_checkpoint(FIXTURES / folder / "checkpoint.pth.tar").to(dtype)
+
+
+def evaluate(model: MatRIS, systems, **kw):
+    """Model output for a list of AtomicSystems in the model's dtype."""
+    g = GraphBatch.from_systems(list(systems), model.cutoff, model.three_body_cutoff, dtype=model.dtype)
+    return model(g, **kw), g
+
+
+@pytest.fixture(scope="session")
+def model64() -> MatRIS:
+    return load_fixture_model("small_sh_float64")
+
+
+@pytest.fixture(scope="session")
+def fourier64() -> MatRIS:
+    return load_fixture_model("small_fourier_float64")
+
+
+def random_system(rng, n=6, a=4.2, z=(14, 8, 26), pbc=True, rattle=0.25) -> AtomicSystem:
+    """A random triclinic cell with atoms on a jittered grid (no two atoms closer than ~1 Å)."""
+    cell = np.eye(3) * a + rng.normal(scale=0.3, size=(3, 3))
+    grid = np.stack(np.meshgrid(*[np.arange(2)] * 3, indexing="ij"), -1).reshape(-1, 3)[:n] / 2
+    frac = grid + rng.normal(scale=rattle / a, size=grid.shape)
+    numbers = rng.choice(z, size=n)
+    return AtomicSystem(frac @ cell, cell, pbc, numbers, "random")

@@ -1,0 +1,71 @@
+"""The contract: published checkpoints give the reference implementation's numbers (spec, fixtures)."""
+
+import numpy as np
+import pytest
+import torch
+from ase.io import read
+
+from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference
+from matris.structures import to_system
+
+TOL64 = {"energy_per_atom": 1e-7, "forces": 1e-6, "stress_GPa": 1e-5, "magmoms": 1e-7}
+
+
+def _cases():
+    for folder in FOLDERS:
+        for k, s in enumerate(load_reference(folder)["structures"]):
+            yield pytest.param(folder, k, id=f"{folder}-{s['name']}")
+
+
+@pytest.fixture(scope="module")
+def fixture_data():
+    cache = {}
+
+    def get(folder):
+        if folder not in cache:
+            ref = load_reference(folder)
+            dtype = torch.float64 if ref["dtype"] == "float64" else torch.float32
+            model = load_fixture_model(folder, dtype)
+            atoms = read(FIXTURES / folder / "structures.extxyz", ":")
+            cache[folder] = (ref, model, [to_system(a) for a in atoms])
+        return cache[folder]
+
+    return get
+
+
+@pytest.mark.parametrize("folder,k", list(_cases()))
+def test_fixture_parity(fixture_data, folder, k):
+    ref, model, systems = fixture_data(folder)
+    r = ref["structures"][k]
+    out, g = evaluate(model, [systems[k]], return_node_features=True)
+    assert 2 * g.num_bonds == r["n_directed_edges"]
+    assert g.num_angles == r["n_angles"]
+    got = {
+        "energy_per_atom": out.energy_per_atom.detach().numpy()[0],
+        "energy": out.energy.detach().numpy()[0],
+        "forces": out.forces.numpy(),
+        "stress_GPa": out.stress[0].numpy(),
+        "magmoms": out.magmoms.numpy(),
+    }
+    for key, tol in TOL64.items():
+        want = np.asarray(r[key])
+        err = np.abs(got[key] - want).max()
+        if ref["dtype"] == "float32":  # 1e-4 of the quantity's largest magnitude in the folder
+            tol = 1e-4 * max(np.abs(np.asarray(s[key])).max() for s in ref["structures"])
+        assert err <= tol, f"{key}: max error {err:.3e} > {tol:.1e}"
+    if ref["dtype"] == "float64":
+        assert abs(got["energy"] - r["energy"]) <= 1e-7 * r["n_atoms"]
+        for name, feats in out.node_features.items():
+            np.testing.assert_allclose(feats.detach().numpy(), r["node_features"][name], atol=1e-9)
+
+
+@pytest.mark.parametrize("folder", FOLDERS[:3])
+def test_batched_equals_single(fixture_data, folder):
+    """All seven structures in one batch give the same numbers as one at a time."""
+    ref, model, systems = fixture_data(folder)
+    out, g = evaluate(model, systems)
+    assert g.n_angles.tolist() == [s["n_angles"] for s in ref["structures"]]
+    np.testing.assert_allclose(out.energy_per_atom.numpy(), [s["energy_per_atom"] for s in ref["structures"]], atol=1e-9)
+    forces = np.concatenate([np.asarray(s["forces"]) for s in ref["structures"]])
+    np.testing.assert_allclose(out.forces.numpy(), forces, atol=1e-8)
+    np.testing.assert_allclose(out.stress.numpy(), [s["stress_GPa"] for s in ref["structures"]], atol=1e-7)
