@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -59,6 +60,8 @@ class MatRISCalculator(Calculator):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         if isinstance(model, MatRIS):
+            if model.dtype != self.dtype or model.device != self.device:
+                model = copy.deepcopy(model)  # Module.to() works in place: leave the caller's model alone
             self.model = model.to(device=self.device, dtype=self.dtype).eval()
         else:
             self.model = MatRIS.load(model, device=self.device, dtype=self.dtype).eval()

@@ -17,9 +17,13 @@ def half_neighbor_list(system: AtomicSystem, cutoff: float) -> tuple[np.ndarray,
     """
     import vesin
 
-    nl = vesin.NeighborList(cutoff=float(cutoff), full_list=False)
+    # vesin keeps d < cutoff; the spec includes d == cutoff, so search a hair wider and filter
+    nl = vesin.NeighborList(cutoff=float(cutoff) * (1 + 1e-9) + 1e-12, full_list=False)
     box = np.where(system.pbc[:, None], system.cell, 0.0)
     if not system.pbc.any():
         box = np.zeros((3, 3))
     i, j, shifts, d = nl.compute(system.positions, box, system.pbc.tolist(), "ijSd")
+    keep = d <= cutoff
+    if not keep.all():
+        i, j, shifts, d = i[keep], j[keep], shifts[keep], d[keep]
     return i.astype(np.int64), j.astype(np.int64), shifts.astype(np.int64), d

@@ -1,0 +1,44 @@
+"""The ``matris`` command."""
+
+import json
+import subprocess
+import sys
+
+from ase.build import bulk
+from ase.io import write
+
+from matris.cli import main
+
+
+def test_predict_default_runs_offline(capsys):
+    assert main(["predict"]) == 0
+    out = capsys.readouterr().out
+    assert "Si_diamond_example" in out and "E/atom" in out
+
+
+def test_predict_files_and_json(tmp_path, capsys):
+    cu = bulk("Cu", "fcc", a=3.6)
+    write(tmp_path / "cu.cif", cu)
+    frames = [bulk("Si", "diamond", a=5.43 + 0.01 * k) for k in range(3)]
+    write(tmp_path / "si.extxyz", frames)
+    out_json = tmp_path / "out" / "results.json"
+    assert main(["predict", str(tmp_path / "cu.cif"), str(tmp_path / "si.extxyz"), "--json", str(out_json),
+                 "--dtype", "float64"]) == 0
+    results = json.loads(out_json.read_text())
+    assert len(results) == 4
+    assert results[1]["name"] == "si.extxyz[0]"
+    assert len(results[0]["stress_GPa"]) == 3
+
+
+def test_errors_exit_2_with_message(tmp_path, capsys):
+    assert main(["predict", str(tmp_path / "missing.cif")]) == 2
+    assert "no structure file" in capsys.readouterr().err
+    assert main(["predict", "--model", str(tmp_path / "nope.pth.tar")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_console_script_help():
+    res = subprocess.run([sys.executable, "-m", "matris.cli", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "predict" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "matris.cli", "predict", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "--model" in res.stdout and "bundled" in res.stdout

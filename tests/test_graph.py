@@ -1,0 +1,149 @@
+"""Atom graph and line graph (spec §2) against brute-force definitions."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import random_system
+from matris import AtomicSystem, GraphBatch
+
+
+def brute_force_edges(system: AtomicSystem, rc: float, nmax: int | None = None) -> set:
+    """Every directed (target i, source j, image n) with |x_i − x_j − n·L| <= rc."""
+    cell = system.cell
+    ranges = []
+    for k in range(3):
+        if system.pbc[k] and nmax is not None:
+            ranges.append(range(-nmax, nmax + 1))
+        elif system.pbc[k]:
+            # planes of direction k are 1/|b_k| apart
+            b = np.linalg.inv(cell).T[k]
+            ranges.append(range(-int(np.ceil(rc * np.linalg.norm(b))) - 1, int(np.ceil(rc * np.linalg.norm(b))) + 2))
+        else:
+            ranges.append(range(0, 1))
+    x = system.positions
+    out = set()
+    for n in itertools.product(*ranges):
+        shift = np.asarray(n) @ cell
+        d = np.linalg.norm(x[:, None, :] - x[None, :, :] - shift, axis=-1)
+        for i, j in zip(*np.nonzero(d <= rc)):
+            if i != j or any(n):
+                out.add((int(i), int(j), n))
+    return out
+
+
+def graph_edges(g: GraphBatch) -> set:
+    tgt, src = g.edge_target.tolist(), g.edge_source.tolist()
+    img = torch.cat([g.bond_image, -g.bond_image]).round().long().tolist()
+    return {(t, s, tuple(n)) for t, s, n in zip(tgt, src, img)}
+
+
+def brute_force_angles(g: GraphBatch, r3: float) -> list:
+    """Spec §2 literally: for every short directed edge d_c and every other short d' with the same target."""
+    n_b = g.num_bonds
+    length = torch.linalg.vector_norm(
+        g.positions[g.bond_target] - g.positions[g.bond_source]
+        - torch.einsum("bi,bij->bj", g.bond_image, g.cell[g.bond_batch]), dim=-1)
+    tgt = g.edge_target.tolist()
+    out = []
+    for dc in range(2 * n_b):
+        if length[dc % n_b] > r3:
+            continue
+        for dp in range(2 * n_b):
+            if dp != dc and tgt[dp] == tgt[dc] and length[dp % n_b] < r3:
+                out.append((tgt[dc], dc, dp))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_periodic_edges_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    system = random_system(rng, n=5, a=3.0 + seed)  # small cells: many periodic images
+    g = GraphBatch.from_systems([system], 6.0, 4.0, dtype=torch.float64)
+    assert graph_edges(g) == brute_force_edges(system, 6.0)
+    # every bond has exactly two directed copies: (i, j, n) and (j, i, −n)
+    assert 2 * g.num_bonds == len(brute_force_edges(system, 6.0))
+
+
+def test_line_graph_matches_spec_definition():
+    rng = np.random.default_rng(7)
+    systems = [random_system(rng, n=4, a=3.3), random_system(rng, n=3, a=3.8)]
+    g = GraphBatch.from_systems(systems, 5.0, 3.5, dtype=torch.float64)
+    got = sorted(zip(g.angle_atom.tolist(), g.angle_target_edge.tolist(), g.angle_source_edge.tolist()))
+    assert got == brute_force_angles(g, 3.5)
+    assert g.n_angles.sum() == g.num_angles
+
+
+def test_fcc_primitive_counts():
+    """Cu fcc primitive: one atom, 18 short directed edges → 18 × 17 = 306 angles (spec §2)."""
+    s = AtomicSystem(np.zeros((1, 3)), [[0, 1.805, 1.805], [1.805, 0, 1.805], [1.805, 1.805, 0]], True, [29])
+    g = GraphBatch.from_systems([s], 6.0, 4.0)
+    assert 2 * g.num_bonds == 78 and g.num_angles == 306
+
+
+def test_mixed_periodicity_slab_and_wire():
+    rng = np.random.default_rng(3)
+    base = random_system(rng, n=6, a=4.0)
+    for pbc in ([True, True, False], [False, False, True], [True, False, True]):
+        s = AtomicSystem(base.positions, base.cell, pbc, base.atomic_numbers)
+        g = GraphBatch.from_systems([s], 5.0, 3.0, dtype=torch.float64)
+        edges = graph_edges(g)
+        assert edges == brute_force_edges(s, 5.0)
+        for _, _, n in edges:  # no images along non-periodic directions
+            assert all(n[k] == 0 for k in range(3) if not pbc[k])
+
+
+def test_slab_with_zero_vacuum_vector():
+    """A 2-D periodic slab needs no third lattice vector."""
+    cell = np.array([[2.5, 0, 0], [0, 2.5, 0], [0, 0, 0]])
+    pos = np.array([[0, 0, 0], [1.25, 1.25, 1.8], [0, 0, 3.6]])
+    s = AtomicSystem(pos, cell, [True, True, False], [29, 29, 29])
+    g = GraphBatch.from_systems([s], 5.0, 3.0, dtype=torch.float64)
+    assert graph_edges(g) == brute_force_edges(s, 5.0, nmax=4)
+
+
+def test_molecule_without_box():
+    pos = np.array([[0.0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]])
+    s = AtomicSystem(pos, np.zeros((3, 3)), False, [8, 1, 1])
+    g = GraphBatch.from_systems([s], 6.0, 4.0)
+    assert 2 * g.num_bonds == 6 and g.num_angles == 6
+    assert g.bond_image.abs().sum() == 0
+
+
+def test_supercell_counts_scale():
+    rng = np.random.default_rng(1)
+    s = random_system(rng, n=4, a=3.5)
+    sc = AtomicSystem(
+        np.concatenate([s.positions + np.array(n) @ s.cell for n in itertools.product(range(2), repeat=3)]),
+        s.cell * 2, True, np.tile(s.atomic_numbers, 8))
+    g1 = GraphBatch.from_systems([s], 6.0, 4.0)
+    g8 = GraphBatch.from_systems([sc], 6.0, 4.0)
+    assert g8.num_bonds == 8 * g1.num_bonds and g8.num_angles == 8 * g1.num_angles
+
+
+def test_batch_offsets():
+    rng = np.random.default_rng(2)
+    a, b = random_system(rng, n=3), random_system(rng, n=5)
+    ga = GraphBatch.from_systems([a], 5.0, 3.5)
+    gb = GraphBatch.from_systems([b], 5.0, 3.5)
+    g = GraphBatch.from_systems([a, b], 5.0, 3.5)
+    assert g.n_atoms.tolist() == [3, 5]
+    assert g.n_bonds.tolist() == [ga.num_bonds, gb.num_bonds]
+    assert g.n_angles.tolist() == [ga.num_angles, gb.num_angles]
+    assert g.bond_target[ga.num_bonds:].min() >= 3
+    assert g.atom_batch.tolist() == [0] * 3 + [1] * 5
+
+
+def test_isolated_atom_has_no_edges():
+    s = AtomicSystem(np.zeros((1, 3)), np.eye(3) * 20, True, [26])
+    g = GraphBatch.from_systems([s], 6.0, 4.0)
+    assert g.num_bonds == 0 and g.num_angles == 0
+
+
+def test_graph_to_device_and_dtype():
+    rng = np.random.default_rng(0)
+    g = GraphBatch.from_systems([random_system(rng)], 5.0, 3.0, dtype=torch.float32)
+    g64 = g.to(dtype=torch.float64)
+    assert g64.positions.dtype == torch.float64 and g64.bond_target.dtype == torch.int64
