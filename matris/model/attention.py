@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..kernels import scatter_sum, segment_softmax
-from .layers import phi
+from .layers import call_phi, phi
 
 
 def pool_directed(m: torch.Tensor) -> torch.Tensor:
@@ -37,13 +37,32 @@ class SeparableAttention(nn.Module):
         self.node_nonlinear_update = phi(config, d_x + 2 * d_y, d_hidden, d_x)
 
     def forward(
-        self, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, directed: bool
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        tgt: torch.Tensor,
+        src: torch.Tensor,
+        d2u: torch.Tensor | None = None,
+        rewrite: bool = True,
+        recompute_phi: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
+        ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
+        ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it."""
         n = x.shape[0]
-        y0 = torch.cat([y, y]) if directed else y
-        m = self.edge_nonlinear_update(torch.cat([y0, x[tgt], x[src]], dim=-1))
-        s_hat = segment_softmax(self.source_weight_linear(y0), src, n)
-        t_hat = segment_softmax(self.target_weight_linear(y0), tgt, n)
+        directed = d2u is not None
+        if rewrite:
+            m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi)
+        else:
+            y0 = y[d2u] if directed else y
+            m = self.edge_nonlinear_update(torch.cat([y0, x[tgt], x[src]], dim=-1))
+        # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
+        alpha = y @ torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight]).T
+        if directed:
+            alpha = alpha[d2u]
+        alpha_s, alpha_t = alpha.split(y.shape[-1], dim=-1)
+        s_hat = segment_softmax(alpha_s, src, n)
+        t_hat = segment_softmax(alpha_t, tgt, n)
         s_agg = scatter_sum(s_hat * m, src, n)
         t_agg = scatter_sum(t_hat * m, tgt, n)
         x_new = self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)) + self.node_res_weight * x

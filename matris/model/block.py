@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from .attention import SeparableAttention
@@ -16,20 +17,27 @@ from .refine import Refine
 class BlockGraph:
     """Indices and bases that every block reads, computed once per forward pass.
 
-    edge_target, edge_source: ``[2B]`` atoms of each directed edge.
+    edge_target, edge_source: ``[2B]`` atoms of each directed edge; edge_bond: ``[2B]`` d2u.
     angle_atom, angle_target_bond, angle_source_bond: ``[A]``.
     line_mask: ``[B, 1]`` bool, bonds of structures that have angles; None when all do.
     rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
+    rewrite: use the projection rewrite of Φ's first layer (same numbers, less work).
+    checkpoint: memory saving for large systems at inference, same numbers: 0 keeps all
+    activations; 1 recomputes each of the four steps in the backward pass; 2 also
+    recomputes Φ inside them (least memory, most compute).
     """
 
     edge_target: torch.Tensor
     edge_source: torch.Tensor
+    edge_bond: torch.Tensor
     angle_atom: torch.Tensor
     angle_target_bond: torch.Tensor
     angle_source_bond: torch.Tensor
     line_mask: torch.Tensor | None
     rbf_pair: torch.Tensor
     rbf_3b: torch.Tensor
+    rewrite: bool = True
+    checkpoint: int = 0
 
     @property
     def has_angles(self) -> bool:
@@ -52,17 +60,27 @@ class InteractionBlock(nn.Module):
     def forward(
         self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        step = _checkpointed if g.checkpoint else _direct
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2)
         if g.has_angles:
-            e_new, a = self.attn_block_line_graph(e, a, g.angle_target_bond, g.angle_source_bond, directed=False)
+            e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond, **opts)
             e = _masked(g.line_mask, e_new, e)
-        h, e = self.attn_block_atom_graph(h, e, g.edge_target, g.edge_source, directed=True)
+        h, e = step(self.attn_block_atom_graph, h, e, g.edge_target, g.edge_source, d2u=g.edge_bond, **opts)
         if g.has_angles:
-            e_new, a = self.refine_block_line_graph(
-                e, a, g.angle_target_bond, g.angle_source_bond, g.rbf_3b, extra=h[g.angle_atom]
-            )
+            e_new, a = step(self.refine_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond, g.rbf_3b,
+                            extra=(h, g.angle_atom), **opts)
             e = _masked(g.line_mask, e_new, e)
-        h, e = self.refine_block_atom_graph(h, e, g.edge_target, g.edge_source, g.rbf_pair, directed=True)
+        h, e = step(self.refine_block_atom_graph, h, e, g.edge_target, g.edge_source, g.rbf_pair, d2u=g.edge_bond,
+                    **opts)
         return h, e, a
+
+
+def _direct(module, *args, **kwargs):
+    return module(*args, **kwargs)
+
+
+def _checkpointed(module, *args, **kwargs):
+    return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
 
 
 def _masked(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

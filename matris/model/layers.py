@@ -1,8 +1,15 @@
-"""Small building blocks: activations, norms, MLPs and the gated MLP Φ (spec §5)."""
+"""Small building blocks: activations, norms, MLPs and the gated MLP Φ (spec §5).
+
+Φ's first Linear acts on a concatenation ``[y0 ‖ x[tgt] ‖ x[src]]``. ``forward_terms``
+computes the same thing as ``W_y·y0 + (W_t·x)[tgt] + (W_s·x)[src]``: the node terms are
+projected once per node and gathered per edge, so the wide concatenation is never built
+(3–4× fewer multiply-adds in the first layer, and nothing edge-sized saved for its backward).
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -42,6 +49,32 @@ class MLP(nn.Module):
         return self.layers(x)
 
 
+Term = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def project_terms(linears: list[nn.Linear], terms: list[Term]) -> torch.Tensor:
+    """``Σ_k (f_k · W[:, cols_k]ᵀ)[idx_k] + b`` for the Linears stacked along their outputs.
+
+    terms: ``(features [n_k, d_k], index [n_edges] or None)`` in the column order of the
+    concatenation they replace; index None means the rows are already per edge.
+    Returns ``[n_edges, Σ out]``, equal to ``cat(linears)(cat([f_k[idx_k]]))``.
+    """
+    weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
+    out = None
+    col = 0
+    for feat, index in terms:
+        width = feat.shape[-1]
+        proj = feat @ weight[:, col : col + width].T
+        col += width
+        if index is not None:
+            proj = proj[index]
+        out = proj if out is None else out + proj
+    if linears[0].bias is not None:
+        bias = torch.cat([lin.bias for lin in linears]) if len(linears) > 1 else linears[0].bias
+        out = out + bias
+    return out
+
+
 class GatedMLP(nn.Module):
     """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias."""
 
@@ -58,6 +91,24 @@ class GatedMLP(nn.Module):
         gate = torch.sigmoid(self.gate_norm(self.mlp_gate(z)))
         return core * gate
 
+    def forward_terms(self, terms: list[Term]) -> torch.Tensor:
+        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation."""
+        core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
+        hidden = core_layers[2](core_layers[1](project_terms([core_layers[0], gate_layers[0]], terms)))
+        h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
+        core = self.act(self.core_norm(core_layers[3](h_core)))
+        gate = torch.sigmoid(self.gate_norm(gate_layers[3](h_gate)))
+        return core * gate
+
+
+class NormedMLP(nn.Sequential):
+    """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``."""
+
+    def forward_terms(self, terms: list[Term]) -> torch.Tensor:
+        layers = self[0].layers
+        hidden = layers[2](layers[1](project_terms([layers[0]], terms)))
+        return self[1](layers[3](hidden))
+
 
 def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
     """Φ of a block: the gated MLP, or ``Norm(MLP(z))`` for ``graph_conv_mlp='MLP'``.
@@ -66,10 +117,17 @@ def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
     """
     if config.graph_conv_mlp == "GateMLP":
         return GatedMLP(d_in, d_hidden, d_out, config.activation_type, config.norm_type, config.dropout)
-    return nn.Sequential(
+    return NormedMLP(
         MLP(d_in, d_hidden, d_out, config.activation_type, config.use_bias, config.dropout),
         norm(config.norm_type, d_out),
     )
+
+
+def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False) -> torch.Tensor:
+    """``module.forward_terms(terms)``, optionally recomputed in the backward pass (checkpoint)."""
+    if not recompute:
+        return module.forward_terms(terms)
+    return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, use_reentrant=False)
 
 
 def ffn(d_in: int, d_out: int, bias: bool, dropout: float) -> MLP:

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import scatter_sum
 from .attention import pool_directed
-from .layers import ffn, phi
+from .layers import call_phi, ffn, phi
 
 
 class Refine(nn.Module):
@@ -36,18 +36,23 @@ class Refine(nn.Module):
         tgt: torch.Tensor,
         src: torch.Tensor,
         basis: torch.Tensor,
-        extra: torch.Tensor | None = None,
-        directed: bool = False,
+        extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+        d2u: torch.Tensor | None = None,
+        rewrite: bool = True,
+        recompute_phi: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """basis: ``[B, K]`` radial basis per bond. On the atom graph g = W_env·basis[d2u];
-        on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt]."""
+        """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
+        g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
+        extra: ``(h, angle_atom)``, the atom term of the line graph. ``recompute_phi``
+        recomputes Φ in the backward pass instead of storing its activations."""
+        directed = d2u is not None
         q = self.learnable_envelope(basis)
-        if directed:
-            y0, g = torch.cat([y, y]), torch.cat([q, q])
+        g = q[d2u] if directed else q[src] * q[tgt]
+        terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
+        if rewrite:
+            u = call_phi(self.edge_nonlinear_update, terms, recompute_phi)
         else:
-            y0, g = y, q[src] * q[tgt]
-        parts = [y0] if extra is None else [y0, extra]
-        u = self.edge_nonlinear_update(torch.cat(parts + [x[tgt], x[src]], dim=-1))
+            u = self.edge_nonlinear_update(torch.cat([f if i is None else f[i] for f, i in terms], dim=-1))
         u_g = u * g
         x_new = self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])) + self.node_res_weight * x
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
