@@ -11,6 +11,7 @@ import torch
 from ase import units
 from ase.calculators.calculator import Calculator, all_changes
 
+from .errors import MatRISInputError
 from .graph import GraphBatch
 from .model import MatRIS
 from .structures import to_system
@@ -22,14 +23,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """``"auto"``/None picks CUDA when available, else the CPU."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise MatRISInputError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise MatRISInputError(
+            f"device {device!r} was requested but this PyTorch build sees no CUDA GPU; use device='cpu' or 'auto'"
+        )
+    return dev
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     try:
         return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be 'float32' or 'float64' (or the torch dtypes), got {dtype!r}") from None
+    except (KeyError, TypeError):
+        raise MatRISInputError(f"dtype must be 'float32' or 'float64' (or the torch dtypes), got {dtype!r}") from None
 
 
 class MatRISCalculator(Calculator):

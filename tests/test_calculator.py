@@ -144,3 +144,26 @@ def test_prediction_to_dict(model):
     d = model.predict(rattled_si()).to_dict()
     assert set(d) == {"name", "energy", "energy_per_atom", "forces", "stress_GPa", "magmoms"}
     assert len(d["forces"]) == 8
+
+
+def test_bad_device_and_dtype_are_clear():
+    from matris import MatRISInputError
+
+    with pytest.raises(MatRISInputError, match="float32"):
+        MatRISCalculator(dtype="float16")
+    if not torch.cuda.is_available():
+        with pytest.raises(MatRISInputError, match="no CUDA GPU"):
+            MatRISCalculator(device="cuda")
+    with pytest.raises(MatRISInputError, match="unknown device"):
+        MatRISCalculator(device="gpu0")
+
+
+def test_quickstart_example_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "examples" / "quickstart.py"
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "NaCl" in res.stdout and "Si8 energy" in res.stdout
