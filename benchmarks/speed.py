@@ -120,7 +120,7 @@ def main(argv=None):
                    checkpoint_level=model.checkpoint_level(graph), peak_rss_gb=peak_rss_gb())
         rows.append(row)
         print(f"{name:16s} {row['atoms']:6d} {row['directed_edges']:8d} {row['angles']:9d} {row['graph_ms']:11.1f} "
-              f"{row['efs_ms']:11.1f} {row['total_ms']:11.1f} {100 * row['graph_share_of_efs']:10.1f}% "
+              f"{row['efs_ms']:11.1f} {row['total_ms']:11.1f} {100 * row['graph_share_of_efs']:10.3f}% "
               f"{row['us_per_atom']:8.0f} {row['checkpoint_level']:4d} {row['peak_rss_gb']:7.1f}GB", flush=True)
     if args.json:
         meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), dtype=args.dtype, device=args.device,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -129,7 +130,8 @@ class MatRIS(nn.Module):
         g = graph if graph.positions.dtype == self.dtype and graph.positions.device == self.device else graph.to(
             self.device, self.dtype
         )
-        with torch.enable_grad() if (compute_forces or compute_stress) else torch.no_grad():
+        # forces and stress are derivatives: they need autograd even under torch.no_grad()
+        with torch.enable_grad() if (compute_forces or compute_stress) else contextlib.nullcontext():
             return self._forward(g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features)
 
     def _forward(self, g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features):
