@@ -4,6 +4,16 @@ Each operation has a PyTorch reference (used on every device and by the tests as
 truth); GPU kernels written in Triton live beside their reference and are selected on CUDA.
 """
 
+from .backend import triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
+from .softmax_aggregate import Segments, softmax_aggregate, softmax_aggregate_reference
 
-__all__ = ["scatter_sum", "segment_softmax"]
+__all__ = [
+    "scatter_sum",
+    "segment_softmax",
+    "Segments",
+    "softmax_aggregate",
+    "softmax_aggregate_reference",
+    "triton_available",
+    "use_triton",
+]

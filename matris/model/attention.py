@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import scatter_sum, segment_softmax
+from ..kernels import Segments, scatter_sum, segment_softmax, softmax_aggregate
 from .layers import call_phi, phi
 
 
@@ -45,10 +45,12 @@ class SeparableAttention(nn.Module):
         d2u: torch.Tensor | None = None,
         rewrite: bool = True,
         recompute_phi: bool = False,
+        segments: tuple[Segments, Segments] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
         ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
-        ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it."""
+        ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
+        ``segments`` (by target, by source) selects the fused Triton aggregation."""
         n = x.shape[0]
         directed = d2u is not None
         if rewrite:
@@ -61,10 +63,14 @@ class SeparableAttention(nn.Module):
         if directed:
             alpha = alpha[d2u]
         alpha_s, alpha_t = alpha.split(y.shape[-1], dim=-1)
-        s_hat = segment_softmax(alpha_s, src, n)
-        t_hat = segment_softmax(alpha_t, tgt, n)
-        s_agg = scatter_sum(s_hat * m, src, n)
-        t_agg = scatter_sum(t_hat * m, tgt, n)
+        if segments is not None:  # fused kernel: S and T without materialising the weights
+            t_agg = softmax_aggregate(alpha_t, m, segments[0], backend="triton")
+            s_agg = softmax_aggregate(alpha_s, m, segments[1], backend="triton")
+        else:
+            s_hat = segment_softmax(alpha_s, src, n)
+            t_hat = segment_softmax(alpha_t, tgt, n)
+            s_agg = scatter_sum(s_hat * m, src, n)
+            t_agg = scatter_sum(t_hat * m, tgt, n)
         x_new = self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)) + self.node_res_weight * x
         y_new = (pool_directed(m) if directed else m) + self.edge_res_weight * y
         return x_new, y_new

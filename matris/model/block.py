@@ -25,6 +25,8 @@ class BlockGraph:
     checkpoint: memory saving for large systems at inference, same numbers: 0 keeps all
     activations; 1 recomputes each of the four steps in the backward pass; 2 also
     recomputes Φ inside them (least memory, most compute).
+    atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`
+    when the fused Triton aggregation is used; None for the PyTorch reference.
     """
 
     edge_target: torch.Tensor
@@ -38,6 +40,8 @@ class BlockGraph:
     rbf_3b: torch.Tensor
     rewrite: bool = True
     checkpoint: int = 0
+    atom_segments: tuple | None = None
+    line_segments: tuple | None = None
 
     @property
     def has_angles(self) -> bool:
@@ -63,9 +67,11 @@ class InteractionBlock(nn.Module):
         step = _checkpointed if g.checkpoint else _direct
         opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2)
         if g.has_angles:
-            e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond, **opts)
+            e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond,
+                            segments=g.line_segments, **opts)
             e = _masked(g.line_mask, e_new, e)
-        h, e = step(self.attn_block_atom_graph, h, e, g.edge_target, g.edge_source, d2u=g.edge_bond, **opts)
+        h, e = step(self.attn_block_atom_graph, h, e, g.edge_target, g.edge_source, d2u=g.edge_bond,
+                    segments=g.atom_segments, **opts)
         if g.has_angles:
             e_new, a = step(self.refine_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond, g.rbf_3b,
                             extra=(h, g.angle_atom), **opts)

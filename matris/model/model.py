@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..graph import GraphBatch
-from ..kernels import scatter_sum
+from ..kernels import Segments, scatter_sum, use_triton
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
@@ -87,6 +87,9 @@ class MatRIS(nn.Module):
         # (see checkpoint_level); None = automatic. Same numbers either way.
         self.checkpointing: int | None = None
         self.activation_memory_limit: int | None = None
+        # Kernel implementation: None = automatic (Triton on CUDA, PyTorch elsewhere),
+        # "triton" or "torch"; the environment variable MATRIS_KERNELS also selects.
+        self.kernel_backend: str | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -180,6 +183,13 @@ class MatRIS(nn.Module):
             rewrite=self.projection_rewrite,
             checkpoint=self.checkpoint_level(g, h.dtype, create_graph),
         )
+        if use_triton(h.device, self.kernel_backend):
+            n_atoms_total = g.num_atoms
+            bg.atom_segments = (Segments.from_index(bg.edge_target, n_atoms_total),
+                                Segments.from_index(bg.edge_source, n_atoms_total))
+            if g.num_angles:
+                bg.line_segments = (Segments.from_index(bg.angle_target_bond, n_b),
+                                    Segments.from_index(bg.angle_source_bond, n_b))
         features = {"embedding": h} if return_node_features else {}
         for k, block in enumerate(self.interaction_block):
             h, e, a = block(h, e, a, bg)

@@ -1,0 +1,47 @@
+"""Which implementation a kernel uses: Triton on CUDA, the PyTorch reference elsewhere.
+
+Override per call with ``backend="triton"|"torch"``, or for the whole process with the
+environment variable ``MATRIS_KERNELS=triton|torch|auto``. Triton kernels also run on
+CPU tensors under ``TRITON_INTERPRET=1`` (slow; used by the CPU checks).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(device: torch.device, backend: str | None = None) -> bool:
+    """Whether a kernel on ``device`` runs in Triton (see the module docstring)."""
+    choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
+    if choice not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {choice!r}; use one of {BACKENDS} (argument or MATRIS_KERNELS)")
+    if choice == "torch":
+        return False
+    runnable = triton_available() and (device.type == "cuda" or interpreting())
+    if choice == "triton":
+        if not runnable:
+            raise RuntimeError(
+                "the Triton kernels need triton and a CUDA device (or TRITON_INTERPRET=1 for CPU tensors); "
+                "use backend='torch' or MATRIS_KERNELS=torch"
+            )
+        return True
+    return runnable and device.type == "cuda"

@@ -1,0 +1,193 @@
+"""Fused separable-attention aggregation: per-channel segment softmax and weighted sum in one pass.
+
+``out[n, c] = Σ_{e: index[e] = n} softmax_e(logits[:, c])[e] · messages[e, c]``: this is S or T
+of spec §5. The Triton forward walks the edges of each segment in CSR order once, with
+an online softmax (running max, running sum, running weighted sum), so the normalised
+weights are never written to memory. It also returns the per-segment log-sum-exp, which
+is all the backward needs:
+
+    p_e = exp(logits_e − lse[n]),   ∂L/∂m_e = p_e·G[n],   ∂L/∂logit_e = p_e·((m_e − out[n])·G[n] + G_lse[n])
+
+The backward is a fused edge-parallel Triton kernel. When a graph of the backward is
+wanted (training on forces differentiates through the forces), the same formulas run as
+differentiable PyTorch ops. ``out`` and ``lse`` are outputs of the function, so second
+derivatives are exact.
+
+``softmax_aggregate_reference`` is the PyTorch reference. Every path is compared with it
+in ``benchmarks/kernels.py --check``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .backend import triton_available, use_triton
+from .segment import scatter_sum, segment_softmax
+
+
+@dataclass
+class Segments:
+    """Edges grouped by a node index, with the CSR view the Triton kernels need.
+
+    index: ``[E]`` int64 node of each edge; num_segments: number of nodes;
+    order: ``[E]`` edges sorted by node (stable); offsets: ``[num_segments + 1]`` int32
+    start of each node's edges in ``order``.
+    """
+
+    index: torch.Tensor
+    num_segments: int
+    order: torch.Tensor
+    offsets: torch.Tensor
+
+    @classmethod
+    def from_index(cls, index: torch.Tensor, num_segments: int) -> "Segments":
+        order = torch.sort(index, stable=True).indices
+        counts = torch.bincount(index, minlength=num_segments)
+        offsets = torch.zeros(num_segments + 1, dtype=torch.int64, device=index.device)
+        offsets[1:] = torch.cumsum(counts, 0)
+        return cls(index, num_segments, order.to(torch.int32), offsets.to(torch.int32))
+
+
+def softmax_aggregate_reference(logits: torch.Tensor, messages: torch.Tensor, index: torch.Tensor,
+                                num_segments: int) -> torch.Tensor:
+    """PyTorch reference: ``scatter_sum(segment_softmax(logits) ⊙ messages)`` → ``[num_segments, C]``."""
+    return scatter_sum(segment_softmax(logits, index, num_segments) * messages, index, num_segments)
+
+
+def softmax_aggregate(logits: torch.Tensor, messages: torch.Tensor, segments: Segments | torch.Tensor,
+                      num_segments: int | None = None, backend: str | None = None) -> torch.Tensor:
+    """``[E, C]`` logits and messages → ``[num_segments, C]`` softmax-weighted sums per node.
+
+    ``segments`` is a :class:`Segments` (build it once per graph) or the ``[E]`` index.
+    ``backend``: "triton", "torch" or None (Triton on CUDA when available, else the
+    reference; the environment variable ``MATRIS_KERNELS`` overrides).
+    """
+    if isinstance(segments, torch.Tensor):
+        if num_segments is None:
+            raise ValueError("num_segments is required when segments is an index tensor")
+        index = segments
+    else:
+        index, num_segments = segments.index, segments.num_segments
+    if not use_triton(logits.device, backend) or logits.shape[0] == 0:
+        return softmax_aggregate_reference(logits, messages, index, num_segments)
+    if isinstance(segments, torch.Tensor):
+        segments = Segments.from_index(index, num_segments)
+    out, _ = _SoftmaxAggregate.apply(logits, messages, segments)
+    return out
+
+
+class _SoftmaxAggregate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, messages, segments):
+        out, lse = _forward_triton(logits.contiguous(), messages.contiguous(), segments)
+        ctx.segments = segments
+        ctx.save_for_backward(logits, messages, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        logits, messages, out, lse = ctx.saved_tensors
+        seg = ctx.segments
+        if grad_lse is None:
+            grad_lse = torch.zeros_like(lse)
+        if torch.is_grad_enabled():  # create_graph: differentiable formulas for second order
+            idx = seg.index
+            p = torch.exp(logits - lse[idx])
+            g = grad_out[idx]
+            grad_messages = p * g
+            grad_logits = p * ((messages - out[idx]) * g + grad_lse[idx])
+            return grad_logits, grad_messages, None
+        grad_logits, grad_messages = _backward_triton(
+            logits.contiguous(), messages.contiguous(), out, lse, grad_out.contiguous(), grad_lse.contiguous(),
+            seg.index)
+        return grad_logits, grad_messages, None
+
+
+# ---------------------------------------------------------------------------- Triton
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def softmax_aggregate_fwd_kernel(logits_ptr, msg_ptr, order_ptr, offsets_ptr, out_ptr, lse_ptr, C,
+                                     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+        """One program per (segment, block of channels): online softmax over the segment's edges."""
+        seg = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = cols < C
+        start = tl.load(offsets_ptr + seg)
+        end = tl.load(offsets_ptr + seg + 1)
+        dt = logits_ptr.dtype.element_ty
+        run_max = tl.full([BLOCK_C], float("-inf"), dt)
+        run_sum = tl.zeros([BLOCK_C], dt)
+        acc = tl.zeros([BLOCK_C], dt)
+        e0 = start
+        while e0 < end:  # a while loop: the interpreter cannot range() over loaded bounds
+            eids = e0 + tl.arange(0, BLOCK_E)
+            emask = eids < end
+            rows = tl.load(order_ptr + eids, mask=emask, other=0).to(tl.int64)
+            mask = emask[:, None] & cmask[None, :]
+            offs = rows[:, None] * C + cols[None, :]
+            a = tl.load(logits_ptr + offs, mask=mask, other=float("-inf"))
+            m = tl.load(msg_ptr + offs, mask=mask, other=0.0)
+            new_max = tl.maximum(run_max, tl.max(a, axis=0))
+            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # masked channels only
+            scale = tl.exp(run_max - safe_max)
+            p = tl.exp(a - safe_max[None, :])
+            run_sum = run_sum * scale + tl.sum(p, axis=0)
+            acc = acc * scale + tl.sum(p * m, axis=0)
+            run_max = new_max
+            e0 += BLOCK_E
+        nonempty = run_sum > 0
+        denom = tl.where(nonempty, run_sum, 1.0)
+        out = tl.where(nonempty, acc / denom, 0.0)
+        lse = tl.where(nonempty, run_max + tl.log(denom), 0.0)
+        tl.store(out_ptr + seg * C + cols, out, mask=cmask)
+        tl.store(lse_ptr + seg * C + cols, lse, mask=cmask)
+
+    @triton.jit
+    def softmax_aggregate_bwd_kernel(logits_ptr, msg_ptr, index_ptr, out_ptr, lse_ptr, gout_ptr, glse_ptr,
+                                     glogits_ptr, gmsg_ptr, E, C, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Edge-parallel backward: recompute p from the saved log-sum-exp, no reductions."""
+        eids = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        emask = eids < E
+        mask = emask[:, None] & (cols < C)[None, :]
+        seg = tl.load(index_ptr + eids, mask=emask, other=0)
+        eoffs = eids.to(tl.int64)[:, None] * C + cols[None, :]
+        soffs = seg.to(tl.int64)[:, None] * C + cols[None, :]
+        a = tl.load(logits_ptr + eoffs, mask=mask, other=0.0)
+        m = tl.load(msg_ptr + eoffs, mask=mask, other=0.0)
+        out = tl.load(out_ptr + soffs, mask=mask, other=0.0)
+        lse = tl.load(lse_ptr + soffs, mask=mask, other=0.0)
+        g = tl.load(gout_ptr + soffs, mask=mask, other=0.0)
+        gl = tl.load(glse_ptr + soffs, mask=mask, other=0.0)
+        p = tl.exp(a - lse)
+        tl.store(gmsg_ptr + eoffs, p * g, mask=mask)
+        tl.store(glogits_ptr + eoffs, p * ((m - out) * g + gl), mask=mask)
+
+
+FWD_BLOCK_E, FWD_BLOCK_C = 16, 32
+BWD_BLOCK_E, BWD_BLOCK_C = 32, 32
+
+
+def _forward_triton(logits, messages, segments):
+    n, c = segments.num_segments, logits.shape[1]
+    out = torch.empty((n, c), dtype=logits.dtype, device=logits.device)
+    lse = torch.empty_like(out)
+    grid = (n, triton.cdiv(c, FWD_BLOCK_C))
+    softmax_aggregate_fwd_kernel[grid](logits, messages, segments.order, segments.offsets, out, lse, c,
+                                       BLOCK_E=FWD_BLOCK_E, BLOCK_C=FWD_BLOCK_C)
+    return out, lse
+
+
+def _backward_triton(logits, messages, out, lse, grad_out, grad_lse, index):
+    e, c = logits.shape
+    grad_logits = torch.empty_like(logits)
+    grad_messages = torch.empty_like(messages)
+    grid = (triton.cdiv(e, BWD_BLOCK_E), triton.cdiv(c, BWD_BLOCK_C))
+    softmax_aggregate_bwd_kernel[grid](logits, messages, index, out, lse, grad_out, grad_lse, grad_logits,
+                                       grad_messages, e, c, BLOCK_E=BWD_BLOCK_E, BLOCK_C=BWD_BLOCK_C)
+    return grad_logits, grad_messages
