@@ -1,7 +1,8 @@
 """Radial and angular basis functions (spec §3).
 
 All functions take lengths in Å and angles in radians and return ``[n, K]`` tensors in the
-dtype of their input. Constants that the reference keeps in float32 (SH coefficients and
+dtype of their input. These PyTorch forms are the references; on CUDA the fused Triton
+kernels of ``matris.kernels.basis`` compute the same values (``backend`` selects). Constants that the reference keeps in float32 (SH coefficients and
 factor, the Fourier constant, Gaussian centres) enter float64 computations as their float32
 values, so float64 results match the reference to rounding.
 """
@@ -12,6 +13,9 @@ import math
 
 import torch
 from torch import nn
+
+from ..kernels import basis as fused
+from ..kernels import use_triton
 
 # Coefficients c_* of the SH radial functions R_{n,j}: row n, root j (float32 values).
 # Source: the v0.9 reference release (see tests/fixtures/official-v0.9/sh_radial_coefficients.json).
@@ -72,7 +76,9 @@ class BesselExpansion(nn.Module):
         else:
             self.register_buffer("frequencies", freq)
 
-    def forward(self, r: torch.Tensor) -> torch.Tensor:
+    def forward(self, r: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        if use_triton(r.device, backend):
+            return fused.bessel(r, self.frequencies.to(r.dtype), self.cutoff, self.envelope_exponent)
         r = r.unsqueeze(-1)
         s = r / self.cutoff
         return math.sqrt(2 / self.cutoff) * torch.sin(self.frequencies * s) / r * polynomial_envelope(
@@ -87,7 +93,7 @@ class GaussianExpansion(nn.Module):
         super().__init__()
         self.register_buffer("offset", torch.linspace(0, cutoff, num_radial, dtype=torch.float32))
 
-    def forward(self, r: torch.Tensor) -> torch.Tensor:
+    def forward(self, r: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         mu = self.offset.to(r.dtype)
         coeff = -0.5 / (2 * (mu[1] - mu[0])) ** 2
         return torch.exp(coeff * (r.unsqueeze(-1) - mu) ** 2)
@@ -105,7 +111,9 @@ class FourierExpansion(nn.Module):
         else:
             self.register_buffer("frequencies", freq)
 
-    def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+        if use_triton(theta.device, backend):
+            return fused.fourier(theta, self.frequencies.to(theta.dtype))
         x = theta.unsqueeze(-1) * self.frequencies
         const = torch.full_like(theta, FOURIER_CONSTANT).unsqueeze(-1)
         return torch.cat([const, torch.sin(x), torch.cos(x)], dim=-1) / math.sqrt(math.pi)
@@ -153,7 +161,9 @@ class SphericalExpansion(nn.Module):
         self.max_n = int(max_n)
         self.register_buffer("factor", torch.tensor(math.sqrt(2 / float(cutoff) ** 3), dtype=torch.float32))
 
-    def forward(self, theta: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    def forward(self, theta: torch.Tensor, rho: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        if use_triton(theta.device, backend):
+            return fused.spherical(theta, rho, self.factor, self.max_l, self.max_n)
         t = torch.cos(theta)
         ys = [_legendre_y(l, t) for l in range(min(4, self.max_l))]
         factor = self.factor.to(theta.dtype)

@@ -160,12 +160,12 @@ class MatRIS(nn.Module):
 
         n_b = g.num_bonds
         h = self.atom_embedding(g.atomic_numbers)
-        e, rbf_pair, rbf_3b = self.edge_embedding(r)
+        e, rbf_pair, rbf_3b = self.edge_embedding(r, self.kernel_backend)
         u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
         theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
         # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
         rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
-        a = self.three_body_embedding(theta, rho)
+        a = self.three_body_embedding(theta, rho, self.kernel_backend)
 
         line_mask = None
         if g.num_angles > 0 and bool((g.n_angles[g.n_bonds > 0] == 0).any()):

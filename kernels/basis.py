@@ -1,0 +1,336 @@
+"""Fused basis functions: Bessel × polynomial envelope, Fourier and SH angle bases (spec §3).
+
+Each basis is one Triton kernel over rows that writes all K columns. A second kernel
+computes the first-order backward analytically: the derivative with respect to the
+input (bond length r; angle θ and SH radial argument ρ) and, per element, with respect
+to the learnable frequencies, which the wrapper then sums over rows. When a graph of the
+backward is wanted (create_graph, for training on forces), the backward recomputes the
+PyTorch reference under autograd instead, which gives exact second derivatives. The
+references are the modules in ``matris/model/basis.py``; ``benchmarks/kernels.py --check``
+compares every path with them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .backend import triton_available
+
+SQRT_PI = math.sqrt(math.pi)
+
+
+# ---------------------------------------------------------------------------- references
+def bessel_reference(r, frequencies, cutoff: float, p: int):
+    from matris.model.basis import polynomial_envelope
+
+    rr = r.unsqueeze(-1)
+    s = rr / cutoff
+    return math.sqrt(2 / cutoff) * torch.sin(frequencies * s) / rr * polynomial_envelope(s, p)
+
+
+def fourier_reference(theta, frequencies):
+    from matris.model.basis import FOURIER_CONSTANT
+
+    x = theta.unsqueeze(-1) * frequencies
+    const = torch.full_like(theta, FOURIER_CONSTANT).unsqueeze(-1)
+    return torch.cat([const, torch.sin(x), torch.cos(x)], dim=-1) / SQRT_PI
+
+
+def sh_reference(theta, rho, factor, max_l: int, max_n: int):
+    from matris.model.basis import SH_RADIAL_COEFFICIENTS, _legendre_y, _sh_radial
+
+    t = torch.cos(theta)
+    ys = [_legendre_y(l, t) for l in range(max_l)]
+    feats = []
+    for n in range(max_n):
+        for j in range(max_l):
+            k = n * max_l + j
+            feats.append(_sh_radial(n, SH_RADIAL_COEFFICIENTS[n][j], rho) * ys[k // max_n] * factor)
+    return torch.stack(feats, dim=-1)
+
+
+def sh_coefficient_table(dtype, device) -> torch.Tensor:
+    """``[4, 4, 8]`` coefficients c_i of R_{n,j}, zero-padded, as their float32 values."""
+    from matris.model.basis import SH_RADIAL_COEFFICIENTS
+
+    table = torch.zeros(4, 4, 8, dtype=torch.float64)
+    for n, rows in enumerate(SH_RADIAL_COEFFICIENTS):
+        for j, coeffs in enumerate(rows):
+            table[n, j, : len(coeffs)] = torch.tensor(coeffs, dtype=torch.float64)
+    return table.to(device=device, dtype=dtype).contiguous()
+
+
+# ---------------------------------------------------------------------------- autograd
+class _Bessel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, r, frequencies, cutoff, p):
+        ctx.save_for_backward(r, frequencies)
+        ctx.cutoff, ctx.p = cutoff, p
+        return _launch_bessel(r.contiguous(), frequencies.contiguous(), cutoff, p, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        r, freq = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return (*_recompute(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad), None, None)
+        grad_r, grad_f = _launch_bessel(r.contiguous(), freq.contiguous(), ctx.cutoff, ctx.p, grad.contiguous())
+        return grad_r, grad_f.sum(0), None, None
+
+
+class _Fourier(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, theta, frequencies):
+        ctx.save_for_backward(theta, frequencies)
+        return _launch_fourier(theta.contiguous(), frequencies.contiguous(), None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        theta, freq = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _recompute(fourier_reference, (theta, freq), grad)
+        grad_t, grad_f = _launch_fourier(theta.contiguous(), freq.contiguous(), grad.contiguous())
+        return grad_t, grad_f.sum(0)
+
+
+class _SH(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, theta, rho, factor, max_l, max_n):
+        ctx.save_for_backward(theta, rho, factor)
+        ctx.max_l, ctx.max_n = max_l, max_n
+        return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        theta, rho, factor = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            g_t, g_r = _recompute(lambda a, b: sh_reference(a, b, factor, ctx.max_l, ctx.max_n), (theta, rho), grad)
+            return g_t, g_r, None, None, None
+        g_t, g_r = _launch_sh(theta.contiguous(), rho.contiguous(), factor, ctx.max_l, ctx.max_n, grad.contiguous())
+        return g_t, g_r, None, None, None
+
+
+def _recompute(fn, inputs, grad):
+    """Backward through the PyTorch reference, keeping its graph (second order)."""
+    needs = [x.requires_grad for x in inputs]
+    with torch.enable_grad():
+        xs = [x if x.requires_grad else x.detach().requires_grad_(True) for x in inputs]
+        out = fn(*xs)
+        grads = torch.autograd.grad(out, xs, grad, create_graph=True, allow_unused=True)
+    return tuple(g if need else None for g, need in zip(grads, needs))
+
+
+def bessel(r, frequencies, cutoff: float, p: int):
+    """``[B]`` → ``[B, K]`` Bessel × envelope (fused)."""
+    return _Bessel.apply(r, frequencies, float(cutoff), int(p))
+
+
+def fourier(theta, frequencies):
+    """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (fused)."""
+    return _Fourier.apply(theta, frequencies)
+
+
+def spherical(theta, rho, factor, max_l: int, max_n: int):
+    """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (fused)."""
+    return _SH.apply(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
+
+
+# ---------------------------------------------------------------------------- Triton
+BLOCK_ROWS = 64
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _envelope(s, P: tl.constexpr):
+        sp = s
+        for _ in tl.static_range(P - 1):
+            sp = sp * s
+        a = (P + 1) * (P + 2) / 2
+        b = P * (P + 2)
+        c = P * (P + 1) / 2
+        f = 1 - a * sp + b * sp * s - c * sp * s * s
+        df = (-a * P * sp + b * (P + 1) * sp * s - c * (P + 2) * sp * s * s) / s
+        inside = s < 1
+        return tl.where(inside, f, 0.0), tl.where(inside, df, 0.0)
+
+    @triton.jit
+    def bessel_kernel(r_ptr, f_ptr, out_ptr, grad_ptr, grad_r_ptr, n_rows, cutoff, norm,
+                      K: tl.constexpr, KP: tl.constexpr, P: tl.constexpr, BACKWARD: tl.constexpr,
+                      BLOCK: tl.constexpr):
+        """Forward: out[b, k]. Backward: grad_r[b] and per-element ∂/∂freq · grad into out."""
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, KP)
+        rmask = rows < n_rows
+        mask = rmask[:, None] & (cols < K)[None, :]
+        r = tl.load(r_ptr + rows, mask=rmask, other=1.0)
+        freq = tl.load(f_ptr + cols, mask=cols < K, other=0.0)
+        s = r / cutoff
+        env, denv = _envelope(s, P)
+        x = freq[None, :] * s[:, None]
+        sin_x = tl.sin(x)
+        offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+        if BACKWARD:
+            g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
+            cos_x = tl.cos(x)
+            rr = r[:, None]
+            d_r = norm * (cos_x * freq[None, :] / cutoff / rr * env[:, None] - sin_x / (rr * rr) * env[:, None]
+                          + sin_x / rr * denv[:, None] / cutoff)
+            tl.store(grad_r_ptr + rows, tl.sum(tl.where(mask, g * d_r, 0.0), axis=1), mask=rmask)
+            d_f = norm * cos_x * s[:, None] / rr * env[:, None]
+            tl.store(out_ptr + offs, g * d_f, mask=mask)
+        else:
+            tl.store(out_ptr + offs, norm * sin_x / r[:, None] * env[:, None], mask=mask)
+
+    @triton.jit
+    def fourier_kernel(t_ptr, f_ptr, out_ptr, grad_ptr, grad_t_ptr, n_rows, const, inv_sqrt_pi,
+                       M: tl.constexpr, MP: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+        """Columns: [c, sin(f_1θ)…sin(f_mθ), cos(f_1θ)…cos(f_mθ)] / √π."""
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, MP)
+        rmask = rows < n_rows
+        mask = rmask[:, None] & (cols < M)[None, :]
+        theta = tl.load(t_ptr + rows, mask=rmask, other=0.0)
+        freq = tl.load(f_ptr + cols, mask=cols < M, other=0.0)
+        x = theta[:, None] * freq[None, :]
+        sin_x = tl.sin(x)
+        cos_x = tl.cos(x)
+        width = 2 * M + 1
+        base = rows.to(tl.int64)[:, None] * width
+        if BACKWARD:
+            g_sin = tl.load(grad_ptr + base + 1 + cols[None, :], mask=mask, other=0.0)
+            g_cos = tl.load(grad_ptr + base + 1 + M + cols[None, :], mask=mask, other=0.0)
+            common = (g_sin * cos_x - g_cos * sin_x) * inv_sqrt_pi
+            tl.store(grad_t_ptr + rows, tl.sum(tl.where(mask, common * freq[None, :], 0.0), axis=1), mask=rmask)
+            tl.store(out_ptr + rows.to(tl.int64)[:, None] * M + cols[None, :], common * theta[:, None], mask=mask)
+        else:
+            tl.store(out_ptr + rows.to(tl.int64) * width, tl.zeros_like(theta) + const * inv_sqrt_pi, mask=rmask)
+            tl.store(out_ptr + base + 1 + cols[None, :], sin_x * inv_sqrt_pi, mask=mask)
+            tl.store(out_ptr + base + 1 + M + cols[None, :], cos_x * inv_sqrt_pi, mask=mask)
+
+    @triton.jit
+    def _sh_radial(coef_ptr, n: tl.constexpr, j: tl.constexpr, rho):
+        """R_{n,j}(ρ) and dR/dρ."""
+        base = coef_ptr + (n * 4 + j) * 8
+        c0 = tl.load(base + 0)
+        c1 = tl.load(base + 1)
+        if n == 0:
+            val = tl.sin(c0 * rho) / rho
+            der = c0 * tl.cos(c0 * rho) / rho - tl.sin(c0 * rho) / (rho * rho)
+        else:
+            c2 = tl.load(base + 2)
+            c3 = tl.load(base + 3)
+            if n == 1:
+                num = c0 * rho * tl.cos(c1 * rho) + c2 * tl.sin(c3 * rho)
+                dnum = c0 * tl.cos(c1 * rho) - c0 * c1 * rho * tl.sin(c1 * rho) + c2 * c3 * tl.cos(c3 * rho)
+                den = rho * rho
+            else:
+                c4 = tl.load(base + 4)
+                c5 = tl.load(base + 5)
+                if n == 2:
+                    num = c0 * rho * rho * tl.sin(c1 * rho) - c2 * rho * tl.cos(c3 * rho) + c4 * tl.sin(c5 * rho)
+                    dnum = (2 * c0 * rho * tl.sin(c1 * rho) + c0 * c1 * rho * rho * tl.cos(c1 * rho)
+                            - c2 * tl.cos(c3 * rho) + c2 * c3 * rho * tl.sin(c3 * rho) + c4 * c5 * tl.cos(c5 * rho))
+                    den = rho * rho * rho
+                else:
+                    c6 = tl.load(base + 6)
+                    c7 = tl.load(base + 7)
+                    r2 = rho * rho
+                    num = (c0 * r2 * rho * tl.cos(c1 * rho) - c2 * r2 * tl.sin(c3 * rho)
+                           - c4 * rho * tl.cos(c5 * rho) + c6 * tl.sin(c7 * rho))
+                    dnum = (3 * c0 * r2 * tl.cos(c1 * rho) - c0 * c1 * r2 * rho * tl.sin(c1 * rho)
+                            - 2 * c2 * rho * tl.sin(c3 * rho) - c2 * c3 * r2 * tl.cos(c3 * rho)
+                            - c4 * tl.cos(c5 * rho) + c4 * c5 * rho * tl.sin(c5 * rho) + c6 * c7 * tl.cos(c7 * rho))
+                    den = r2 * r2
+            val = num / den
+            der = dnum / den - (n + 1) * num / (den * rho)
+        return val, der
+
+    @triton.jit
+    def _legendre(l: tl.constexpr, t):
+        """Y_l(t) and dY_l/dt (m = 0)."""
+        if l == 0:
+            return tl.zeros_like(t) + 0.28209479177387814, tl.zeros_like(t)
+        elif l == 1:
+            return 0.4886025119029199 * t, tl.zeros_like(t) + 0.4886025119029199
+        elif l == 2:
+            return 0.31539156525252005 * (3 * t * t - 1), 0.31539156525252005 * 6 * t
+        else:
+            return 0.3731763325901154 * t * (5 * t * t - 3), 0.3731763325901154 * (15 * t * t - 3)
+
+    @triton.jit
+    def sh_kernel(t_ptr, rho_ptr, coef_ptr, out_ptr, grad_ptr, grad_t_ptr, grad_rho_ptr, n_rows, factor,
+                  MAX_L: tl.constexpr, MAX_N: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+        """Feature k = n·max_l + j is R_{n,j}(ρ)·Y_{k // max_n}(cos θ)·factor."""
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        rmask = rows < n_rows
+        theta = tl.load(t_ptr + rows, mask=rmask, other=0.0)
+        rho = tl.load(rho_ptr + rows, mask=rmask, other=1.0)
+        t = tl.cos(theta)
+        base = rows.to(tl.int64) * (MAX_L * MAX_N)
+        g_t = tl.zeros_like(theta)
+        g_r = tl.zeros_like(theta)
+        for n in tl.static_range(MAX_N):
+            for j in tl.static_range(MAX_L):
+                k: tl.constexpr = n * MAX_L + j
+                radial, d_radial = _sh_radial(coef_ptr, n, j, rho)
+                y, dy = _legendre(k // MAX_N, t)
+                if BACKWARD:
+                    g = tl.load(grad_ptr + base + k, mask=rmask, other=0.0) * factor
+                    g_t += g * radial * dy
+                    g_r += g * d_radial * y
+                else:
+                    tl.store(out_ptr + base + k, radial * y * factor, mask=rmask)
+        if BACKWARD:
+            tl.store(grad_t_ptr + rows, -tl.sin(theta) * g_t, mask=rmask)
+            tl.store(grad_rho_ptr + rows, g_r, mask=rmask)
+
+
+def _grid(n):
+    return (max(1, triton.cdiv(n, BLOCK_ROWS)),)
+
+
+def _launch_bessel(r, freq, cutoff, p, grad):
+    n, k = r.shape[0], freq.shape[0]
+    out = torch.empty((n, k), dtype=r.dtype, device=r.device)
+    grad_r = torch.empty_like(r) if grad is not None else r
+    if n:
+        bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, n, cutoff,
+                                math.sqrt(2 / cutoff), K=k, KP=triton.next_power_of_2(k), P=p,
+                                BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
+    return (grad_r, out) if grad is not None else out
+
+
+def _launch_fourier(theta, freq, grad):
+    from matris.model.basis import FOURIER_CONSTANT
+
+    n, m = theta.shape[0], freq.shape[0]
+    if grad is None:
+        out = torch.empty((n, 2 * m + 1), dtype=theta.dtype, device=theta.device)
+    else:
+        out = torch.empty((n, m), dtype=theta.dtype, device=theta.device)
+    grad_t = torch.empty_like(theta) if grad is not None else theta
+    if n:
+        fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, n, FOURIER_CONSTANT,
+                                 1 / SQRT_PI, M=m, MP=max(1, triton.next_power_of_2(m)),
+                                 BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
+    return (grad_t, out) if grad is not None else out
+
+
+def _launch_sh(theta, rho, factor, max_l, max_n, grad):
+    n = theta.shape[0]
+    coef = sh_coefficient_table(theta.dtype, theta.device)
+    fac = float(factor)
+    if grad is None:
+        out = torch.empty((n, max_l * max_n), dtype=theta.dtype, device=theta.device)
+        if n:
+            sh_kernel[_grid(n)](theta, rho, coef, out, out, theta, theta, n, fac, MAX_L=max_l, MAX_N=max_n,
+                                BACKWARD=False, BLOCK=BLOCK_ROWS)
+        return out
+    grad_t, grad_rho = torch.empty_like(theta), torch.empty_like(rho)
+    if n:
+        sh_kernel[_grid(n)](theta, rho, coef, grad, grad, grad_t, grad_rho, n, fac, MAX_L=max_l, MAX_N=max_n,
+                            BACKWARD=True, BLOCK=BLOCK_ROWS)
+    return grad_t, grad_rho
