@@ -6,7 +6,7 @@ truth); GPU kernels written in Triton live beside their reference and are select
 
 from .backend import triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
-from .softmax_aggregate import Segments, softmax_aggregate, softmax_aggregate_reference
+from .aggregate import Segments, softmax_aggregate, softmax_aggregate_reference
 
 __all__ = [
     "scatter_sum",

@@ -157,10 +157,13 @@ if triton_available():
         return tl.where(inside, f, 0.0), tl.where(inside, df, 0.0)
 
     @triton.jit
-    def bessel_kernel(r_ptr, f_ptr, out_ptr, grad_ptr, grad_r_ptr, n_rows, cutoff, norm,
+    def bessel_kernel(r_ptr, f_ptr, out_ptr, grad_ptr, grad_r_ptr, consts_ptr, n_rows,
                       K: tl.constexpr, KP: tl.constexpr, P: tl.constexpr, BACKWARD: tl.constexpr,
                       BLOCK: tl.constexpr):
-        """Forward: out[b, k]. Backward: grad_r[b] and per-element ∂/∂freq · grad into out."""
+        """Forward: out[b, k]. Backward: grad_r[b] and per-element ∂/∂freq · grad into out.
+        consts: [cutoff, sqrt(2/cutoff)] in the working dtype (scalar arguments would be fp32)."""
+        cutoff = tl.load(consts_ptr)
+        norm = tl.load(consts_ptr + 1)
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, KP)
         rmask = rows < n_rows
@@ -185,9 +188,11 @@ if triton_available():
             tl.store(out_ptr + offs, norm * sin_x / r[:, None] * env[:, None], mask=mask)
 
     @triton.jit
-    def fourier_kernel(t_ptr, f_ptr, out_ptr, grad_ptr, grad_t_ptr, n_rows, const, inv_sqrt_pi,
+    def fourier_kernel(t_ptr, f_ptr, out_ptr, grad_ptr, grad_t_ptr, consts_ptr, n_rows,
                        M: tl.constexpr, MP: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
-        """Columns: [c, sin(f_1θ)…sin(f_mθ), cos(f_1θ)…cos(f_mθ)] / √π."""
+        """Columns: [c, sin(f_1θ)…sin(f_mθ), cos(f_1θ)…cos(f_mθ)] / √π; consts: [c, 1/√π]."""
+        const = tl.load(consts_ptr)
+        inv_sqrt_pi = tl.load(consts_ptr + 1)
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, MP)
         rmask = rows < n_rows
@@ -249,21 +254,24 @@ if triton_available():
         return val, der
 
     @triton.jit
-    def _legendre(l: tl.constexpr, t):
-        """Y_l(t) and dY_l/dt (m = 0)."""
+    def _legendre(l: tl.constexpr, t, consts_ptr):
+        """Y_l(t) and dY_l/dt (m = 0); the normalisations are consts[1 + l]."""
+        c = tl.load(consts_ptr + 1 + l)
         if l == 0:
-            return tl.zeros_like(t) + 0.28209479177387814, tl.zeros_like(t)
+            return tl.zeros_like(t) + c, tl.zeros_like(t)
         elif l == 1:
-            return 0.4886025119029199 * t, tl.zeros_like(t) + 0.4886025119029199
+            return c * t, tl.zeros_like(t) + c
         elif l == 2:
-            return 0.31539156525252005 * (3 * t * t - 1), 0.31539156525252005 * 6 * t
+            return c * (3 * t * t - 1), c * 6 * t
         else:
-            return 0.3731763325901154 * t * (5 * t * t - 3), 0.3731763325901154 * (15 * t * t - 3)
+            return c * t * (5 * t * t - 3), c * (15 * t * t - 3)
 
     @triton.jit
-    def sh_kernel(t_ptr, rho_ptr, coef_ptr, out_ptr, grad_ptr, grad_t_ptr, grad_rho_ptr, n_rows, factor,
+    def sh_kernel(t_ptr, rho_ptr, coef_ptr, out_ptr, grad_ptr, grad_t_ptr, grad_rho_ptr, consts_ptr, n_rows,
                   MAX_L: tl.constexpr, MAX_N: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
-        """Feature k = n·max_l + j is R_{n,j}(ρ)·Y_{k // max_n}(cos θ)·factor."""
+        """Feature k = n·max_l + j is R_{n,j}(ρ)·Y_{k // max_n}(cos θ)·factor;
+        consts: [factor, Y_0…Y_3 normalisations] in the working dtype."""
+        factor = tl.load(consts_ptr)
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         rmask = rows < n_rows
         theta = tl.load(t_ptr + rows, mask=rmask, other=0.0)
@@ -274,15 +282,14 @@ if triton_available():
         g_r = tl.zeros_like(theta)
         for n in tl.static_range(MAX_N):
             for j in tl.static_range(MAX_L):
-                k: tl.constexpr = n * MAX_L + j
                 radial, d_radial = _sh_radial(coef_ptr, n, j, rho)
-                y, dy = _legendre(k // MAX_N, t)
+                y, dy = _legendre((n * MAX_L + j) // MAX_N, t, consts_ptr)
                 if BACKWARD:
-                    g = tl.load(grad_ptr + base + k, mask=rmask, other=0.0) * factor
+                    g = tl.load(grad_ptr + base + (n * MAX_L + j), mask=rmask, other=0.0) * factor
                     g_t += g * radial * dy
                     g_r += g * d_radial * y
                 else:
-                    tl.store(out_ptr + base + k, radial * y * factor, mask=rmask)
+                    tl.store(out_ptr + base + (n * MAX_L + j), radial * y * factor, mask=rmask)
         if BACKWARD:
             tl.store(grad_t_ptr + rows, -tl.sin(theta) * g_t, mask=rmask)
             tl.store(grad_rho_ptr + rows, g_r, mask=rmask)
@@ -297,8 +304,8 @@ def _launch_bessel(r, freq, cutoff, p, grad):
     out = torch.empty((n, k), dtype=r.dtype, device=r.device)
     grad_r = torch.empty_like(r) if grad is not None else r
     if n:
-        bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, n, cutoff,
-                                math.sqrt(2 / cutoff), K=k, KP=triton.next_power_of_2(k), P=p,
+        consts = torch.tensor([cutoff, math.sqrt(2 / cutoff)], dtype=r.dtype, device=r.device)
+        bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, consts, n, K=k, KP=triton.next_power_of_2(k), P=p,
                                 BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
     return (grad_r, out) if grad is not None else out
 
@@ -313,8 +320,8 @@ def _launch_fourier(theta, freq, grad):
         out = torch.empty((n, m), dtype=theta.dtype, device=theta.device)
     grad_t = torch.empty_like(theta) if grad is not None else theta
     if n:
-        fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, n, FOURIER_CONSTANT,
-                                 1 / SQRT_PI, M=m, MP=max(1, triton.next_power_of_2(m)),
+        consts = torch.tensor([FOURIER_CONSTANT, 1 / SQRT_PI], dtype=theta.dtype, device=theta.device)
+        fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n, M=m, MP=max(1, triton.next_power_of_2(m)),
                                  BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
     return (grad_t, out) if grad is not None else out
 
@@ -322,15 +329,17 @@ def _launch_fourier(theta, freq, grad):
 def _launch_sh(theta, rho, factor, max_l, max_n, grad):
     n = theta.shape[0]
     coef = sh_coefficient_table(theta.dtype, theta.device)
-    fac = float(factor)
+    norms = [0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqrt(5 / (16 * math.pi)),
+             math.sqrt(7 / (16 * math.pi))]
+    consts = torch.cat([factor.reshape(1).to(theta.dtype), torch.tensor(norms, dtype=theta.dtype)]).to(theta.device)
     if grad is None:
         out = torch.empty((n, max_l * max_n), dtype=theta.dtype, device=theta.device)
         if n:
-            sh_kernel[_grid(n)](theta, rho, coef, out, out, theta, theta, n, fac, MAX_L=max_l, MAX_N=max_n,
+            sh_kernel[_grid(n)](theta, rho, coef, out, out, theta, theta, consts, n, MAX_L=max_l, MAX_N=max_n,
                                 BACKWARD=False, BLOCK=BLOCK_ROWS)
         return out
     grad_t, grad_rho = torch.empty_like(theta), torch.empty_like(rho)
     if n:
-        sh_kernel[_grid(n)](theta, rho, coef, grad, grad, grad_t, grad_rho, n, fac, MAX_L=max_l, MAX_N=max_n,
+        sh_kernel[_grid(n)](theta, rho, coef, grad, grad, grad_t, grad_rho, consts, n, MAX_L=max_l, MAX_N=max_n,
                             BACKWARD=True, BLOCK=BLOCK_ROWS)
     return grad_t, grad_rho
