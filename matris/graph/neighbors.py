@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import torch
 
 from .system import AtomicSystem
 
@@ -26,4 +29,47 @@ def half_neighbor_list(system: AtomicSystem, cutoff: float) -> tuple[np.ndarray,
     keep = d <= cutoff
     if not keep.all():
         i, j, shifts, d = i[keep], j[keep], shifts[keep], d[keep]
+    return i.astype(np.int64), j.astype(np.int64), shifts.astype(np.int64), d
+
+
+def torch_half_neighbor_list(system: AtomicSystem, cutoff: float, device: str | torch.device | None = None,
+                             chunk: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The same list as :func:`half_neighbor_list` by brute force over periodic images.
+
+    O(N² · images), chunked; runs on ``device`` (default: CUDA when available). Used when
+    vesin is not installed, and as an independent check of it in the tests.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    pos = torch.as_tensor(system.positions, dtype=torch.float64, device=device)
+    cell = torch.as_tensor(system.cell, dtype=torch.float64, device=device)
+    ranges = []
+    for k in range(3):
+        if system.pbc[k]:
+            recip = np.linalg.pinv(system.cell[system.pbc]).T  # rows: reciprocal vectors of periodic directions
+            width = 1 / np.linalg.norm(recip[list(np.flatnonzero(system.pbc)).index(k)])
+            nk = int(np.ceil(cutoff / width))
+            ranges.append(range(-nk, nk + 1))
+        else:
+            ranges.append(range(0, 1))
+    n = pos.shape[0]
+    out_i, out_j, out_n, out_d = [], [], [], []
+    for image in itertools.product(*ranges):
+        img = torch.tensor(image, dtype=torch.float64, device=device)
+        positive = image > (0, 0, 0)  # canonical copy of a self-image bond: n lexicographically > 0
+        shifted = pos + img @ cell
+        for start in range(0, n, chunk):
+            d = torch.cdist(pos[start : start + chunk], shifted)  # |x_i − (x_j + n·L)|
+            i, j = torch.nonzero(d <= cutoff, as_tuple=True)
+            i = i + start
+            keep = (i < j) | ((i == j) & positive)
+            i, j = i[keep], j[keep]
+            out_i.append(i)
+            out_j.append(j)
+            out_d.append(d[i - start, j])
+            out_n.append(img.to(torch.int64).expand(i.shape[0], 3))
+    i = torch.cat(out_i).cpu().numpy()
+    j = torch.cat(out_j).cpu().numpy()
+    shifts = torch.cat(out_n).cpu().numpy().reshape(-1, 3)
+    d = torch.cat(out_d).cpu().numpy()
     return i.astype(np.int64), j.astype(np.int64), shifts.astype(np.int64), d
