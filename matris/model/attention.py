@@ -61,7 +61,7 @@ class SeparableAttention(nn.Module):
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
         alpha = y @ torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight]).T
         if directed:
-            alpha = alpha[d2u]
+            alpha = alpha.index_select(0, d2u)
         alpha_s, alpha_t = alpha.split(y.shape[-1], dim=-1)
         if segments is not None:  # fused kernel: S and T without materialising the weights
             t_agg = softmax_aggregate(alpha_t, m, segments[0], backend="triton")

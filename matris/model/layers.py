@@ -67,7 +67,7 @@ def project_terms(linears: list[nn.Linear], terms: list[Term]) -> torch.Tensor:
         proj = feat @ weight[:, col : col + width].T
         col += width
         if index is not None:
-            proj = proj[index]
+            proj = proj.index_select(0, index)  # backward: index_add, faster than index_put
         out = proj if out is None else out + proj
     if linears[0].bias is not None:
         bias = torch.cat([lin.bias for lin in linears]) if len(linears) > 1 else linears[0].bias

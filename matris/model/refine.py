@@ -47,7 +47,7 @@ class Refine(nn.Module):
         recomputes Φ in the backward pass instead of storing its activations."""
         directed = d2u is not None
         q = self.learnable_envelope(basis)
-        g = q[d2u] if directed else q[src] * q[tgt]
+        g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
         if rewrite:
             u = call_phi(self.edge_nonlinear_update, terms, recompute_phi)

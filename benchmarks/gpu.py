@@ -1,0 +1,401 @@
+"""GPU check and benchmark of the Triton path against the PyTorch reference path, in one call.
+
+    python benchmarks/gpu.py --json gpu.json            # on a CUDA machine, < 8 min on one H200
+    TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke  # CPU dry run of every code path (tiny sizes)
+
+Needs torch and triton only: structures are built here, graphs use vesin when installed and
+a PyTorch neighbour search otherwise, and the fixtures are read without ase.
+
+Sections (each fails on its own, with the error recorded, without stopping the others):
+1. correctness on the device: every kernel vs its reference (forward, backward, second
+   order), and fixture parity in float64 through the Triton path;
+2. kernels: median time (CUDA events) of each kernel vs its reference, and for the fused
+   attention the achieved memory bandwidth as a fraction of the device's peak;
+3. energy+forces+stress of the 10-block width-128 model, 64 to 8,192 atoms, Triton vs
+   reference, with peak memory and time per atom;
+4. one training step with a force loss (energy + forces, create_graph), Triton vs reference;
+5. the largest bcc Fe cell whose E+F+S fits, within a time budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig  # noqa: E402
+from matris.kernels import basis as B  # noqa: E402
+from matris.kernels import softmax_aggregate, softmax_aggregate_reference  # noqa: E402
+from matris.kernels.aggregate import Segments  # noqa: E402
+
+PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s (SXM)
+RESULTS: dict = {}
+
+
+# ---------------------------------------------------------------------------- helpers
+def log(msg=""):
+    print(msg, flush=True)
+
+
+def section(name):
+    def wrap(fn):
+        def run(*a, **k):
+            log(f"\n== {name}")
+            t0 = time.perf_counter()
+            try:
+                RESULTS[name] = fn(*a, **k)
+            except Exception as exc:  # noqa: BLE001 - recorded, the other sections go on
+                traceback.print_exc()
+                RESULTS[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"   ({time.perf_counter() - t0:.1f} s)")
+        return run
+    return wrap
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+SMOKE = False  # --smoke: one untimed-quality call per measurement (the interpreter is slow)
+
+
+def median_time(fn, device, repeat=5, warmup=1):
+    """Median seconds per call: CUDA events on a GPU, perf_counter elsewhere."""
+    if SMOKE:
+        repeat, warmup = 1, 0
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_mem_gb(device):
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+
+
+def reset_peak(device):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def diamond_si(k, rattle=0.02, seed=0):
+    a = 5.43
+    basis = np.array([[0, 0, 0], [0, .5, .5], [.5, 0, .5], [.5, .5, 0],
+                      [.25, .25, .25], [.25, .75, .75], [.75, .25, .75], [.75, .75, .25]])
+    return _supercell(basis, a, k, 14, rattle, seed, f"Si{8 * k**3}")
+
+
+def bcc_fe(k, rattle=0.02, seed=0):
+    return _supercell(np.array([[0, 0, 0], [.5, .5, .5]]), 2.87, k, 26, rattle, seed, f"Fe{2 * k**3}")
+
+
+def _supercell(basis, a, k, z, rattle, seed, name):
+    grid = np.stack(np.meshgrid(*[np.arange(k)] * 3, indexing="ij"), -1).reshape(-1, 1, 3)
+    frac = ((grid + basis[None]) / k).reshape(-1, 3)
+    cell = np.eye(3) * a * k
+    pos = frac @ cell + np.random.default_rng(seed).normal(scale=rattle, size=frac.shape)
+    return AtomicSystem(pos, cell, True, np.full(len(pos), z), name)
+
+
+def read_extxyz(path):
+    """The fixtures' simple extxyz (Lattice, species, pos) without ase."""
+    from matris.graph.system import _SYMBOLS
+
+    lines = Path(path).read_text().splitlines()
+    out, k = [], 0
+    while k < len(lines):
+        n = int(lines[k])
+        header = lines[k + 1]
+        cell = np.array(re.search(r'Lattice="([^"]+)"', header).group(1).split(), float).reshape(3, 3)
+        pbc = [c == "T" for c in re.search(r'pbc="([^"]+)"', header).group(1).split()]
+        rows = [ln.split() for ln in lines[k + 2 : k + 2 + n]]
+        numbers = [_SYMBOLS.index(r[0]) for r in rows]
+        pos = np.array([r[1:4] for r in rows], float)
+        out.append(AtomicSystem(pos, cell, pbc, numbers))
+        k += n + 2
+    return out
+
+
+def graph_of(model, system, device, dtype):
+    return GraphBatch.from_systems([system], model.cutoff, model.three_body_cutoff, dtype=dtype, device=device)
+
+
+def published_model(device, dtype, smoke):
+    torch.manual_seed(0)
+    cfg = (MatRISConfig(num_layers=1, node_feat_dim=16, edge_feat_dim=16, three_body_feat_dim=16,
+                        mlp_hidden_dims=(16,), pairwise_cutoff=3.0, three_body_cutoff=2.5,
+                        reference_energy="mptrj") if smoke else
+           MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj"))
+    return MatRIS(cfg).to(device=device, dtype=dtype).eval()
+
+
+def close(a, b, tol):
+    err = (a - b).abs().max().item() if a.numel() else 0.0
+    return err <= tol * max(1.0, b.abs().max().item() if b.numel() else 0.0), err
+
+
+# ---------------------------------------------------------------------------- sections
+@section("1. correctness on the device")
+def correctness(device, smoke):
+    out = {}
+    torch.manual_seed(1)
+    for dtype, tol in ((torch.float64, 1e-9), (torch.float32, 2e-4)):
+        e, c, n = (300, 37, 41) if smoke else (200_003, 128, 6_007)
+        index = torch.randint(0, n - 3, (e,), device=device)
+        a = (torch.randn(e, c, device=device, dtype=dtype) * 4).requires_grad_()
+        m = torch.randn(e, c, device=device, dtype=dtype, requires_grad=True)
+        got = softmax_aggregate(a, m, index, n, backend="triton")
+        want = softmax_aggregate_reference(a, m, index, n)
+        g = torch.randn_like(want)
+        ga = torch.autograd.grad(got, (a, m), g)
+        gw = torch.autograd.grad(want, (a, m), g, create_graph=True)
+        g2 = torch.autograd.grad(softmax_aggregate(a, m, index, n, backend="triton"), (a, m), g, create_graph=True)
+        h_got = torch.autograd.grad(sum((x * x).sum() for x in g2), (a, m))
+        h_want = torch.autograd.grad(sum((x * x).sum() for x in gw), (a, m))
+        checks = {"forward": close(got, want, tol), "backward_logits": close(ga[0], gw[0], tol),
+                  "backward_messages": close(ga[1], gw[1], tol), "second_order_logits": close(h_got[0], h_want[0], tol),
+                  "second_order_messages": close(h_got[1], h_want[1], tol)}
+        r = (torch.rand(50_001 if not smoke else 99, device=device, dtype=dtype) * 6 + 0.5).requires_grad_()
+        f = (torch.arange(1, 8, device=device, dtype=dtype) * math.pi).requires_grad_()
+        checks["bessel"] = close(B.bessel(r, f, 6.0, 8), B.bessel_reference(r, f, 6.0, 8), tol)
+        th = (torch.rand(50_001 if not smoke else 99, device=device, dtype=dtype) * 3).requires_grad_()
+        rho = torch.full_like(th, 1 / 6)
+        fac = torch.tensor(math.sqrt(2 / 216), dtype=torch.float32, device=device)
+        checks["sh"] = close(B.spherical(th, rho, fac, 4, 4), B.sh_reference(th, rho, fac.to(dtype), 4, 4), tol)
+        ff = (torch.arange(1, 4, device=device, dtype=dtype) + 0.1)
+        checks["fourier"] = close(B.fourier(th, ff), B.fourier_reference(th, ff), tol)
+        for k, (ok, err) in checks.items():
+            log(f"   {str(dtype)[6:]:8s} {k:24s} {'ok' if ok else 'FAIL'}  max|Δ| {err:.2e}")
+        out[str(dtype)[6:]] = {k: {"ok": ok, "max_abs_err": err} for k, (ok, err) in checks.items()}
+    # fixture parity through the Triton path, float64
+    parity = {}
+    for folder in ("small_sh_float64", "small_fourier_float64", "mixed_widths_float64"):
+        base = ROOT / "tests" / "fixtures" / "official-v0.9" / folder
+        ref = json.loads((base / "reference.json").read_text())
+        model = MatRIS.from_checkpoint(base / "checkpoint.pth.tar").to(device=device, dtype=torch.float64)
+        model.kernel_backend = "triton"
+        worst = {"energy_per_atom": 0.0, "forces": 0.0, "stress": 0.0}
+        for system, r in zip(read_extxyz(base / "structures.extxyz"), ref["structures"]):
+            o = model(graph_of(model, system, device, torch.float64))
+            worst["energy_per_atom"] = max(worst["energy_per_atom"], abs(o.energy_per_atom.item() - r["energy_per_atom"]))
+            worst["forces"] = max(worst["forces"], float(np.abs(o.forces.cpu().numpy() - r["forces"]).max()))
+            worst["stress"] = max(worst["stress"], float(np.abs(o.stress[0].cpu().numpy() - r["stress_GPa"]).max()))
+        ok = worst["energy_per_atom"] <= 1e-7 and worst["forces"] <= 1e-6 and worst["stress"] <= 1e-5
+        log(f"   parity {folder:22s} {'ok' if ok else 'FAIL'}  " + "  ".join(f"{k} {v:.1e}" for k, v in worst.items()))
+        parity[folder] = {"ok": ok, **worst}
+    out["parity_float64_triton"] = parity
+    return out
+
+
+@section("2. kernels: time and bandwidth")
+def kernels(device, smoke):
+    out = {}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
+    e, c = (300, 32) if smoke else (2_000_000, 128)  # ≥ 1M angles
+    n = e // 30
+    index = torch.randint(0, n, (e,), device=device)
+    seg = Segments.from_index(index, n)
+    a = torch.randn(e, c, device=device)
+    m = torch.randn(e, c, device=device)
+    g = torch.randn(n, c, device=device)
+    t_tri = median_time(lambda: softmax_aggregate(a, m, seg, backend="triton"), device)
+    t_ref = median_time(lambda: softmax_aggregate_reference(a, m, index, n), device)
+    moved = (2 * e * c + 2 * n * c) * 4 + e * 4 * 2  # logits, messages, out, lse, order + offsets
+    bw = moved / t_tri
+    out["attention_forward"] = {"edges": e, "channels": c, "triton_s": t_tri, "reference_s": t_ref,
+                                "speedup": t_ref / t_tri, "bandwidth_GBs": bw / 1e9,
+                                "fraction_of_peak": bw / peak if peak else None}
+    a.requires_grad_(True)
+    m.requires_grad_(True)
+
+    def fb(fn):
+        def run():
+            o = fn()
+            torch.autograd.grad(o, (a, m), g)
+        return run
+
+    t_tri_b = median_time(fb(lambda: softmax_aggregate(a, m, seg, backend="triton")), device)
+    t_ref_b = median_time(fb(lambda: softmax_aggregate_reference(a, m, index, n)), device)
+    moved_b = moved + (2 * e * c + 2 * e * c + 2 * n * c) * 4  # backward reads a, m, gathers, writes 2 grads
+    out["attention_forward_backward"] = {"triton_s": t_tri_b, "reference_s": t_ref_b, "speedup": t_ref_b / t_tri_b,
+                                         "bandwidth_GBs": (moved + moved_b) / t_tri_b / 1e9,
+                                         "fraction_of_peak": (moved + moved_b) / t_tri_b / peak if peak else None}
+    nb = 200 if smoke else 1_000_000
+    r = torch.rand(nb, device=device) * 6 + 0.5
+    f = torch.arange(1, 8, device=device, dtype=torch.float32) * math.pi
+    out["bessel"] = _pair(lambda: B.bessel(r, f, 6.0, 8), lambda: B.bessel_reference(r, f, 6.0, 8), device)
+    th = torch.rand(2 * nb, device=device) * 3
+    rho = torch.full_like(th, 1 / 6)
+    fac = torch.tensor(math.sqrt(2 / 216), dtype=torch.float32, device=device)
+    out["sh"] = _pair(lambda: B.spherical(th, rho, fac, 4, 4), lambda: B.sh_reference(th, rho, fac, 4, 4), device)
+    ff = torch.arange(1, 4, device=device, dtype=torch.float32)
+    out["fourier"] = _pair(lambda: B.fourier(th, ff), lambda: B.fourier_reference(th, ff), device)
+    log(f"   {'kernel':28s} {'triton (ms)':>12s} {'reference (ms)':>15s} {'speedup':>8s} {'GB/s':>8s} {'of peak':>8s}")
+    for k, v in out.items():
+        frac = v.get("fraction_of_peak")
+        log(f"   {k:28s} {1e3 * v['triton_s']:12.3f} {1e3 * v['reference_s']:15.3f} {v['speedup']:8.2f} "
+            f"{v.get('bandwidth_GBs', float('nan')):8.0f} {'' if frac is None else f'{100 * frac:7.1f}%'}")
+    out["device"] = name
+    return out
+
+
+def _pair(tri, ref, device):
+    t, r = median_time(tri, device), median_time(ref, device)
+    return {"triton_s": t, "reference_s": r, "speedup": r / t}
+
+
+@section("3. energy+forces+stress, Triton vs reference")
+def efs(device, smoke):
+    model = published_model(device, torch.float32, smoke)
+    systems = [diamond_si(1)] if smoke else [diamond_si(2), bcc_fe(4), bcc_fe(6), bcc_fe(8), bcc_fe(10), bcc_fe(13),
+                                             bcc_fe(16)]
+    rows = []
+    log(f"   {'structure':10s} {'atoms':>6s} {'angles':>9s} {'triton (ms)':>12s} {'ref (ms)':>10s} {'speedup':>8s} "
+        f"{'µs/atom':>8s} {'peak GB':>8s} {'ckpt':>4s}")
+    for system in systems:
+        g = graph_of(model, system, device, torch.float32)
+        row = {"structure": system.name, "atoms": system.num_atoms, "angles": g.num_angles}
+        for backend in ("triton", "torch"):
+            model.kernel_backend = backend
+            reset_peak(device)
+            try:
+                t = median_time(lambda: model(g), device, repeat=3)
+                row[backend] = {"s": t, "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
+            except torch.OutOfMemoryError:
+                row[backend] = {"s": None, "error": "out of memory"}
+        tt, tr = row["triton"].get("s"), row["torch"].get("s")
+        row["speedup"] = tr / tt if tt and tr else None
+        row["us_per_atom_triton"] = 1e6 * tt / system.num_atoms if tt else None
+        rows.append(row)
+        log(f"   {system.name:10s} {system.num_atoms:6d} {g.num_angles:9d} {1e3 * (tt or float('nan')):12.1f} "
+            f"{1e3 * (tr or float('nan')):10.1f} {row['speedup'] or float('nan'):8.2f} "
+            f"{row['us_per_atom_triton'] or float('nan'):8.1f} {row['triton'].get('peak_gb', float('nan')):8.1f} "
+            f"{row['triton'].get('level', -1):4d}")
+        del g
+    per_atom = [r["us_per_atom_triton"] for r in rows if r["atoms"] >= 1000 and r["us_per_atom_triton"]]
+    spread = (max(per_atom) / min(per_atom) - 1) if len(per_atom) > 1 else None
+    log(f"   time per atom from 1,000 atoms up: spread {100 * spread:.1f}%" if spread is not None else "")
+    model.kernel_backend = None
+    return {"rows": rows, "per_atom_spread_from_1000": spread}
+
+
+@section("4. training step with force loss, Triton vs reference")
+def training(device, smoke):
+    model = published_model(device, torch.float32, smoke).train()
+    systems = [diamond_si(1, seed=s) for s in range(2)] if smoke else [diamond_si(2, seed=s) for s in range(4)]
+    g = GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff, dtype=torch.float32, device=device)
+    target_e = torch.zeros(len(systems), device=device)
+    target_f = torch.zeros(g.num_atoms, 3, device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = model(g, compute_stress=False, create_graph=True)
+        loss = ((out.energy_per_atom - target_e) ** 2).mean() + ((out.forces - target_f) ** 2).mean()
+        loss.backward()
+        opt.step()
+
+    res = {"structures": len(systems), "atoms": g.num_atoms, "angles": g.num_angles}
+    for backend in ("triton", "torch"):
+        model.kernel_backend = backend
+        reset_peak(device)
+        res[backend] = {"s": median_time(step, device, repeat=3), "peak_gb": peak_mem_gb(device)}
+    res["speedup"] = res["torch"]["s"] / res["triton"]["s"]
+    log(f"   batch of {len(systems)} ({g.num_atoms} atoms, {g.num_angles} angles): triton {1e3 * res['triton']['s']:.1f} ms, "
+        f"reference {1e3 * res['torch']['s']:.1f} ms, speedup {res['speedup']:.2f}×, "
+        f"peak {res['triton']['peak_gb']:.1f} / {res['torch']['peak_gb']:.1f} GB")
+    return res
+
+
+@section("5. largest cell that fits (E+F+S, Triton path)")
+def largest(device, smoke, budget_s):
+    model = published_model(device, torch.float32, smoke)
+    model.kernel_backend = "triton"
+    t0, best, k = time.perf_counter(), None, (1 if smoke else 16)
+    while time.perf_counter() - t0 < budget_s:
+        k = int(math.ceil(k * 1.25))
+        system = bcc_fe(k)
+        try:
+            reset_peak(device)
+            g = graph_of(model, system, device, torch.float32)
+            t1 = time.perf_counter()
+            model(g)
+            sync(device)
+            best = {"atoms": system.num_atoms, "angles": g.num_angles, "s": time.perf_counter() - t1,
+                    "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
+            log(f"   Fe {system.num_atoms:7d} atoms fits: {best['s']:.1f} s, peak {best['peak_gb']:.1f} GB, "
+                f"level {best['level']}")
+            del g
+        except torch.OutOfMemoryError:
+            log(f"   Fe {system.num_atoms:7d} atoms: out of memory")
+            break
+        if smoke:
+            break
+    return {"largest_fitting": best}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", default="gpu.json", help="write all results here (default gpu.json)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes and model, any device (a dry run)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--largest-budget", type=float, default=90.0, help="seconds for the largest-cell search")
+    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-5)")
+    args = p.parse_args(argv)
+    global SMOKE
+    SMOKE = args.smoke
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda" and not args.smoke:
+        p.error("no CUDA device: run with --smoke (and TRITON_INTERPRET=1) for a CPU dry run")
+    if device.type != "cuda":
+        os.environ.setdefault("MATRIS_KERNELS", "auto")
+    import triton
+
+    RESULTS["meta"] = {"torch": torch.__version__, "triton": triton.__version__, "device": str(device),
+                       "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                       "smoke": args.smoke}
+    log(f"matris GPU benchmark: {RESULTS['meta']}")
+    t0 = time.perf_counter()
+    steps = {"1": lambda: correctness(device, args.smoke), "2": lambda: kernels(device, args.smoke),
+             "3": lambda: efs(device, args.smoke), "4": lambda: training(device, args.smoke),
+             "5": lambda: largest(device, args.smoke, args.largest_budget)}
+    for key, fn in steps.items():
+        if key not in args.skip:
+            fn()
+    RESULTS["meta"]["total_s"] = time.perf_counter() - t0
+    Path(args.json).write_text(json.dumps(RESULTS, indent=1, default=str))
+    log(f"\nwrote {args.json} ({RESULTS['meta']['total_s']:.0f} s)")
+    failed = [k for k, v in RESULTS.items() if isinstance(v, dict) and "error" in v]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
