@@ -56,8 +56,8 @@ class SeparableAttention(nn.Module):
         if rewrite:
             m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi)
         else:
-            y0 = y[d2u] if directed else y
-            m = self.edge_nonlinear_update(torch.cat([y0, x[tgt], x[src]], dim=-1))
+            y0 = y.index_select(0, d2u) if directed else y
+            m = self.edge_nonlinear_update(torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1))
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
         alpha = y @ torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight]).T
         if directed:

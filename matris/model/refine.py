@@ -52,7 +52,7 @@ class Refine(nn.Module):
         if rewrite:
             u = call_phi(self.edge_nonlinear_update, terms, recompute_phi)
         else:
-            u = self.edge_nonlinear_update(torch.cat([f if i is None else f[i] for f, i in terms], dim=-1))
+            u = self.edge_nonlinear_update(torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], dim=-1))
         u_g = u * g
         x_new = self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])) + self.node_res_weight * x
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
