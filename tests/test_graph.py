@@ -166,3 +166,13 @@ def test_pure_torch_neighbor_list_matches_vesin(pbc):
     assert directed(*a[:3]) == directed(*b[:3])
     v = s.positions[b[0]] - s.positions[b[1]] - b[2] @ s.cell
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), b[3], atol=1e-12)
+
+
+def test_graphs_build_without_vesin(monkeypatch):
+    """Where vesin is not installed, graph construction falls back to the PyTorch search."""
+    import sys
+
+    s = AtomicSystem(np.zeros((1, 3)), [[0, 1.805, 1.805], [1.805, 0, 1.805], [1.805, 1.805, 0]], True, [29])
+    monkeypatch.setitem(sys.modules, "vesin", None)  # makes `import vesin` raise ImportError
+    g = GraphBatch.from_systems([s], 6.0, 4.0)
+    assert 2 * g.num_bonds == 78 and g.num_angles == 306

@@ -16,9 +16,13 @@ def half_neighbor_list(system: AtomicSystem, cutoff: float) -> tuple[np.ndarray,
     i, j: ``[B]`` int64 atom indices; n: ``[B, 3]`` int64 image numbers (zero along
     non-periodic directions); d: ``[B]`` float64 lengths, Å. A self-image pair (i, i, n) is
     listed once, for one of ±n. Cells smaller than the cutoff and mixed periodicity are
-    handled by vesin; non-periodic systems need no box.
+    handled by vesin; non-periodic systems need no box. Without vesin installed (e.g. a GPU
+    image), :func:`torch_half_neighbor_list` gives the same list.
     """
-    import vesin
+    try:
+        import vesin
+    except ImportError:
+        return torch_half_neighbor_list(system, cutoff)
 
     # vesin keeps d < cutoff; the spec includes d == cutoff, so search a hair wider and filter
     nl = vesin.NeighborList(cutoff=float(cutoff) * (1 + 1e-9) + 1e-12, full_list=False)
