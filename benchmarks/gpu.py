@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import statistics
 import sys
@@ -375,8 +374,6 @@ def main(argv=None):
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and not args.smoke:
         p.error("no CUDA device: run with --smoke (and TRITON_INTERPRET=1) for a CPU dry run")
-    if device.type != "cuda":
-        os.environ.setdefault("MATRIS_KERNELS", "auto")
     import triton
 
     RESULTS["meta"] = {"torch": torch.__version__, "triton": triton.__version__, "device": str(device),

@@ -22,33 +22,23 @@ SQRT_PI = math.sqrt(math.pi)
 
 
 # ---------------------------------------------------------------------------- references
+# The PyTorch forms in matris/model/basis.py (imported lazily: that module imports this one).
 def bessel_reference(r, frequencies, cutoff: float, p: int):
-    from matris.model.basis import polynomial_envelope
+    from matris.model.basis import bessel_basis
 
-    rr = r.unsqueeze(-1)
-    s = rr / cutoff
-    return math.sqrt(2 / cutoff) * torch.sin(frequencies * s) / rr * polynomial_envelope(s, p)
+    return bessel_basis(r, frequencies, cutoff, p)
 
 
 def fourier_reference(theta, frequencies):
-    from matris.model.basis import FOURIER_CONSTANT
+    from matris.model.basis import fourier_basis
 
-    x = theta.unsqueeze(-1) * frequencies
-    const = torch.full_like(theta, FOURIER_CONSTANT).unsqueeze(-1)
-    return torch.cat([const, torch.sin(x), torch.cos(x)], dim=-1) / SQRT_PI
+    return fourier_basis(theta, frequencies)
 
 
 def sh_reference(theta, rho, factor, max_l: int, max_n: int):
-    from matris.model.basis import SH_RADIAL_COEFFICIENTS, _legendre_y, _sh_radial
+    from matris.model.basis import sh_basis
 
-    t = torch.cos(theta)
-    ys = [_legendre_y(l, t) for l in range(max_l)]
-    feats = []
-    for n in range(max_n):
-        for j in range(max_l):
-            k = n * max_l + j
-            feats.append(_sh_radial(n, SH_RADIAL_COEFFICIENTS[n][j], rho) * ys[k // max_n] * factor)
-    return torch.stack(feats, dim=-1)
+    return sh_basis(theta, rho, factor, max_l, max_n)
 
 
 def sh_coefficient_table(dtype, device) -> torch.Tensor:

@@ -8,7 +8,6 @@ from ase.build import bulk, molecule
 from ase.md.verlet import VelocityVerlet
 from pymatgen.core import Lattice, Molecule, Structure
 
-from conftest import FIXTURES
 from matris import MatRIS, MatRISCalculator
 from matris.bundled import DEMO_CHECKPOINT
 

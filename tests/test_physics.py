@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 from scipy.spatial.transform import Rotation
 
 from conftest import evaluate, random_system

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import Segments, scatter_sum, segment_softmax, softmax_aggregate
+from ..kernels import Segments, softmax_aggregate, softmax_aggregate_reference
 from .layers import call_phi, phi
 
 
@@ -67,10 +67,8 @@ class SeparableAttention(nn.Module):
             t_agg = softmax_aggregate(alpha_t, m, segments[0], backend="triton")
             s_agg = softmax_aggregate(alpha_s, m, segments[1], backend="triton")
         else:
-            s_hat = segment_softmax(alpha_s, src, n)
-            t_hat = segment_softmax(alpha_t, tgt, n)
-            s_agg = scatter_sum(s_hat * m, src, n)
-            t_agg = scatter_sum(t_hat * m, tgt, n)
+            t_agg = softmax_aggregate_reference(alpha_t, m, tgt, n)
+            s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
         x_new = self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)) + self.node_res_weight * x
         y_new = (pool_directed(m) if directed else m) + self.edge_res_weight * y
         return x_new, y_new

@@ -63,6 +63,13 @@ def polynomial_envelope(s: torch.Tensor, p: int) -> torch.Tensor:
     return torch.where(s < 1, f, torch.zeros_like(f))
 
 
+def bessel_basis(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: int) -> torch.Tensor:
+    """``[B]`` lengths → ``[B, K]``: ``sqrt(2/r_c) · sin(freq_k · r / r_c) / r · f(r / r_c)``."""
+    r = r.unsqueeze(-1)
+    s = r / cutoff
+    return math.sqrt(2 / cutoff) * torch.sin(frequencies * s) / r * polynomial_envelope(s, p)
+
+
 class BesselExpansion(nn.Module):
     """``b_k(r) = sqrt(2/r_c) · sin(freq_k · r / r_c) / r · f(r / r_c)`` → ``[n, K]``."""
 
@@ -79,11 +86,7 @@ class BesselExpansion(nn.Module):
     def forward(self, r: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         if use_triton(r.device, backend):
             return fused.bessel(r, self.frequencies.to(r.dtype), self.cutoff, self.envelope_exponent)
-        r = r.unsqueeze(-1)
-        s = r / self.cutoff
-        return math.sqrt(2 / self.cutoff) * torch.sin(self.frequencies * s) / r * polynomial_envelope(
-            s, self.envelope_exponent
-        )
+        return bessel_basis(r, self.frequencies, self.cutoff, self.envelope_exponent)
 
 
 class GaussianExpansion(nn.Module):
@@ -97,6 +100,13 @@ class GaussianExpansion(nn.Module):
         mu = self.offset.to(r.dtype)
         coeff = -0.5 / (2 * (mu[1] - mu[0])) ** 2
         return torch.exp(coeff * (r.unsqueeze(-1) - mu) ** 2)
+
+
+def fourier_basis(theta: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+    """``[A]`` angles → ``[A, 2m+1]``: ``[c, sin(f θ)…, cos(f θ)…] / √π``."""
+    x = theta.unsqueeze(-1) * frequencies
+    const = torch.full_like(theta, FOURIER_CONSTANT).unsqueeze(-1)
+    return torch.cat([const, torch.sin(x), torch.cos(x)], dim=-1) / math.sqrt(math.pi)
 
 
 class FourierExpansion(nn.Module):
@@ -114,9 +124,7 @@ class FourierExpansion(nn.Module):
     def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
         if use_triton(theta.device, backend):
             return fused.fourier(theta, self.frequencies.to(theta.dtype))
-        x = theta.unsqueeze(-1) * self.frequencies
-        const = torch.full_like(theta, FOURIER_CONSTANT).unsqueeze(-1)
-        return torch.cat([const, torch.sin(x), torch.cos(x)], dim=-1) / math.sqrt(math.pi)
+        return fourier_basis(theta, self.frequencies)
 
 
 def _sh_radial(n: int, c: tuple[float, ...], rho: torch.Tensor) -> torch.Tensor:
@@ -148,6 +156,18 @@ def _legendre_y(l: int, t: torch.Tensor) -> torch.Tensor:
     return math.sqrt(7 / (16 * math.pi)) * t * (5 * t**2 - 3)
 
 
+def sh_basis(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int) -> torch.Tensor:
+    """``[A]`` angles and radial arguments → ``[A, max_l·max_n]``; see :class:`SphericalExpansion`."""
+    t = torch.cos(theta)
+    ys = [_legendre_y(l, t) for l in range(max_l)]
+    feats = []
+    for n in range(max_n):
+        for j in range(max_l):
+            k = n * max_l + j
+            feats.append(_sh_radial(n, SH_RADIAL_COEFFICIENTS[n][j], rho) * ys[k // max_n] * factor)
+    return torch.stack(feats, dim=-1)
+
+
 class SphericalExpansion(nn.Module):
     """SH angle basis: feature ``k = n·max_l + j`` is ``R_{n,j}(ρ) · Y_{⌊k/max_n⌋}(cos θ) · s``.
 
@@ -164,12 +184,4 @@ class SphericalExpansion(nn.Module):
     def forward(self, theta: torch.Tensor, rho: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         if use_triton(theta.device, backend):
             return fused.spherical(theta, rho, self.factor, self.max_l, self.max_n)
-        t = torch.cos(theta)
-        ys = [_legendre_y(l, t) for l in range(min(4, self.max_l))]
-        factor = self.factor.to(theta.dtype)
-        feats = []
-        for n in range(self.max_n):
-            for j in range(self.max_l):
-                k = n * self.max_l + j
-                feats.append(_sh_radial(n, SH_RADIAL_COEFFICIENTS[n][j], rho) * ys[k // self.max_n] * factor)
-        return torch.stack(feats, dim=-1)
+        return sh_basis(theta, rho, self.factor.to(theta.dtype), self.max_l, self.max_n)
