@@ -7,8 +7,14 @@ import sys
 
 from .. import __version__
 from . import predict as _predict
+from . import train as _train
 
-SUBCOMMANDS = {"predict": _predict}
+# name → (help, description, add_arguments, run, takes --section.key overrides)
+SUBCOMMANDS = {
+    "predict": (_predict.HELP, _predict.DESCRIPTION, _predict.add_arguments, _predict.run, False),
+    "train": (_train.HELP, _train.DESCRIPTION, _train.add_arguments, _train.run, True),
+    "finetune": (_train.FT_HELP, _train.FT_DESCRIPTION, _train.add_finetune_arguments, _train.run_finetune, True),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,11 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"matris {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, module in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
+    for name, (help_text, description, add_arguments, run, overrides) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=description,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(p)
-        p.set_defaults(handler=module.run)
+        add_arguments(p)
+        p.set_defaults(handler=run, takes_overrides=overrides)
     return parser
 
 
@@ -31,11 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import CheckpointError, MatRISInputError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    if extra and not args.takes_overrides:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if args.takes_overrides:
+            return int(args.handler(args, extra) or 0)
         return int(args.handler(args) or 0)
     except (MatRISInputError, CheckpointError, FileNotFoundError) as exc:
         print(f"matris {args.command}: error: {exc}", file=sys.stderr)

@@ -1,0 +1,116 @@
+"""``matris train`` and ``matris finetune``: Lightning training from a YAML config plus overrides."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+HELP = "train a MatRIS model on your data (YAML config, any key overridable)"
+DESCRIPTION = """\
+Train MatRIS with Lightning. The run is described by a YAML config (sections model, data,
+loss, optim, reference_energy, finetune, trainer); every key below can also be given on the
+command line as --section.key VALUE (values are read as YAML: 1e-3, true, null, [128, 128]).
+
+  matris train --config examples/configs/tiny.yaml
+  matris train --config cfg.yaml --optim.lr 1e-3 --trainer.max_steps 5000 --trainer.devices 4
+
+Outputs go to trainer.out_dir: checkpoints/last.ckpt (exact resume: rerun the same command
+after an interruption), best_model.pth.tar and last_model.pth.tar (published checkpoint
+format, load with MatRIS.load or MatRISCalculator), CSV and TensorBoard logs, parity.png.
+Several GPUs: --trainer.devices N (DDP); several nodes: see the README (torchrun or SLURM).
+"""
+
+FT_HELP = "fine-tune a pretrained MatRIS checkpoint on your data"
+FT_DESCRIPTION = """\
+Fine-tune from a published-format checkpoint (path, or 'demo' for the bundled model). The
+model section of the config is ignored: the architecture is the checkpoint's. Typical
+choices: --reference_energy.mode fit (new functional, e.g. r2SCAN: refit the per-element
+reference energies on your data) or keep; --finetune.freeze_embeddings true;
+--finetune.freeze_blocks K; --finetune.backbone_lr 1e-5 (readout uses optim.lr).
+
+  matris finetune --from model.pth.tar --config examples/configs/finetune.yaml
+"""
+
+
+def _key_help() -> str:
+    from ..train.config import iter_keys
+
+    lines = ["config keys (YAML section.key; command line --section.key VALUE):"]
+    section = None
+    for key, tname, default, help_text, choices in iter_keys():
+        sec = key.split(".")[0]
+        if sec != section:
+            lines.append(f"\n  [{sec}]")
+            section = sec
+        extra = f" one of {list(choices)}." if choices else ""
+        lines.append(f"  --{key} ({tname}, default {default!r})")
+        lines.extend("      " + ln for ln in textwrap.wrap(f"{help_text}.{extra}", 84))
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser, finetune: bool = False) -> None:
+    p.epilog = _key_help()
+    p.add_argument("--config", default=None, help="YAML config file (default: all defaults; then set --data.train)")
+    if finetune:
+        p.add_argument("--from", dest="from_checkpoint", required=True,
+                       help="starting checkpoint: a path (published format) or 'demo'")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
+    add_arguments(p, finetune=True)
+
+
+def parse_overrides(extra: list[str]) -> list[tuple[str, str]]:
+    """``['--optim.lr', '1e-3', '--trainer.max_steps=10']`` → ``[('optim.lr', '1e-3'), ...]``."""
+    from ..errors import MatRISInputError
+
+    out, k = [], 0
+    while k < len(extra):
+        arg = extra[k]
+        if not arg.startswith("--") or "." not in arg:
+            raise MatRISInputError(f"unexpected argument {arg!r}; config keys are given as --section.key VALUE "
+                                   "(see --help for the list)")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            k += 1
+        else:
+            if k + 1 >= len(extra):
+                raise MatRISInputError(f"{arg} needs a value")
+            key, value = arg[2:], extra[k + 1]
+            k += 2
+        out.append((key, value))
+    return out
+
+
+def load_config(args: argparse.Namespace, extra: list[str]):
+    from ..train.config import TrainConfig
+
+    config = TrainConfig.from_yaml(args.config) if args.config else TrainConfig()
+    for key, value in parse_overrides(extra):
+        config.override(key, value)
+    if getattr(args, "from_checkpoint", None):
+        config.finetune.from_checkpoint = args.from_checkpoint
+        if args.config is None or "reference_energy" not in open(args.config).read():
+            if not any(k == "reference_energy.mode" for k, _ in parse_overrides(extra)):
+                config.reference_energy.mode = "keep"
+    config.validate("command line")
+    return config
+
+
+def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    config = load_config(args, extra or [])
+    if args.print_config:
+        print(config.to_yaml(), end="")
+        return 0
+    from ..train import fit
+
+    result = fit(config)
+    if result.metrics:
+        print("final errors: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(result.metrics.items())))
+    print(f"models: {result.best_model or result.last_model} (published format); run directory {result.out_dir}")
+    return 0
+
+
+def run_finetune(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    return run(args, extra)

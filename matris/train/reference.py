@@ -1,0 +1,77 @@
+"""Per-element reference energies: a least-squares fit on composition, or fixed values from a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import MatRISInputError
+from ..graph.system import element_symbol
+from ..model import MatRIS
+from ..model.readout import NUM_ELEMENTS, ReferenceEnergy
+
+
+def fit_reference_energies(composition: np.ndarray, energy: np.ndarray) -> np.ndarray:
+    """Per-element energies ``w`` (eV/atom) minimising Σ_s (E_s/N_s − w·c_s/N_s)².
+
+    composition: ``[S, 94]`` atom counts of Z = 1..94; energy: ``[S]`` total energies, eV
+    (NaN = unlabelled, skipped). This matches the model's reference term, the per-atom
+    average ``w · counts / N``. Elements absent from the data get 0; when compositions do
+    not determine ``w`` uniquely (e.g. a single composition) the minimum-norm solution is
+    taken, which still reproduces the mean energy of every composition seen.
+    """
+    composition = np.asarray(composition, dtype=np.float64)
+    energy = np.asarray(energy, dtype=np.float64)
+    ok = np.isfinite(energy) & (composition.sum(1) > 0)
+    if not ok.any():
+        raise MatRISInputError("cannot fit reference energies: no training structure has an energy label; "
+                               "set reference_energy.mode to 'none' or to a file of fixed values")
+    n = composition[ok].sum(1, keepdims=True)
+    x = composition[ok] / n
+    y = energy[ok] / n[:, 0]
+    present = np.flatnonzero(x.any(0))
+    w = np.zeros(NUM_ELEMENTS)
+    w[present] = np.linalg.lstsq(x[:, present], y, rcond=None)[0]
+    return w
+
+
+def read_reference_energies(path: str | Path) -> np.ndarray:
+    """Fixed values from a JSON file ``{symbol or Z: eV/atom}`` or from a checkpoint's ``reference_energy``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"reference_energy.mode: no file {path} (give 'fit', 'keep', 'none', a JSON file "
+                                "{symbol: eV/atom} or a checkpoint)")
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        symbols = {element_symbol(z): z for z in range(1, NUM_ELEMENTS + 1)}
+        w = np.zeros(NUM_ELEMENTS)
+        for key, value in data.items():
+            z = int(key) if str(key).isdigit() else symbols.get(str(key))
+            if z is None or not 1 <= z <= NUM_ELEMENTS:
+                raise MatRISInputError(f"{path}: '{key}' is not an element symbol or atomic number 1-{NUM_ELEMENTS}")
+            w[z - 1] = float(value)
+        return w
+    model = MatRIS.from_checkpoint(path)
+    if model.reference_energy is None:
+        raise MatRISInputError(f"{path} has no reference energies (its config has reference_energy: null)")
+    return model.reference_energy.fc.weight.detach().double().numpy()[0]
+
+
+def set_reference_energies(model: MatRIS, values: np.ndarray | None, name: str = "fitted") -> None:
+    """Install (or remove, with ``None``) the fixed per-element reference term of ``model``."""
+    if values is None:
+        model.reference_energy = None
+        model.config.reference_energy = None
+        return
+    if model.reference_energy is None:
+        model.reference_energy = ReferenceEnergy().to(device=model.device, dtype=model.dtype)
+    with torch.no_grad():
+        model.reference_energy.fc.weight.copy_(torch.as_tensor(values, dtype=model.dtype).reshape(1, -1))
+    model.reference_energy.fc.weight.requires_grad_(False)
+    model.config.reference_energy = name
+
+
+__all__ = ["fit_reference_energies", "read_reference_energies", "set_reference_energies"]

@@ -1,0 +1,321 @@
+"""One training or fine-tuning run: model, data, Lightning Trainer, checkpoints, exports and plots.
+
+Outputs under ``trainer.out_dir``::
+
+    config.yaml               the resolved configuration
+    checkpoints/last.ckpt     Lightning checkpoint for exact resume (every n steps, every epoch)
+    checkpoints/best.ckpt     Lightning checkpoint with the lowest val/loss
+    best_model.pth.tar        published checkpoint format (EMA weights), lowest val/loss
+    last_model.pth.tar        published checkpoint format (EMA weights), end of training
+    logs/csv/metrics.csv      metrics (meV/atom, meV/Å, GPa, μB); logs/tensorboard/ for TensorBoard
+    parity.png, metrics.json  validation parity plot and final errors
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from ..errors import MatRISInputError
+from ..model import MatRIS
+from .config import TrainConfig
+from .datamodule import MatRISDataModule
+from .module import MatRISModule
+from .reference import fit_reference_energies, read_reference_energies, set_reference_energies
+
+PRECISION = {"32": "32-true", "tf32": "32-true", "bf16-mixed": "bf16-mixed", "64": "64-true"}
+
+
+@dataclass
+class TrainResult:
+    """Where a finished run put its outputs, and its final validation errors."""
+
+    out_dir: Path
+    best_model: Path | None
+    last_model: Path
+    metrics: dict[str, float]
+    module: MatRISModule
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoints written to a temp file and renamed: a kill never leaves half a file."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(checkpoint, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's bar without the logger version number."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
+
+class ExportBest(Callback):
+    """Writes the EMA weights in the published format: ``best_model.pth.tar`` whenever val/loss improves."""
+
+    def __init__(self, out_dir: Path, monitor: str = "val/loss"):
+        self.out_dir, self.monitor = Path(out_dir), monitor
+        self.best = math.inf
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: MatRISModule) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None or not math.isfinite(float(value)) or float(value) >= self.best:
+            return
+        self.best = float(value)
+        if trainer.is_global_zero:
+            pl_module.eval_model.save(self.out_dir / "best_model.pth.tar")
+
+    def state_dict(self) -> dict[str, float]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.best = float(state.get("best", math.inf))
+
+
+def build_model(config: TrainConfig) -> MatRIS:
+    """A new model from ``config.model``, or the starting checkpoint of a fine-tuning run, with freezing applied."""
+    ft = config.finetune
+    if ft.from_checkpoint:
+        model = MatRIS.load(ft.from_checkpoint).train()
+    else:
+        model = MatRIS(config.model).train()
+    n_blocks = len(model.interaction_block)
+    if ft.freeze_blocks > n_blocks:
+        raise MatRISInputError(f"finetune.freeze_blocks = {ft.freeze_blocks} but the model has {n_blocks} blocks")
+    frozen = []
+    if ft.freeze_embeddings:
+        frozen += [model.atom_embedding, model.edge_embedding, model.three_body_embedding]
+    frozen += list(model.interaction_block[: ft.freeze_blocks])
+    for module in frozen:
+        for p in module.parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def apply_reference_energies(model: MatRIS, config: TrainConfig, data: MatRISDataModule) -> str:
+    """Set the model's per-element reference energies as ``reference_energy.mode`` says; returns a summary."""
+    mode = config.reference_energy.mode
+    if mode == "keep":
+        if not config.finetune.from_checkpoint:
+            raise MatRISInputError("reference_energy.mode 'keep' needs finetune.from_checkpoint; use 'fit' or 'none'")
+        return "kept the starting checkpoint's reference energies"
+    if mode == "none":
+        set_reference_energies(model, None)
+        return "no reference energies"
+    if mode == "fit":
+        composition, energy = data.training_composition()
+        values = fit_reference_energies(composition, energy)
+        set_reference_energies(model, values, "fitted")
+        return f"fitted reference energies of {int((values != 0).sum())} elements on {int(np.isfinite(energy).sum())} structures"
+    values = read_reference_energies(mode)
+    set_reference_energies(model, values, Path(mode).stem)
+    return f"reference energies from {mode}"
+
+
+def _resume_path(config: TrainConfig, out_dir: Path) -> str | None:
+    resume = config.trainer.resume
+    if resume == "never":
+        return None
+    if resume == "auto":
+        last = out_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.is_file() else None
+    if not Path(resume).is_file():
+        raise FileNotFoundError(f"trainer.resume: no checkpoint {resume}")
+    return resume
+
+
+def _devices(value: str) -> Any:
+    if value == "auto":
+        return "auto"
+    if "," in value:
+        return [int(v) for v in value.split(",") if v.strip()]
+    try:
+        return int(value)
+    except ValueError:
+        raise MatRISInputError(f"trainer.devices = {value!r}: give a number, a list like '0,1', or 'auto'") from None
+
+
+def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainResult:
+    """Train (or fine-tune, when ``config.finetune.from_checkpoint`` is set) and export the model."""
+    t = config.trainer
+    out_dir = Path(t.out_dir)
+    L.seed_everything(t.seed, workers=True, verbose=False)
+    if t.precision == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = build_model(config)
+    data = MatRISDataModule(config.data, model.cutoff, model.three_body_cutoff, seed=t.seed)
+    data.setup("fit")
+    summary = apply_reference_energies(model, config, data)
+    module = MatRISModule(model, config, labels=data.labels)
+    resume = _resume_path(config, out_dir)
+    if rank_zero_only.rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_text(out_dir / "config.yaml", config.to_yaml())
+        n_train = len(data.train_set)
+        n_val = len(data.val_set) if data.val_set is not None else 0
+        rank_zero_info(f"matris: {model.num_parameters():,} parameters; {n_train} training / {n_val} validation "
+                       f"structures; {summary}" + (f"; resuming from {resume}" if resume else ""))
+
+    has_val = data.val_set is not None
+    ckpt_dir = out_dir / "checkpoints"
+    last = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0,
+                           every_n_train_steps=max(1, t.checkpoint_every_n_steps), save_on_train_epoch_end=True)
+    cbs: list[Callback] = [last, LearningRateMonitor(logging_interval="step")]
+    if t.progress_bar:
+        cbs.append(ProgressBar())
+    if has_val:
+        cbs += [ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
+                                auto_insert_metric_name=False, enable_version_counter=False),
+                ExportBest(out_dir)]
+    cbs += list(callbacks or [])
+    loggers: list[Any] = [L.pytorch.loggers.CSVLogger(out_dir / "logs", name="", version="csv")]
+    if t.tensorboard:
+        try:
+            loggers.append(L.pytorch.loggers.TensorBoardLogger(out_dir / "logs", name="", version="tensorboard"))
+        except ModuleNotFoundError:
+            rank_zero_info("matris: neither tensorboard nor tensorboardX is installed; CSV logs only")
+    trainer = L.Trainer(
+        default_root_dir=out_dir,
+        max_epochs=t.max_epochs,
+        max_steps=t.max_steps,
+        accelerator=t.accelerator,
+        devices=_devices(t.devices),
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        precision=PRECISION[t.precision],
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=config.optim.grad_clip,
+        check_val_every_n_epoch=t.val_every_n_epochs if t.val_check_interval is None else None,
+        val_check_interval=t.val_check_interval,
+        log_every_n_steps=t.log_every_n_steps,
+        callbacks=cbs,
+        logger=loggers,
+        plugins=[AtomicCheckpointIO()],
+        enable_progress_bar=t.progress_bar,
+        enable_model_summary=False,
+        deterministic=t.deterministic,
+        inference_mode=False,  # validation needs autograd for forces and stress
+        use_distributed_sampler=False,  # the budget sampler shards by rank itself
+        num_sanity_val_steps=0,
+        limit_val_batches=None if has_val else 0,
+    )
+    trainer.fit(module, datamodule=data, ckpt_path=resume)
+    if data.test_set is not None:
+        trainer.test(module, datamodule=data, ckpt_path=None, verbose=False)
+
+    last_model = out_dir / "last_model.pth.tar"
+    best_model = out_dir / "best_model.pth.tar"
+    metrics: dict[str, float] = {}
+    if trainer.is_global_zero:
+        module.eval_model.save(last_model)
+        if has_val and not best_model.is_file():
+            module.eval_model.save(best_model)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "test/"))}
+        if t.parity_plot:
+            subset = data.val_set if has_val else data.train_set
+            pred = evaluate(module.eval_model, subset, data)
+            metrics.update(parity_errors(pred))
+            parity_plot(pred, out_dir / "parity.png", title="validation set" if has_val else "training set")
+        _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+    return TrainResult(out_dir, best_model if best_model.is_file() else None, last_model, metrics, module)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def evaluate(model: MatRIS, subset, data: MatRISDataModule) -> dict[str, np.ndarray]:
+    """Predicted and reference energies per atom (eV/atom) and force components (eV/Å) of ``subset``."""
+    from .datamodule import Collate
+
+    model = model.eval()
+    collate = Collate(subset)
+    sampler = data._sampler(subset, False, 0, 1)
+    out: dict[str, list] = {"e_pred": [], "e_ref": [], "f_pred": [], "f_ref": []}
+    for positions in sampler:
+        batch = collate(positions)
+        batch = batch.to(model.device)
+        res = model(batch.graph, compute_forces=True, compute_stress=False, compute_magmoms=False)
+        n = batch.graph.n_atoms.to(torch.float64)
+        out["e_pred"].append(res.energy_per_atom.detach().double().cpu().numpy())
+        out["e_ref"].append((batch.targets.energy / n).cpu().numpy())
+        out["f_pred"].append(res.forces.detach().double().cpu().numpy().reshape(-1))
+        out["f_ref"].append(batch.targets.forces.double().cpu().numpy().reshape(-1))
+    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+
+
+def parity_errors(pred: dict[str, np.ndarray]) -> dict[str, float]:
+    """MAE of energy (meV/atom) and force components (meV/Å) over labelled entries."""
+    out = {}
+    for key, name in (("e", "parity/energy_mae_meV_per_atom"), ("f", "parity/force_mae_meV_per_A")):
+        ok = np.isfinite(pred[f"{key}_ref"])
+        if ok.any():
+            out[name] = float(np.abs(pred[f"{key}_pred"][ok] - pred[f"{key}_ref"][ok]).mean() * 1000)
+    return out
+
+
+def parity_plot(pred: dict[str, np.ndarray], path: Path, title: str = "validation set") -> Path:
+    """Predicted vs reference energies per atom and force components, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
+    for ax, key, label, unit in ((axes[0], "e", "energy", "eV/atom"), (axes[1], "f", "force component", "eV/Å")):
+        ref, est = pred[f"{key}_ref"], pred[f"{key}_pred"]
+        ok = np.isfinite(ref)
+        ref, est = ref[ok], est[ok]
+        if len(ref):
+            lo, hi = float(min(ref.min(), est.min())), float(max(ref.max(), est.max()))
+            ax.plot([lo, hi], [lo, hi], color="0.6", lw=1)
+            ax.scatter(ref, est, s=6, alpha=0.6)
+            mae = np.abs(est - ref).mean()
+            ax.set_title(f"{label}: MAE {mae * 1000:.1f} m{unit}")
+        ax.set_xlabel(f"reference {label} ({unit})")
+        ax.set_ylabel(f"MatRIS {label} ({unit})")
+    fig.suptitle(f"MatRIS parity, {title}")
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["fit", "TrainResult", "build_model", "apply_reference_energies", "AtomicCheckpointIO", "parity_plot",
+           "evaluate"]
