@@ -132,7 +132,8 @@ class MatRISDataModule(L.LightningDataModule):
             if not Path(f).is_file():
                 raise FileNotFoundError(f"data file {f} does not exist (data.train/val/test)")
             parts.append(build_or_load(f, self.cutoff, self.three_body_cutoff, cache_dir=self.config.cache_dir,
-                                       reader_options=reader_options(self.config, f)))
+                                       reader_options=reader_options(self.config, f),
+                                       store_angles=self.config.cache_angles))
         return parts[0] if len(parts) == 1 else MultiPacked(parts)
 
     def prepare_data(self) -> None:

@@ -1,0 +1,26 @@
+"""Training data: readers of labelled structures, the packed graph cache, and batching.
+
+Units everywhere: energy is the TOTAL energy in eV, forces eV/Å, stress GPa with the ASE sign
+(positive = tensile), magmoms μB; missing labels are NaN (None on a :class:`Sample`).
+"""
+
+from .batching import BudgetBatchSampler
+from .cache import MultiPacked, PackedDataset, build_or_load, default_cache_dir
+from .dataset import GraphDataset
+from .readers import Sample, read_ase, read_ase_db, read_mptrj, read_samples
+from .targets import Targets
+
+__all__ = [
+    "Sample",
+    "read_samples",
+    "read_ase",
+    "read_ase_db",
+    "read_mptrj",
+    "PackedDataset",
+    "MultiPacked",
+    "build_or_load",
+    "default_cache_dir",
+    "Targets",
+    "GraphDataset",
+    "BudgetBatchSampler",
+]
