@@ -78,6 +78,11 @@ class ResumableLoader(DataLoader):
         self._progress = progress
         self._on_resume = on_resume
 
+    def __len__(self) -> int:
+        # the whole epoch, also while resuming inside it: Lightning counts the batches already
+        # done (restored from the checkpoint) against this length
+        return len(self.batch_sampler.rank_batches())
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": int(self.batch_sampler.epoch), "batches": int(self._progress())}
 

@@ -70,6 +70,11 @@ class MatRISModule(L.LightningModule):
 
     def training_step(self, batch: TrainBatch, batch_idx: int) -> torch.Tensor:
         _, loss, terms, sums = self._forward(self.model, batch, create_graph=True)
+        if self.trainer.world_size > 1:
+            # DDP needs a gradient for every parameter in every step; some never get one (the
+            # last block's bond refinement does not reach the energy; the magmom head without
+            # labels; line-graph layers in a batch without angles): add them with weight 0
+            loss = loss + 0.0 * sum(p.sum() for p in self.model.parameters() if p.requires_grad)
         self.batches_in_epoch += 1
         n = batch.graph.num_structures
         self.log("train/loss", loss.detach(), batch_size=n, prog_bar=True)
@@ -80,9 +85,8 @@ class MatRISModule(L.LightningModule):
         return loss
 
     def on_train_epoch_start(self) -> None:
-        if not getattr(self, "_resumed_mid_epoch", False):
-            self.batches_in_epoch = 0
-        self._resumed_mid_epoch = False
+        # not called for an epoch resumed in the middle: then the count comes from the checkpoint
+        self.batches_in_epoch = 0
 
     def validation_step(self, batch: TrainBatch, batch_idx: int) -> None:
         model = self.eval_model
@@ -172,7 +176,6 @@ class MatRISModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("matris", {})
         self.batches_in_epoch = int(state.get("batches_in_epoch", 0))
-        self._resumed_mid_epoch = self.batches_in_epoch > 0
 
 
 def lr_lambda(total: int, warmup: int, schedule: str, min_ratio: float):

@@ -229,6 +229,8 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
         limit_val_batches=None if has_val else 0,
     )
     trainer.fit(module, datamodule=data, ckpt_path=resume)
+    # the final state too, so rerunning a finished run resumes at its end instead of repeating steps
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt")
     if data.test_set is not None:
         trainer.test(module, datamodule=data, ckpt_path=None, verbose=False)
 
