@@ -14,7 +14,9 @@ Sections (each fails on its own, with the error recorded, without stopping the o
 3. energy+forces+stress of the 10-block width-128 model, 64 to 8,192 atoms, Triton vs
    reference, with peak memory and time per atom;
 4. one training step with a force loss (energy + forces, create_graph), Triton vs reference;
-5. the largest bcc Fe cell whose E+F+S fits, within a time budget.
+5. the largest bcc Fe cell whose E+F+S fits, within a time budget;
+6. training throughput (structures/s, atoms/s) of the Lightning pipeline, tiny and 10M configs
+   (needs lightning and pyyaml, both on the device image).
 """
 
 from __future__ import annotations
@@ -286,7 +288,7 @@ def efs(device, smoke):
             model.kernel_backend = backend
             reset_peak(device)
             try:
-                t = median_time(lambda: model(g), device, repeat=3)
+                t = median_time(lambda g=g: model(g), device, repeat=3)
                 row[backend] = {"s": t, "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
             except torch.OutOfMemoryError:
                 row[backend] = {"s": None, "error": "out of memory"}
@@ -361,13 +363,30 @@ def largest(device, smoke, budget_s):
     return {"largest_fitting": best}
 
 
+@section("6. training throughput, Lightning pipeline (tiny and 10M configs)")
+def train_throughput(device, smoke):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_throughput import run as run_training
+
+    configs = ["tiny.yaml"] if smoke else ["tiny.yaml", "matris-10m.yaml"]
+    rows = []
+    for name in configs:
+        r = run_training(ROOT / "examples" / "configs" / name, str(device), steps=3 if smoke else 30,
+                         warmup=1 if smoke else 5, n_structures=32 if smoke else 512, atoms=(4, 32),
+                         batch=4 if smoke else 32, precision="32")
+        rows.append(r)
+        log(f"   {name:16s} {r['parameters']:11,d} params: {r['ms_per_step']:8.1f} ms/step, "
+            f"{r['structures_per_s']:8.1f} structures/s, {r['atoms_per_s']:9.0f} atoms/s (model {100 * r['model_share']:.0f}%)")
+    return {"rows": rows}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default="gpu.json", help="write all results here (default gpu.json)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and model, any device (a dry run)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--largest-budget", type=float, default=90.0, help="seconds for the largest-cell search")
-    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-5)")
+    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-6)")
     args = p.parse_args(argv)
     global SMOKE
     SMOKE = args.smoke
@@ -383,7 +402,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     steps = {"1": lambda: correctness(device, args.smoke), "2": lambda: kernels(device, args.smoke),
              "3": lambda: efs(device, args.smoke), "4": lambda: training(device, args.smoke),
-             "5": lambda: largest(device, args.smoke, args.largest_budget)}
+             "5": lambda: largest(device, args.smoke, args.largest_budget),
+             "6": lambda: train_throughput(device, args.smoke)}
     for key, fn in steps.items():
         if key not in args.skip:
             fn()
