@@ -168,7 +168,7 @@ def test_tiny_model_overfits_small_set(emt, tmp_path):
     e_mae, f_mae = _errors(model, read(emt["small"], ":"))
     assert e_mae < 10 and f_mae < 40, (e_mae, f_mae)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["parity/energy_mae_meV_per_atom"] == pytest.approx(e_mae, rel=1e-3, abs=1e-3)
+    assert metrics["parity/energy_mae_meV_atom"] == pytest.approx(e_mae, rel=1e-3, abs=1e-3)
 
 
 def test_training_with_missing_labels(emt, tmp_path):
@@ -295,3 +295,31 @@ def test_finetune_freezing(emt, tmp_path):
     c.finetune.freeze_blocks = 5
     with pytest.raises(MatRISInputError, match="has 2 blocks"):
         build_model(c)
+
+
+def test_cli_finetune_from_bundled_model(emt, tmp_path):
+    """`matris finetune --from demo`: the architecture is the checkpoint's, references kept, models exported."""
+    cfg = micro_config(tmp_path / "ft", [emt["small"]], emt["cache"], trainer={"max_steps": 2})
+    del cfg["model"]
+    path = write_config(tmp_path / "ft.yaml", cfg)
+    res = subprocess.run([sys.executable, "-m", "matris", "finetune", "--from", "demo", "--config", str(path),
+                          "--finetune.freeze_embeddings", "true"], capture_output=True, text=True, env=_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    tuned = MatRIS.load(tmp_path / "ft" / "last_model.pth.tar")
+    demo = MatRIS.load("demo")
+    assert tuned.config.to_dict() == demo.config.to_dict()
+    sd_t, sd_d = tuned.state_dict(), demo.state_dict()
+    assert torch.equal(sd_t["atom_embedding.embedding.weight"], sd_d["atom_embedding.embedding.weight"])  # frozen
+    assert not torch.equal(sd_t["energy_head.energy_head.layers.0.weight"], sd_d["energy_head.energy_head.layers.0.weight"])
+    missing = subprocess.run([sys.executable, "-m", "matris", "finetune", "--from", str(tmp_path / "nope.pth.tar"),
+                              "--config", str(path)], capture_output=True, text=True, env=_env())
+    assert missing.returncode == 2 and "no checkpoint" in missing.stderr
+
+
+def test_train_throughput_benchmark_runs():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_throughput import run
+
+    r = run(ROOT / "examples" / "configs" / "tiny.yaml", "cpu", steps=2, warmup=1, n_structures=8, atoms=(4, 8),
+            batch=4, precision="32")
+    assert r["steps"] == 2 and r["structures_per_s"] > 0 and 0 < r["model_share"] <= 1

@@ -10,8 +10,9 @@ from ..model import ModelOutput
 from .config import LossConfig
 
 # metric name → (unit, factor from the model's unit)
-METRIC_UNITS = {"energy_mae": ("meV/atom", 1000.0), "force_mae": ("meV/Å", 1000.0),
-                "stress_mae": ("GPa", 1.0), "magmom_mae": ("μB", 1.0)}
+# metric names carry their unit, so logs and TensorBoard are unambiguous
+METRIC_UNITS = {"energy_mae_meV_atom": ("meV/atom", 1000.0), "force_mae_meV_A": ("meV/Å", 1000.0),
+                "stress_mae_GPa": ("GPa", 1.0), "magmom_mae_muB": ("μB", 1.0)}
 
 
 @dataclass
@@ -25,7 +26,7 @@ class ErrorSums:
     sums: torch.Tensor  # [4]: energy, force, stress, magmom
     counts: torch.Tensor  # [4]
 
-    NAMES = ("energy_mae", "force_mae", "stress_mae", "magmom_mae")
+    NAMES = tuple(METRIC_UNITS)
 
     def as_metrics(self) -> dict[str, float]:
         out = {}

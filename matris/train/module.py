@@ -81,7 +81,7 @@ class MatRISModule(L.LightningModule):
         for k, v in terms.items():
             self.log(f"train/loss_{k}", v.detach(), batch_size=n)
         for k, v in sums.as_metrics().items():
-            self.log(f"train/{k}", v, batch_size=n, prog_bar=k in ("energy_mae", "force_mae"))
+            self.log(f"train/{k}", v, batch_size=n, prog_bar=k.startswith(("energy", "force")))
         return loss
 
     def on_train_epoch_start(self) -> None:
@@ -107,7 +107,7 @@ class MatRISModule(L.LightningModule):
             sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
             counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
         for k, v in ErrorSums(sums, counts).as_metrics().items():
-            self.log(f"val/{k}", v, prog_bar=k in ("energy_mae", "force_mae"), rank_zero_only=False)
+            self.log(f"val/{k}", v, prog_bar=k.startswith(("energy", "force")))
 
     test_step = validation_step
 

@@ -282,7 +282,7 @@ def evaluate(model: MatRIS, subset, data: MatRISDataModule) -> dict[str, np.ndar
 def parity_errors(pred: dict[str, np.ndarray]) -> dict[str, float]:
     """MAE of energy (meV/atom) and force components (meV/Å) over labelled entries."""
     out = {}
-    for key, name in (("e", "parity/energy_mae_meV_per_atom"), ("f", "parity/force_mae_meV_per_A")):
+    for key, name in (("e", "parity/energy_mae_meV_atom"), ("f", "parity/force_mae_meV_A")):
         ok = np.isfinite(pred[f"{key}_ref"])
         if ok.any():
             out[name] = float(np.abs(pred[f"{key}_pred"][ok] - pred[f"{key}_ref"][ok]).mean() * 1000)
