@@ -161,28 +161,27 @@ def read_ase(
     Material id: ``info[material_id_key]``, else ``"<file stem>:<k>"`` with k the position
     among the frames read.
     """
-    return list(iter_ase(path, index, energy_key, forces_key, stress_key, magmoms_key, material_id_key, stress_unit))
+    return list(iter_ase(path, index, energy_key=energy_key, forces_key=forces_key, stress_key=stress_key,
+                         magmoms_key=magmoms_key, material_id_key=material_id_key, stress_unit=stress_unit))
 
 
-def iter_ase(
-    path: str | os.PathLike,
-    index: str | int = ":",
-    energy_key: str | None = None,
-    forces_key: str | None = None,
-    stress_key: str | None = None,
-    magmoms_key: str | None = None,
-    material_id_key: str | None = None,
-    stress_unit: str = "eV/A3",
-) -> Iterator[Sample]:
-    """:func:`read_ase`, one structure at a time (streams large files)."""
+_LABEL_KEYS = ("energy_key", "forces_key", "stress_key", "magmoms_key", "material_id_key")
+
+
+def _label_options(p: Path, options: dict[str, Any]) -> tuple[dict[str, str | None], float, "_KeyTracker"]:
+    """(label keys, stress factor to GPa, key tracker) from the keyword options of an ASE reader."""
+    _only(options, set(_LABEL_KEYS) | {"stress_unit"}, p, "ASE file")
+    keys = {k: options.get(k) for k in _LABEL_KEYS}
+    return keys, _stress_unit_factor(options.get("stress_unit", "eV/A3")), _KeyTracker(dict(keys))
+
+
+def iter_ase(path: str | os.PathLike, index: str | int = ":", **options: Any) -> Iterator[Sample]:
+    """:func:`read_ase`, one structure at a time (streams large files); same keyword options."""
     import ase.io
 
     p = _check_file(path)
-    factor = _stress_unit_factor(stress_unit)
-    tracker = _KeyTracker(
-        {"energy_key": energy_key, "forces_key": forces_key, "stress_key": stress_key,
-         "magmoms_key": magmoms_key, "material_id_key": material_id_key}
-    )
+    keys, factor, tracker = _label_options(p, options)
+    energy_key, forces_key, stress_key, magmoms_key, material_id_key = (keys[k] for k in _LABEL_KEYS)
 
     def unreadable(e: Exception) -> MatRISInputError:
         return MatRISInputError(
@@ -267,31 +266,19 @@ def read_ase_db(
     ``row.data``, then the row itself. ``stress_unit`` as in :func:`read_ase`. Material id:
     ``row.key_value_pairs[material_id_key]``, else ``"<file stem>:<row id>"``.
     """
-    return list(iter_ase_db(path, selection, energy_key, forces_key, stress_key, magmoms_key, material_id_key,
-                            stress_unit))
+    return list(iter_ase_db(path, selection, energy_key=energy_key, forces_key=forces_key, stress_key=stress_key,
+                            magmoms_key=magmoms_key, material_id_key=material_id_key, stress_unit=stress_unit))
 
 
-def iter_ase_db(
-    path: str | os.PathLike,
-    selection: Any = None,
-    energy_key: str | None = None,
-    forces_key: str | None = None,
-    stress_key: str | None = None,
-    magmoms_key: str | None = None,
-    material_id_key: str | None = None,
-    stress_unit: str = "eV/A3",
-) -> Iterator[Sample]:
-    """:func:`read_ase_db`, one row at a time."""
+def iter_ase_db(path: str | os.PathLike, selection: Any = None, **options: Any) -> Iterator[Sample]:
+    """:func:`read_ase_db`, one row at a time; same keyword options."""
     import ase.db
 
     from ..structures import to_system
 
     p = _check_file(path)  # ase.db.connect would silently create a missing database
-    factor = _stress_unit_factor(stress_unit)
-    tracker = _KeyTracker(
-        {"energy_key": energy_key, "forces_key": forces_key, "stress_key": stress_key,
-         "magmoms_key": magmoms_key, "material_id_key": material_id_key}
-    )
+    keys, factor, tracker = _label_options(p, options)
+    energy_key, forces_key, stress_key, magmoms_key, material_id_key = (keys[k] for k in _LABEL_KEYS)
     try:
         db = ase.db.connect(str(p), type="db")
         rows = db.select(selection)

@@ -70,31 +70,19 @@ def compute_loss(out: ModelOutput, targets, n_atoms: torch.Tensor, config: LossC
     else:
         terms["energy"] = zero
 
-    if out.forces is not None:
-        f_pred, f_ref = _masked(out.forces, targets.forces, 1)
-        if f_pred.numel():
-            diff = f_pred - f_ref
-            terms["force"] = torch.linalg.vector_norm(diff, dim=-1).mean()
-            sums[1], counts[1] = diff.detach().abs().sum(), diff.numel()
+    # forces: mean L2 norm of the error per atom; stress, magmoms: MAE of the components
+    for k, (name, pred, target, dims) in enumerate(
+        (("force", out.forces, targets.forces, 1), ("stress", out.stress, targets.stress, 2),
+         ("magmom", out.magmoms, targets.magmoms, 0)), start=1):
+        if pred is None:
+            continue
+        p, t = _masked(pred, target, dims)
+        if p.numel():
+            diff = p - t
+            terms[name] = torch.linalg.vector_norm(diff, dim=-1).mean() if name == "force" else diff.abs().mean()
+            sums[k], counts[k] = diff.detach().abs().sum(), diff.numel()
         else:
-            terms["force"] = out.forces.sum() * 0.0
-    if out.stress is not None:
-        s_pred, s_ref = _masked(out.stress, targets.stress, 2)
-        if s_pred.numel():
-            diff = s_pred - s_ref
-            terms["stress"] = diff.abs().mean()
-            sums[2], counts[2] = diff.detach().abs().sum(), diff.numel()
-        else:
-            terms["stress"] = torch.nan_to_num(out.stress).sum() * 0.0
-    if out.magmoms is not None:
-        m_pred, m_ref = _masked(out.magmoms, targets.magmoms, 0)
-        if m_pred.numel():
-            diff = m_pred - m_ref
-            terms["magmom"] = diff.abs().mean()
-            sums[3], counts[3] = diff.detach().abs().sum(), diff.numel()
-        else:
-            terms["magmom"] = out.magmoms.sum() * 0.0
-
+            terms[name] = torch.nan_to_num(pred).sum() * 0.0  # NaN stress of non-3-D cells stays out
     weights = {"energy": config.energy_weight, "force": config.force_weight,
                "stress": config.stress_weight, "magmom": config.magmom_weight}
     loss = sum(weights[k] * v for k, v in terms.items())

@@ -97,30 +97,26 @@ class MatRISModule(L.LightningModule):
         self.log("val/loss", loss.detach(), batch_size=batch.graph.num_structures, sync_dist=True)
         self._val_sums.append(sums)
 
-    def on_validation_epoch_end(self) -> None:
+    def _epoch_errors(self) -> dict[str, float]:
+        """Exact MAEs over every structure evaluated this epoch, on all ranks together."""
         if not self._val_sums:
-            return
+            return {}
         sums = torch.stack([s.sums for s in self._val_sums]).sum(0)
         counts = torch.stack([s.counts for s in self._val_sums]).sum(0)
         self._val_sums = []
-        if self.trainer.world_size > 1:  # exact averages over all ranks' structures
+        if self.trainer.world_size > 1:
             sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
             counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        for k, v in ErrorSums(sums, counts).as_metrics().items():
+        return ErrorSums(sums, counts).as_metrics()
+
+    def on_validation_epoch_end(self) -> None:
+        for k, v in self._epoch_errors().items():
             self.log(f"val/{k}", v, prog_bar=k.startswith(("energy", "force")))
 
     test_step = validation_step
 
     def on_test_epoch_end(self) -> None:
-        sums = torch.stack([s.sums for s in self._val_sums]).sum(0) if self._val_sums else None
-        counts = torch.stack([s.counts for s in self._val_sums]).sum(0) if self._val_sums else None
-        self._val_sums = []
-        if sums is None:
-            return
-        if self.trainer.world_size > 1:
-            sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
-            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        for k, v in ErrorSums(sums, counts).as_metrics().items():
+        for k, v in self._epoch_errors().items():
             self.log(f"test/{k}", v)
 
     # ------------------------------------------------------------------ EMA
