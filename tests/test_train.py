@@ -160,7 +160,7 @@ def test_tiny_model_overfits_small_set(emt, tmp_path):
                                 "parity_plot": True})
     result = fit(TrainConfig.from_dict(cfg))
     assert (tmp_path / "run" / "parity.png").stat().st_size > 10_000
-    assert (tmp_path / "run" / "logs" / "csv" / "metrics.csv").is_file()
+    assert (tmp_path / "run" / "logs" / "csv" / "version_0" / "metrics.csv").is_file()
     model = MatRIS.load(result.last_model)
     assert model.config.reference_energy == "fitted" and model.reference_energy is not None
     from ase.io import read
@@ -183,10 +183,14 @@ def test_training_with_missing_labels(emt, tmp_path):
         a.calc = SinglePointCalculator(a, **kept)
     path = tmp_path / "partial.extxyz"
     write(path, frames)
-    cfg = micro_config(tmp_path / "run", [path], tmp_path / "cache", trainer={"max_steps": 4})
+    cfg = micro_config(tmp_path / "run", [path], tmp_path / "cache", trainer={"max_steps": 4},
+                       data={"num_workers": 1})  # batches collated in a worker process
     result = fit(TrainConfig.from_dict(cfg))
     for p in result.module.model.parameters():
         assert torch.isfinite(p).all()
+    cfg["trainer"]["resume"] = "never"  # a finished run is never overwritten silently
+    with pytest.raises(MatRISInputError, match="already holds a run"):
+        fit(TrainConfig.from_dict(cfg))
 
 
 def _ckpt_step(path: Path) -> int:

@@ -88,14 +88,20 @@ class MatRISModule(L.LightningModule):
         # not called for an epoch resumed in the middle: then the count comes from the checkpoint
         self.batches_in_epoch = 0
 
-    def validation_step(self, batch: TrainBatch, batch_idx: int) -> None:
+    def _eval_step(self, batch: TrainBatch, stage: str) -> None:
         model = self.eval_model
         was = model.training
         model.eval()
-        out, loss, _, sums = self._forward(model, batch, create_graph=False)
+        _, loss, _, sums = self._forward(model, batch, create_graph=False)
         model.train(was)
-        self.log("val/loss", loss.detach(), batch_size=batch.graph.num_structures, sync_dist=True)
+        self.log(f"{stage}/loss", loss.detach(), batch_size=batch.graph.num_structures, sync_dist=True)
         self._val_sums.append(sums)
+
+    def validation_step(self, batch: TrainBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: TrainBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
 
     def _epoch_errors(self) -> dict[str, float]:
         """Exact MAEs over every structure evaluated this epoch, on all ranks together."""
@@ -112,8 +118,6 @@ class MatRISModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         for k, v in self._epoch_errors().items():
             self.log(f"val/{k}", v, prog_bar=k.startswith(("energy", "force")))
-
-    test_step = validation_step
 
     def on_test_epoch_end(self) -> None:
         for k, v in self._epoch_errors().items():

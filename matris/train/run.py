@@ -7,7 +7,8 @@ Outputs under ``trainer.out_dir``::
     checkpoints/best.ckpt     Lightning checkpoint with the lowest val/loss
     best_model.pth.tar        published checkpoint format (EMA weights), lowest val/loss
     last_model.pth.tar        published checkpoint format (EMA weights), end of training
-    logs/csv/metrics.csv      metrics (meV/atom, meV/Å, GPa, μB); logs/tensorboard/ for TensorBoard
+    logs/csv/version_k/metrics.csv  metrics (meV/atom, meV/Å, GPa, μB), one version per (resumed) segment;
+                              logs/tensorboard/version_k/ for TensorBoard
     parity.png, metrics.json  validation parity plot and final errors
 """
 
@@ -143,6 +144,10 @@ def apply_reference_energies(model: MatRIS, config: TrainConfig, data: MatRISDat
 def _resume_path(config: TrainConfig, out_dir: Path) -> str | None:
     resume = config.trainer.resume
     if resume == "never":
+        if (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
+            raise MatRISInputError(
+                f"{out_dir} already holds a run (checkpoints/*.ckpt) and trainer.resume is 'never': continue it with "
+                "--trainer.resume auto, or start the new run in another --trainer.out_dir")
         return None
     if resume == "auto":
         last = out_dir / "checkpoints" / "last.ckpt"
@@ -197,10 +202,11 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
                                 auto_insert_metric_name=False, enable_version_counter=False),
                 ExportBest(out_dir)]
     cbs += list(callbacks or [])
-    loggers: list[Any] = [L.pytorch.loggers.CSVLogger(out_dir / "logs", name="", version="csv")]
+    # a new version directory per (resumed) segment: earlier logs are never overwritten
+    loggers: list[Any] = [L.pytorch.loggers.CSVLogger(out_dir / "logs", name="csv")]
     if t.tensorboard:
         try:
-            loggers.append(L.pytorch.loggers.TensorBoardLogger(out_dir / "logs", name="", version="tensorboard"))
+            loggers.append(L.pytorch.loggers.TensorBoardLogger(out_dir / "logs", name="tensorboard"))
         except ModuleNotFoundError:
             rank_zero_info("matris: neither tensorboard nor tensorboardX is installed; CSV logs only")
     trainer = L.Trainer(
@@ -231,17 +237,17 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
     trainer.fit(module, datamodule=data, ckpt_path=resume)
     # the final state too, so rerunning a finished run resumes at its end instead of repeating steps
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")
-    if data.test_set is not None:
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if data.test_set is not None:  # the EMA weights at the end of training
         trainer.test(module, datamodule=data, ckpt_path=None, verbose=False)
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")})
 
     last_model = out_dir / "last_model.pth.tar"
     best_model = out_dir / "best_model.pth.tar"
-    metrics: dict[str, float] = {}
     if trainer.is_global_zero:
         module.eval_model.save(last_model)
         if has_val and not best_model.is_file():
             module.eval_model.save(best_model)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "test/"))}
         if t.parity_plot:
             subset = data.val_set if has_val else data.train_set
             pred = evaluate(module.eval_model, subset, data)
