@@ -327,3 +327,36 @@ def test_train_throughput_benchmark_runs():
     r = run(ROOT / "examples" / "configs" / "tiny.yaml", "cpu", steps=2, warmup=1, n_structures=8, atoms=(4, 8),
             batch=4, precision="32")
     assert r["steps"] == 2 and r["structures_per_s"] > 0 and 0 < r["model_share"] <= 1
+
+
+def test_training_on_mptrj_json_split_by_material(emt, tmp_path):
+    """MPtrj layout: corrected energies, kBar stress (VASP sign) and magmoms train; materials stay in one split."""
+    from ase.io import read
+    from pymatgen.io.ase import AseAtomsAdaptor
+
+    frames = read(emt["train"], ":")
+    data = {}
+    for k, a in enumerate(frames):
+        data.setdefault(f"mp-{k // 3}", {})[f"mp-{k // 3}-{k % 3}"] = {
+            "structure": AseAtomsAdaptor.get_structure(a).as_dict(),
+            "uncorrected_total_energy": a.get_potential_energy(),
+            "corrected_total_energy": a.get_potential_energy() - 0.1 * len(a),
+            "force": a.get_forces().tolist(),
+            "stress": (-10 * 160.21766208 * a.get_stress(voigt=False)).tolist(),  # kBar, VASP sign
+            "magmom": [0.1] * len(a) if k % 2 else None,
+        }
+    path = tmp_path / "mptrj.json"
+    path.write_text(json.dumps(data))
+    cfg = micro_config(tmp_path / "run", [path], tmp_path / "cache", trainer={"max_steps": 2},
+                       data={"val_fraction": 0.25, "split_by": "material"})
+    result = fit(TrainConfig.from_dict(cfg))
+    dm_train = result.module.trainer.datamodule.train_set
+    dm_val = result.module.trainer.datamodule.val_set
+    ids = dm_train.packed.material_ids
+    assert not {ids[i] for i in dm_train.indices} & {ids[i] for i in dm_val.indices}
+    assert result.module.train_magmoms and result.module.train_stress
+    packed = dm_train.packed
+    k = int(dm_train.indices[0])
+    _, targets = packed.collate([k], dtype=torch.float64)
+    assert torch.allclose(targets.stress[0], torch.as_tensor(frames[k].get_stress(voigt=False) * 160.21766208))
+    assert targets.energy[0].item() == pytest.approx(frames[k].get_potential_energy() - 0.1 * len(frames[k]))
