@@ -152,7 +152,7 @@ def _errors(model: MatRIS, atoms_list) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_tiny_model_overfits_small_set(emt, tmp_path):
-    """8 EMT structures (1–2 atoms), 150 CPU steps: energy < 10 meV/atom and forces < 40 meV/Å on the set."""
+    """8 EMT structures (1–2 atoms), 150 CPU steps: energy < 10 meV/atom and forces < 20 meV/Å on the set."""
     cfg = micro_config(tmp_path / "run", [emt["small"]], emt["cache"],
                        data={"val": [str(emt["small"])], "max_structures": 8},
                        optim={"lr": 5e-3, "warmup_steps": 5, "ema_decay": None, "min_lr_ratio": 0.1},
@@ -166,7 +166,8 @@ def test_tiny_model_overfits_small_set(emt, tmp_path):
     from ase.io import read
 
     e_mae, f_mae = _errors(model, read(emt["small"], ":"))
-    assert e_mae < 10 and f_mae < 40, (e_mae, f_mae)
+    print(f"overfit after 150 steps: energy {e_mae:.2f} meV/atom, forces {f_mae:.1f} meV/Å")
+    assert e_mae < 10 and f_mae < 20, (e_mae, f_mae)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["parity/energy_mae_meV_atom"] == pytest.approx(e_mae, rel=1e-3, abs=1e-3)
 
