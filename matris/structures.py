@@ -43,3 +43,34 @@ def to_system(obj: Any, index: int | None = None) -> AtomicSystem:
 
 def _where(index: int | None) -> str:
     return "structure" if index is None else f"structure {index}"
+
+
+def to_atoms(obj: Any, index: int | None = None):
+    """A new ASE ``Atoms`` from Atoms (copied), a pymatgen Structure/Molecule or an AtomicSystem.
+
+    The caller's object is never modified. Raises :class:`MatRISInputError` for anything else.
+    """
+    from ase import Atoms
+
+    if isinstance(obj, Atoms):
+        atoms = obj.copy()
+        atoms.calc = None
+        return atoms
+    system = to_system(obj, index)
+    atoms = Atoms(numbers=system.atomic_numbers, positions=system.positions, cell=system.cell, pbc=system.pbc)
+    if system.name:
+        atoms.info["name"] = system.name
+    return atoms
+
+
+def like_input(atoms: Any, template: Any) -> Any:
+    """``atoms`` as the kind of object ``template`` is: a pymatgen Structure/Molecule or ASE Atoms."""
+    if hasattr(template, "cart_coords") and hasattr(template, "species"):  # pymatgen
+        from pymatgen.io.ase import AseAtomsAdaptor
+
+        plain = atoms.copy()  # without the calculator: only the geometry goes across
+        plain.calc = None
+        if hasattr(template, "lattice"):
+            return AseAtomsAdaptor.get_structure(plain)
+        return AseAtomsAdaptor.get_molecule(plain)
+    return atoms

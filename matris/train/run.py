@@ -236,7 +236,7 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
     )
     trainer.fit(module, datamodule=data, ckpt_path=resume)
     # the final state too, so rerunning a finished run resumes at its end instead of repeating steps
-    trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if data.test_set is not None:  # the EMA weights at the end of training
         trainer.test(module, datamodule=data, ckpt_path=None, verbose=False)
