@@ -16,7 +16,10 @@ Sections (each fails on its own, with the error recorded, without stopping the o
 4. one training step with a force loss (energy + forces, create_graph), Triton vs reference;
 5. the largest bcc Fe cell whose E+F+S fits, within a time budget;
 6. training throughput (structures/s, atoms/s) of the Lightning pipeline, tiny and 10M configs
-   (needs lightning and pyyaml, both on the device image).
+   (needs lightning and pyyaml, both on the device image);
+7. batched relaxation with torch-sim against the one-by-one ASE loop, structures/s
+   (benchmarks/simulate.py; needs ase and torch-sim-atomistic, so without them it is
+   skipped with the reason recorded).
 """
 
 from __future__ import annotations
@@ -380,13 +383,34 @@ def train_throughput(device, smoke):
     return {"rows": rows}
 
 
+@section("7. batched relaxation (torch-sim) vs one-by-one ASE, structures/s")
+def simulate(device, smoke):
+    import importlib.util
+
+    missing = [m for m in ("ase", "torch_sim") if importlib.util.find_spec(m) is None]
+    if missing:
+        log(f"   skipped: {', '.join(missing)} not installed (pip install 'matris[sim]')")
+        return {"skipped": f"{', '.join(missing)} not installed"}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from simulate import print_table, run as run_simulate
+
+    runs = [dict(n=4, repeat=1, steps=10)] if smoke else [dict(n=64, repeat=1), dict(n=256, repeat=2, ase=False),
+                                                           dict(n=32, repeat=2)]
+    out = []
+    for kw in runs:
+        r = run_simulate(device=str(device), **kw)
+        print_table(r)
+        out.append(r)
+    return {"runs": out}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default="gpu.json", help="write all results here (default gpu.json)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and model, any device (a dry run)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--largest-budget", type=float, default=90.0, help="seconds for the largest-cell search")
-    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-6)")
+    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-7)")
     args = p.parse_args(argv)
     global SMOKE
     SMOKE = args.smoke
@@ -403,7 +427,7 @@ def main(argv=None):
     steps = {"1": lambda: correctness(device, args.smoke), "2": lambda: kernels(device, args.smoke),
              "3": lambda: efs(device, args.smoke), "4": lambda: training(device, args.smoke),
              "5": lambda: largest(device, args.smoke, args.largest_budget),
-             "6": lambda: train_throughput(device, args.smoke)}
+             "6": lambda: train_throughput(device, args.smoke), "7": lambda: simulate(device, args.smoke)}
     for key, fn in steps.items():
         if key not in args.skip:
             fn()

@@ -6,7 +6,11 @@ import argparse
 import sys
 
 from .. import __version__
+from . import eos as _eos
+from . import md as _md
+from . import phonons as _phonons
 from . import predict as _predict
+from . import relax as _relax
 from . import train as _train
 
 # name → (help, description, add_arguments, run, takes --section.key overrides)
@@ -14,6 +18,10 @@ SUBCOMMANDS = {
     "predict": (_predict.HELP, _predict.DESCRIPTION, _predict.add_arguments, _predict.run, False),
     "train": (_train.HELP, _train.DESCRIPTION, _train.add_arguments, _train.run, True),
     "finetune": (_train.FT_HELP, _train.FT_DESCRIPTION, _train.add_finetune_arguments, _train.run_finetune, True),
+    "relax": (_relax.HELP, _relax.DESCRIPTION, _relax.add_arguments, _relax.run, False),
+    "md": (_md.HELP, _md.DESCRIPTION, _md.add_arguments, _md.run, False),
+    "eos": (_eos.HELP, _eos.DESCRIPTION, _eos.add_arguments, _eos.run, False),
+    "phonons": (_phonons.HELP, _phonons.DESCRIPTION, _phonons.add_arguments, _phonons.run, False),
 }
 
 

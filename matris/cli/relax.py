@@ -1,0 +1,114 @@
+"""``matris relax``: relax structure files, one by one with ASE or together with torch-sim."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .common import add_model_arguments, load_model, safe_name, write_json, write_structure
+
+HELP = "relax structures (FIRE + FrechetCellFilter, fmax 0.05 eV/Å by default)"
+DESCRIPTION = """\
+Relax every structure in the given files (any format ASE reads; every frame) with the
+Matbench-Discovery protocol by default: FIRE on a FrechetCellFilter until every force and
+cell force is below --fmax eV/Å, at most --steps steps.
+
+For each structure it writes OUT/NAME.relaxed.extxyz (final structure with energy, forces,
+stress) and OUT/NAME.relax.extxyz (every step; --trajectory-format traj for ASE .traj),
+and adds a row to OUT/results.json after each structure. Rerunning the same command skips
+the structures already in results.json (a long job resumes); --force redoes them.
+
+--batch relaxes all structures together on one device with torch-sim (pip install
+'matris[sim]'): much faster on a GPU. It writes no per-step trajectories.
+
+  matris relax POSCAR
+  matris relax structures.extxyz --out-dir relaxed --fmax 0.02 --dtype float64
+  matris relax *.cif --batch --device cuda --max-atoms 20000
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", help="structure files (any ASE-readable format)")
+    add_model_arguments(p)
+    p.add_argument("--fmax", type=float, default=0.05, help="force threshold, eV/Å (default: 0.05)")
+    p.add_argument("--steps", type=int, default=500, help="most optimizer steps (default: 500)")
+    p.add_argument("--optimizer", default="FIRE", help="ASE optimizer (default: FIRE)")
+    p.add_argument("--cell-filter", default="FrechetCellFilter", help="ASE cell filter (default: FrechetCellFilter)")
+    p.add_argument("--fixed-cell", action="store_true", help="relax positions only")
+    p.add_argument("--pressure", type=float, default=0.0, help="external pressure, GPa (default: 0)")
+    p.add_argument("--batch", action="store_true", help="relax all structures together with torch-sim")
+    p.add_argument("--max-atoms", type=int, default=None, help="--batch: most atoms on the device at once")
+    p.add_argument("--index", default=":", help="ASE index of frames to read from each file (default: all ':')")
+    p.add_argument("--out-dir", default="relaxed", help="output folder (default: relaxed)")
+    p.add_argument("--trajectory-format", default="extxyz", choices=["extxyz", "traj", "none"],
+                   help="per-step trajectory format, or none (default: extxyz)")
+    p.add_argument("--force", action="store_true", help="redo structures already in results.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import MatRISInputError
+    from .predict import read_structures
+
+    out = Path(args.out_dir)
+    results_path = out / "results.json"
+    done = {} if args.force or not results_path.exists() else {r["key"]: r for r in json.loads(results_path.read_text())}
+    atoms = read_structures(args.files, args.index)
+    keys, seen = [], set()
+    for k, a in enumerate(atoms):
+        key = safe_name(str(a.info.get("name", k)))
+        key = key if key not in seen else f"{key}-{k}"
+        seen.add(key)
+        keys.append(key)
+    todo = [(key, a) for key, a in zip(keys, atoms) if key not in done]
+    if len(todo) < len(atoms):
+        print(f"{len(atoms) - len(todo)} of {len(atoms)} structures already relaxed in {results_path}; "
+              "skipping them (--force redoes them)", file=sys.stderr)
+    if args.batch and args.optimizer != "FIRE":
+        raise MatRISInputError("--batch uses torch-sim's FIRE; drop --optimizer or drop --batch")
+    model = load_model(args)
+    _header()
+    t0 = time.perf_counter()
+    if args.batch and todo:
+        try:
+            from ..simulate import relax_batch
+        except ImportError as exc:
+            raise MatRISInputError(f"--batch: {exc}") from None
+
+        results = relax_batch([a for _, a in todo], fmax=args.fmax, steps=args.steps, relax_cell=not args.fixed_cell,
+                              pressure=args.pressure, model=model, max_atoms=args.max_atoms)
+        for (key, a), r in zip(todo, results):
+            done[key] = _finish(out, key, a, r, None)
+        write_json(results_path, list(done.values()))
+    else:
+        from ..simulate import relax
+
+        for key, a in todo:
+            traj = None if args.trajectory_format == "none" else out / f"{key}.relax.{args.trajectory_format}"
+            r = relax(a, fmax=args.fmax, steps=args.steps, optimizer=args.optimizer, cell_filter=args.cell_filter,
+                      relax_cell=not args.fixed_cell, pressure=args.pressure, model=model, trajectory=traj)
+            done[key] = _finish(out, key, a, r, traj)
+            write_json(results_path, list(done.values()))  # after every structure: a rerun resumes here
+    elapsed = time.perf_counter() - t0
+    if todo:
+        print(f"relaxed {len(todo)} structures in {elapsed:.1f} s ({len(todo) / elapsed:.3f} structures/s); "
+              f"results in {results_path}", file=sys.stderr)
+    return 0
+
+
+def _header():
+    print(f"{'structure':28s} {'atoms':>5s} {'steps':>5s} {'conv':>4s} {'E/atom (eV)':>12s} {'fmax (eV/Å)':>11s} "
+          f"{'ΔV (%)':>7s}")
+
+
+def _finish(out: Path, key: str, start, r, traj) -> dict:
+    final = out / f"{key}.relaxed.extxyz"
+    write_structure(final, r.atoms)
+    row = {"key": key, **r.to_dict(), "structure_file": str(final), "trajectory": None if traj is None else str(traj)}
+    dv = 100 * (r.atoms.get_volume() / start.get_volume() - 1) if start.pbc.all() else float("nan")
+    steps = "-" if r.steps is None else str(r.steps)
+    print(f"{key[:28]:28s} {len(r.atoms):5d} {steps:>5s} {'yes' if r.converged else 'NO':>4s} "
+          f"{r.energy_per_atom:12.6f} {r.fmax:11.4f} {dv:7.2f}", flush=True)
+    return row
