@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ..atomic import write_json as atomic_write_json
 
 
 def add_model_arguments(p: argparse.ArgumentParser, dtype: str = "float32") -> None:
@@ -44,17 +44,7 @@ def safe_name(name: str) -> str:
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     """Write ``data`` as JSON to ``path`` atomically (temporary file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_json(path, data)
 
 
 def write_structure(path: str | os.PathLike, atoms) -> Path:

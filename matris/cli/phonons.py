@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
-import tempfile
 from pathlib import Path
 
 from .common import add_model_arguments, load_model, read_one, write_json
+from ..atomic import write_text
 
 HELP = "phonons with phonopy: band structure + DOS plot, thermal properties"
 DESCRIPTION = """\
@@ -68,7 +67,4 @@ def _write_csv(path: Path, thermal: dict) -> None:
     w.writerow(["temperature_K", "free_energy_kJ_per_mol", "entropy_J_per_K_mol", "heat_capacity_J_per_K_mol"])
     for row in zip(thermal["temperatures"], thermal["free_energy"], thermal["entropy"], thermal["heat_capacity"]):
         w.writerow([f"{x:.6g}" for x in row])
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(buf.getvalue())
-    os.replace(tmp, path)
+    write_text(path, buf.getvalue())

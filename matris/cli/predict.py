@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from ..atomic import write_json
 
 HELP = "energy, forces, stress and magmoms of structures (default: a bundled example)"
 DESCRIPTION = """\
@@ -72,11 +71,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{p.name[:28]:28s} {len(a):5d} {p.energy:14.6f} {p.energy_per_atom:12.6f} {fmax:14.6f} "
                   f"{pressure} {float(np.abs(p.magmoms).sum()):10.4f}")
     if args.json_path:
-        path = Path(args.json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump([p.to_dict() for p in preds], fh, indent=1)
-        os.replace(tmp, path)
+        path = write_json(args.json_path, [p.to_dict() for p in preds])
         print(f"wrote {len(preds)} results to {path}", file=sys.stderr)
     return 0

@@ -60,18 +60,13 @@ def emt_structures(n: int, seed: int = 0, elements: tuple[str, ...] = EMT_ELEMEN
 
 def write_emt_dataset(path: str | Path, n: int, seed: int = 0, **kwargs) -> Path:
     """Write :func:`emt_structures` to an extxyz file (atomically) and return its path."""
-    import os
-    import tempfile
-
     from ase.io import write
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".extxyz", dir=path.parent)
-    os.close(fd)
-    write(tmp, emt_structures(n, seed, **kwargs), format="extxyz")
-    os.replace(tmp, path)
-    return path
+    from ..atomic import atomic_path
+
+    with atomic_path(path, suffix=".extxyz") as tmp:
+        write(tmp, emt_structures(n, seed, **kwargs), format="extxyz")
+    return Path(path)
 
 
 __all__ = ["emt_structures", "write_emt_dataset", "EMT_ELEMENTS"]

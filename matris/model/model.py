@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -331,17 +330,11 @@ class MatRIS(nn.Module):
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the published format to ``path`` atomically (temp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(self.checkpoint_state(dtype), fh)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        from ..atomic import atomic_path
+
+        with atomic_path(path, suffix=".tmp") as tmp:
+            torch.save(self.checkpoint_state(dtype), tmp)
+        return Path(path)
 
     # ------------------------------------------------------------------ prediction
     def predict(self, structures: Sequence[Any] | Any, batch_size: int = 16, **kwargs: Any):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..atomic import write_json
 from ..errors import MatRISInputError
 from ..structures import like_input
 from .inputs import ModelLike, check_positive, prepare, require_periodic
@@ -293,15 +293,7 @@ def _write_restart(path: Path, atoms, step: int, settings: dict, dynamics: dict)
     data = {"version": RESTART_VERSION, "step": int(step), **settings,
             "numbers": atoms.numbers.tolist(), "pbc": atoms.pbc.tolist(), "cell": np.asarray(atoms.cell).tolist(),
             "positions": atoms.positions.tolist(), "momenta": atoms.get_momenta().tolist(), "dynamics": dynamics}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json(path, data, indent=None)
 
 
 def _read_restart(path: Path, atoms, settings: dict) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from ..errors import MatRISInputError
 from .inputs import ModelLike, check_positive, prepare, require_periodic
 from .plots import phonon_figure, save_figure
+from ..atomic import atomic_path
 
 IMAGINARY_TOLERANCE_THZ = 0.05  # |ν| below this at Γ is numerical noise of the acoustic modes
 
@@ -190,13 +190,6 @@ def _phonopy_result(ph, prop: str, attrs: tuple, getter: str, keys: tuple) -> li
 
 
 def _save(ph, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".yaml", dir=path.parent)
-    os.close(fd)
-    try:
-        ph.save(filename=tmp, settings={"force_constants": True})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path, suffix=".yaml") as tmp:
+        ph.save(filename=str(tmp), settings={"force_constants": True})
     return path

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from ..atomic import atomic_path
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:
     """Save ``fig`` to ``path`` through a temporary file in the same folder, then close it."""
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix or ".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=150, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_path(path, suffix=Path(path).suffix or ".png") as tmp:
+            fig.savefig(tmp, dpi=150, bbox_inches="tight")
     finally:
         plt.close(fig)
-    return path
+    return Path(path)
 
 
 def eos_figure(result):

@@ -8,13 +8,13 @@ file back to the frames its restart point covers.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
 from ..errors import MatRISInputError
+from ..atomic import atomic_path
 
 FORMATS = {".traj": "traj", ".extxyz": "extxyz", ".xyz": "extxyz"}
 
@@ -44,18 +44,10 @@ def snapshot(atoms, **info):
 
 def write_frames(path: str | os.PathLike, frames: Iterable) -> Path:
     """Write ``frames`` to ``path`` atomically (temporary file + rename)."""
-    path = Path(path)
     fmt = trajectory_format(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         _write(tmp, list(frames), fmt, append=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
 
 
 def append_frame(path: str | os.PathLike, frame) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from ..atomic import atomic_path, write_text
 from ..errors import MatRISInputError
 from ..model import MatRIS
 from .config import TrainConfig
@@ -54,18 +53,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoints written to a temp file and renamed: a kill never leaves half a file."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(checkpoint, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(path, suffix=".tmp", fsync=True) as tmp:
+            torch.save(checkpoint, tmp)
 
 
 class ProgressBar(TQDMProgressBar):
@@ -184,7 +173,7 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
     resume = _resume_path(config, out_dir)
     if rank_zero_only.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_text(out_dir / "config.yaml", config.to_yaml())
+        write_text(out_dir / "config.yaml", config.to_yaml())
         n_train = len(data.train_set)
         n_val = len(data.val_set) if data.val_set is not None else 0
         rank_zero_info(f"matris: {model.num_parameters():,} parameters; {n_train} training / {n_val} validation "
@@ -253,16 +242,8 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
             pred = evaluate(module.eval_model, subset, data)
             metrics.update(parity_errors(pred))
             parity_plot(pred, out_dir / "parity.png", title="validation set" if has_val else "training set")
-        _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+        write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
     return TrainResult(out_dir, best_model if best_model.is_file() else None, last_model, metrics, module)
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def evaluate(model: MatRIS, subset, data: MatRISDataModule) -> dict[str, np.ndarray]:
@@ -317,11 +298,11 @@ def parity_plot(pred: dict[str, np.ndarray], path: Path, title: str = "validatio
         ax.set_ylabel(f"MatRIS {label} ({unit})")
     fig.suptitle(f"MatRIS parity, {title}")
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 
