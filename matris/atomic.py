@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,8 +21,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None, fsync: bool 
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or path.suffix or ".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _create_unique(path.parent, f".{path.name}.", suffix or path.suffix or ".tmp")
     try:
         yield Path(tmp)
         if fsync:
@@ -32,6 +31,19 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None, fsync: bool 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _create_unique(folder: Path, prefix: str, suffix: str) -> Path:
+    """Create a new empty file with a random name. Unlike ``tempfile.mkstemp`` (mode 0600), its
+    permissions follow the umask, like any file the user writes, so results stay readable by the group."""
+    for _ in range(100):
+        candidate = folder / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            with open(candidate, "x"):
+                return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary file in {folder}")
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

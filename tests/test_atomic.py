@@ -29,3 +29,14 @@ def test_temp_file_keeps_the_suffix_for_format_detection(tmp_path):
         assert tmp.suffix == ".extxyz" and tmp.parent == tmp_path
         tmp.write_text("x")
     assert (tmp_path / "traj.extxyz").read_text() == "x"
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        path = write_text(tmp_path / "results.json", "{}")
+    finally:
+        os.umask(old)
+    assert (path.stat().st_mode & 0o777) == 0o644  # not mkstemp's 0600

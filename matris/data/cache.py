@@ -58,6 +58,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..atomic import write_json
 from ..errors import MatRISInputError
 from ..graph.batch import GraphBatch, line_graph
 from ..graph.neighbors import half_neighbor_list
@@ -149,12 +150,6 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
@@ -352,7 +347,7 @@ def _entry_is_fresh(entry: Path, src: Path) -> bool:
     if source.get("size") != st.st_size or _sha256(src) != source.get("sha256"):
         return False
     meta["source"].update(size=st.st_size, mtime_ns=st.st_mtime_ns)
-    _write_json_atomic(meta_path, meta)
+    write_json(meta_path, meta)
     return True
 
 
