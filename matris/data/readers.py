@@ -441,12 +441,20 @@ def _system_from_structure_dict(d: dict, who: str, name: str) -> AtomicSystem:
 
 
 def iter_samples(path: str | os.PathLike, **options: Any) -> tuple[Iterator[Sample], int | None]:
-    """``(samples, count)`` for :func:`read_samples`; count is None when unknown before reading."""
+    """``(samples, count)`` for :func:`read_samples`; count is None when unknown before reading.
+
+    ``mptrj_energy_key`` marks ``options`` as settings for every format at once (the trainer's
+    data config): an MPtrj file then uses only that key, other files only the rest.
+    """
     p = _check_file(path)
     suffix = p.suffix.lower()
+    mixed = "mptrj_energy_key" in options
+    mptrj_key = options.pop("mptrj_energy_key", None)
     if suffix == ".json":
         data = _load_json(p)
         if looks_like_mptrj(data):
+            if mixed:
+                options = {"energy_key": mptrj_key}
             _only(options, {"energy_key"}, p, "MPtrj JSON")
             return iter_mptrj_dict(data, p, **options), count_mptrj(data)
         del data  # not MPtrj: let ASE try (e.g. an ASE JSON database)

@@ -17,23 +17,15 @@ from .config import DataConfig
 from .module import TrainBatch
 
 
-def reader_options(config: DataConfig, path: str | Path) -> dict[str, Any]:
-    """The reader options of ``config`` that apply to ``path`` (MPtrj JSON, ASE db, other ASE files)."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".json" and _is_mptrj(path):
-        return {"energy_key": config.mptrj_energy_key}
+def reader_options(config: DataConfig) -> dict[str, Any]:
+    """The reader options of ``config``; the reader's dispatch applies those of the file's format."""
     keys = {"energy_key": config.energy_key, "forces_key": config.forces_key, "stress_key": config.stress_key,
             "magmoms_key": config.magmoms_key, "material_id_key": config.material_id_key}
     options = {k: v for k, v in keys.items() if v is not None}
+    options["mptrj_energy_key"] = config.mptrj_energy_key
     if config.stress_unit != "eV/A3":
         options["stress_unit"] = config.stress_unit
     return options
-
-
-def _is_mptrj(path: str | Path) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(4096).decode("utf-8", "replace")
-    return '"structure"' in head or head.lstrip().startswith('{"mp-') or '"mp-' in head[:64]
 
 
 class Subset:
@@ -137,7 +129,7 @@ class MatRISDataModule(L.LightningDataModule):
             if not Path(f).is_file():
                 raise FileNotFoundError(f"data file {f} does not exist (data.train/val/test)")
             parts.append(build_or_load(f, self.cutoff, self.three_body_cutoff, cache_dir=self.config.cache_dir,
-                                       reader_options=reader_options(self.config, f),
+                                       reader_options=reader_options(self.config),
                                        store_angles=self.config.cache_angles))
         return parts[0] if len(parts) == 1 else MultiPacked(parts)
 
