@@ -13,3 +13,30 @@ class MatRISInputError(ValueError):
 
 class CheckpointError(ValueError):
     """A checkpoint file that is not in the published MatRIS format."""
+
+
+class UnknownModelError(MatRISInputError, FileNotFoundError):
+    """A model name that is neither in the registry nor an existing file.
+
+    The message lists the valid names and the closest match. It is also a
+    ``FileNotFoundError``, as a missing checkpoint path always was.
+    """
+
+
+class DownloadError(MatRISInputError):
+    """A pretrained model that could not be fetched: a refused URL, a network or HTTP error,
+    or a downloaded file that failed its integrity check (:class:`VerificationError`)."""
+
+
+class VerificationError(DownloadError):
+    """A downloaded or cached checkpoint whose sha256, config or parameter count is not what
+    was expected. The message names the file, the expected and the actual values."""
+
+
+class ModelUnavailableError(DownloadError):
+    """A registered model that has no public download URL (yet)."""
+
+
+class OfflineError(DownloadError):
+    """A model that is not cached while downloads are disabled (``MATRIS_OFFLINE=1``).
+    The message lists the models that are available offline."""

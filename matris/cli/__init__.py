@@ -6,8 +6,11 @@ import argparse
 import sys
 
 from .. import __version__
+from . import bench as _bench
+from . import discovery as _discovery
 from . import eos as _eos
 from . import md as _md
+from . import models as _models
 from . import phonons as _phonons
 from . import predict as _predict
 from . import relax as _relax
@@ -22,6 +25,11 @@ SUBCOMMANDS = {
     "md": (_md.HELP, _md.DESCRIPTION, _md.add_arguments, _md.run, False),
     "eos": (_eos.HELP, _eos.DESCRIPTION, _eos.add_arguments, _eos.run, False),
     "phonons": (_phonons.HELP, _phonons.DESCRIPTION, _phonons.add_arguments, _phonons.run, False),
+    "discovery": (_discovery.HELP, _discovery.DESCRIPTION, _discovery.add_arguments, _discovery.run, False),
+    "bench": (_bench.HELP, _bench.DESCRIPTION, _bench.add_arguments, _bench.run, False),
+    "models": (_models.HELP, _models.DESCRIPTION, _models.add_arguments, _models.run, False),
+    "download": (_models.DOWNLOAD_HELP, _models.DOWNLOAD_DESCRIPTION, _models.add_download_arguments,
+                 _models.run_download, False),
 }
 
 

@@ -292,19 +292,18 @@ class MatRIS(nn.Module):
 
     @classmethod
     def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-             dtype: torch.dtype = torch.float32) -> "MatRIS":
-        """A model by checkpoint path, or the bundled demo model (``None`` or ``"demo"``)."""
-        from ..bundled import BUNDLED_NAMES, DEMO_CHECKPOINT
+             dtype: torch.dtype = torch.float32, *, progress: bool | None = None) -> "MatRIS":
+        """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
 
-        if model is None or (isinstance(model, str) and model.replace("_", "-").lower() in BUNDLED_NAMES):
-            path = DEMO_CHECKPOINT
-        else:
-            path = Path(model)
-            if not path.exists():
-                raise FileNotFoundError(
-                    f"no checkpoint at {path}; give the path of a published-format checkpoint (*.pth.tar) "
-                    f"or one of the bundled names {list(BUNDLED_NAMES)}"
-                )
+        Names are those of :mod:`matris.pretrained` (``matris models`` lists them; ``-``/``_``
+        and case are ignored), e.g. ``"matris-10m-oam"``: downloaded once into the cache
+        (``$MATRIS_CACHE``, default ``~/.cache/matris``) and verified on every load. An
+        ``https://`` URL is downloaded, cached and verified the same way. ``progress``: show a
+        download bar (``None``: when stderr is a terminal).
+        """
+        from ..pretrained import resolve
+
+        path = resolve(model, progress=progress)
         return cls.from_checkpoint(path, map_location="cpu").to(device=device, dtype=dtype)
 
     @classmethod

@@ -1,0 +1,38 @@
+"""Pretrained MatRIS models: a registry of published checkpoints, a verified download cache,
+and :func:`resolve`, which turns a name, URL or path into a local checkpoint file.
+
+``MatRIS.load("matris-10m-oam")`` downloads the model once into :func:`cache_dir` and checks it
+on every later load. Environment variables: ``MATRIS_CACHE`` (cache folder),
+``MATRIS_OFFLINE=1`` (never download), ``MATRIS_DOWNLOAD_TIMEOUT`` (seconds per connect/read,
+default 30), ``MATRIS_DOWNLOAD_RETRIES`` (default 5) and ``MATRIS_DOWNLOAD_BACKOFF`` (seconds
+before the first retry, doubled each time; default 1).
+"""
+
+from __future__ import annotations
+
+from .cache import (
+    available_offline,
+    cache_dir,
+    cached_models,
+    cached_path,
+    download,
+    fetch,
+    fetch_url,
+    is_offline,
+    list_models,
+    model_info,
+    read_records,
+    resolve,
+    sha256_file,
+    url_cache_path,
+    verify_checkpoint,
+)
+from .download import DownloadSettings, check_url, fetch_to_part, file_lock, part_path
+from .registry import REGISTRY, ModelEntry, Registry, get_entry, normalize_name, register, unregister
+
+__all__ = [
+    "ModelEntry", "Registry", "REGISTRY", "register", "unregister", "get_entry", "normalize_name",
+    "resolve", "download", "fetch", "fetch_url", "cache_dir", "is_offline", "cached_path", "url_cache_path",
+    "cached_models", "list_models", "model_info", "available_offline", "read_records", "sha256_file",
+    "verify_checkpoint", "DownloadSettings", "check_url", "fetch_to_part", "file_lock", "part_path",
+]

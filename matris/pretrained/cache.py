@@ -1,0 +1,413 @@
+"""The model cache: where downloads live, how they are verified, and name/URL/path resolution.
+
+Layout under :func:`cache_dir`::
+
+    models/NAME.pth.tar            registry models (NAME.pth.tar.part while downloading, .lock)
+    urls/HASH-BASENAME             checkpoints given as URLs (HASH: sha256 of the URL, 16 hex)
+    checksums.json                 sha256 recorded for files without a published hash
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import math
+import os
+import re
+import urllib.parse
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..errors import (
+    CheckpointError,
+    DownloadError,
+    ModelUnavailableError,
+    OfflineError,
+    UnknownModelError,
+    VerificationError,
+)
+from . import registry as _registry
+from .download import _stderr_is_tty, check_url, fetch_to_part, file_lock
+from .registry import ModelEntry
+
+RECORDS = "checksums.json"
+_CHECKPOINT_SUFFIXES = (".pth", ".tar", ".pt", ".ckpt", ".bin")
+
+
+# ---------------------------------------------------------------------------------------- places
+def cache_dir() -> Path:
+    """``$MATRIS_CACHE``, else ``$XDG_CACHE_HOME/matris``, else ``~/.cache/matris`` (not created)."""
+    if os.environ.get("MATRIS_CACHE"):
+        return Path(os.environ["MATRIS_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "matris"
+    return Path.home() / ".cache" / "matris"
+
+
+def is_offline() -> bool:
+    """Whether downloads are disabled (``MATRIS_OFFLINE`` set to 1/true/yes/on)."""
+    return os.environ.get("MATRIS_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cached_path(entry: ModelEntry) -> Path:
+    """Where ``entry`` lives: its bundled file, or its place in the cache (which may not exist)."""
+    if entry.bundled:
+        return Path(entry.path)
+    return cache_dir() / "models" / entry.cache_filename
+
+
+def url_cache_path(url: str) -> Path:
+    """The cache file of a checkpoint given by URL: sha256 of the URL (16 hex) + its basename."""
+    basename = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).name
+    basename = re.sub(r"[^A-Za-z0-9._-]", "_", basename)[-100:].lstrip(".") or "checkpoint.pth.tar"
+    return cache_dir() / "urls" / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{basename}"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------- recorded hashes
+def _record_key(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(cache_dir().resolve()).as_posix()
+    except ValueError:
+        return str(path.resolve())
+
+
+def read_records() -> dict[str, dict[str, Any]]:
+    """The recorded hashes: cache-relative path → ``{"sha256", "size", "source"}``."""
+    import json
+
+    try:
+        data = json.loads((cache_dir() / RECORDS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _update_record(path: Path, sha: str | None, source: str | None) -> None:
+    """Record (``sha`` given) or forget the hash of ``path``; read-modify-write under a lock so
+    that processes caching different models don't lose each other's entries."""
+    from ..atomic import write_json
+
+    with file_lock(cache_dir() / (RECORDS + ".lock")):
+        records = read_records()
+        if sha is None:
+            if records.pop(_record_key(path), None) is None:
+                return
+        else:
+            records[_record_key(path)] = {"sha256": sha, "size": path.stat().st_size, "source": source}
+        write_json(cache_dir() / RECORDS, records)
+
+
+# ---------------------------------------------------------------------------------- verification
+def verify_checkpoint(path: str | os.PathLike, entry: ModelEntry | None = None, label: str | None = None) -> str:
+    """Check that ``path`` is what ``entry`` promises and return its sha256.
+
+    With ``entry.sha256`` only the hash is compared. Otherwise the file must load with
+    ``torch.load(weights_only=True)`` as a MatRIS checkpoint whose state_dict fits its
+    config, every key of ``entry.expected_config`` must match, and the built model must have
+    ``entry.num_params`` parameters. ``entry=None`` checks only that it is a valid checkpoint.
+    Raises :class:`VerificationError` naming ``label`` (default: the path), the expected and
+    the actual value.
+    """
+    path = Path(path)
+    label = label or str(path)
+    sha = sha256_file(path)
+    if entry is not None and entry.sha256:
+        if sha != entry.sha256.lower():
+            raise VerificationError(f"{label}: sha256 mismatch: expected {entry.sha256.lower()}, got {sha}")
+        return sha
+    import torch
+
+    from ..model import MatRIS
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not a safe checkpoint"
+        raise VerificationError(f"{label}: does not load with torch.load(weights_only=True) "
+                                f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+    if not isinstance(ckpt, dict) or "config" not in ckpt or "state_dict" not in ckpt:
+        got = sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise VerificationError(f"{label}: not a MatRIS checkpoint: expected keys 'config' and 'state_dict', got {got}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unknown config keys: the checks below decide
+            model = MatRIS.from_state(ckpt["config"], ckpt["state_dict"], source=label)
+    except (CheckpointError, TypeError, ValueError) as exc:
+        raise VerificationError(f"{label}: not a valid MatRIS checkpoint: {exc}") from exc
+    if entry is not None:
+        for key, expected in entry.expected_config.items():
+            actual = getattr(model.config, key, ckpt["config"].get(key))
+            if not _same(actual, expected):
+                raise VerificationError(f"{label}: config {key} is {actual!r}, expected {expected!r} for {entry.name}")
+        if entry.num_params is not None:
+            count = sum(p.numel() for p in model.parameters())
+            if count != entry.num_params:
+                raise VerificationError(
+                    f"{label}: {count:,} parameters, expected {entry.num_params:,} for {entry.name}")
+    return sha
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _check_cached(path: Path, entry: ModelEntry | None, source: str) -> str | None:
+    """``None`` if the cached ``path`` is intact, else why not. A file with a recorded hash is
+    compared with it; a file without one (copied in by hand, records lost) is verified in full
+    and then recorded."""
+    if entry is not None and entry.sha256:
+        actual = sha256_file(path)
+        return None if actual == entry.sha256.lower() else f"sha256 {actual}, expected {entry.sha256.lower()}"
+    record = read_records().get(_record_key(path))
+    if record and record.get("source") == source and record.get("sha256"):
+        size = path.stat().st_size
+        if record.get("size") not in (None, size):
+            return f"size {size} bytes, recorded {record['size']}"
+        actual = sha256_file(path)
+        return None if actual == record["sha256"] else f"sha256 {actual}, recorded {record['sha256']}"
+    try:
+        sha = verify_checkpoint(path, entry)
+    except VerificationError as exc:
+        return str(exc)
+    _update_record(path, sha, source)
+    return None
+
+
+# -------------------------------------------------------------------------------------- fetching
+def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None = None) -> Path:
+    """The local file of a registered model, downloading and verifying it if needed.
+
+    A cached file is checked (sha256) first; a corrupted one is deleted and fetched again.
+    ``force`` downloads again even if the cached file is intact. ``progress``: tqdm bar on
+    stderr (``None``: when stderr is a terminal). Raises :class:`ModelUnavailableError` for a
+    model without public URL, :class:`OfflineError` when it must be fetched but
+    ``MATRIS_OFFLINE=1``, :class:`DownloadError` / :class:`VerificationError` otherwise.
+    """
+    if isinstance(entry, str):
+        entry = _registry.REGISTRY.get(entry)
+    if entry.bundled:
+        return Path(entry.path)
+    if entry.url is None:
+        raise ModelUnavailableError(f"model {entry.name!r} cannot be downloaded: {entry.unavailable_reason}.")
+    check_url(entry.url)
+    return _fetch(entry.url, cached_path(entry), entry, entry.name, force, progress)
+
+
+def fetch_url(url: str, *, force: bool = False, progress: bool | None = None) -> Path:
+    """The local copy of the checkpoint at ``url`` (https, or http to a loopback host), cached
+    under :func:`url_cache_path` and verified as a MatRIS checkpoint that loads with
+    ``weights_only=True``; its sha256 is recorded and checked on later loads."""
+    check_url(url)
+    return _fetch(url, url_cache_path(url), None, url, force, progress)
+
+
+def _fetch(url: str, path: Path, entry: ModelEntry | None, what: str, force: bool, progress: bool | None) -> Path:
+    if path.exists() and not force and _check_cached(path, entry, url) is None:
+        return path
+    if is_offline():
+        if force:
+            raise OfflineError(f"cannot download {what} again: MATRIS_OFFLINE=1 disables downloads; unset it, or "
+                               f"drop --force/force=True to use the cached copy. {available_offline()}")
+        if path.exists():
+            raise OfflineError(f"the cached {what} ({path}) is corrupt and MATRIS_OFFLINE=1 forbids fetching it "
+                               f"again; unset MATRIS_OFFLINE to download it. {available_offline()}")
+        raise OfflineError(f"{what} is not in the cache ({path.parent}) and MATRIS_OFFLINE=1 disables downloads; "
+                           f"unset MATRIS_OFFLINE to download it, or copy the file there. {available_offline()}")
+    if progress is None:
+        progress = _stderr_is_tty()
+    lock = path.with_name(path.name + ".lock")
+    try:
+        with file_lock(lock, f"waiting for another process downloading {what} (lock {lock})" if progress else None):
+            if path.exists():
+                if not force:
+                    problem = _check_cached(path, entry, url)  # another process may have just fetched it
+                    if problem is None:
+                        return path
+                    warnings.warn(f"cached {what} at {path} is corrupt ({problem}): deleting it and downloading it "
+                                  "again", stacklevel=3)
+                path.unlink()
+                _update_record(path, None, None)
+            return _download_verified(url, path, entry, what, progress)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DownloadError(f"cannot write {what} to the cache at {path.parent} ({exc.strerror}); free some space or "
+                            "set MATRIS_CACHE to a writable folder with room for the model") from exc
+
+
+def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str, progress: bool) -> Path:
+    """Download ``url`` to ``path.part``, verify it, then rename it to ``path``."""
+    label = f"{path.name} (downloaded from {url})"
+
+    def verify(part: Path) -> str:
+        try:
+            return verify_checkpoint(part, entry, label)
+        except VerificationError:
+            part.unlink(missing_ok=True)
+            raise
+
+    part, resumed = fetch_to_part(url, path, progress=progress, label=path.name)
+    try:
+        sha = verify(part)
+    except VerificationError as exc:
+        if not resumed:
+            raise _failed_verification(exc, what) from exc
+        # The first bytes came from an earlier, interrupted run: maybe of an older file. Once more, from zero.
+        part, _ = fetch_to_part(url, path, progress=progress, label=path.name)
+        try:
+            sha = verify(part)
+        except VerificationError as exc2:
+            raise _failed_verification(exc2, what) from exc2
+    os.replace(part, path)
+    _update_record(path, sha, url)
+    return path
+
+
+def _failed_verification(exc: VerificationError, what: str) -> VerificationError:
+    """``exc`` with what to do added (the file is already deleted)."""
+    again = f"matris download {what} --force" if "://" not in what else f"MatRIS.load({what!r})"
+    return VerificationError(
+        f"{exc}. The downloaded file failed verification and was deleted; nothing was cached. Try again "
+        f"({again}); if it fails again the published file has changed or is damaged: update matris or report it."
+    )
+
+
+# ------------------------------------------------------------------------------------ resolution
+def resolve(model: str | os.PathLike | None = None, *, force: bool = False, progress: bool | None = None) -> Path:
+    """The checkpoint file ``model`` names, fetched and verified if needed.
+
+    ``model`` is ``None`` (the bundled model), a registry name (``-``/``_``, any case), an
+    ``https://`` URL (``http://`` for loopback hosts only), or a path. A string that is
+    neither a name nor an existing file raises :class:`UnknownModelError` (with a "did you
+    mean") or, if it looks like a path, ``FileNotFoundError``.
+    """
+    if model is None:
+        from ..bundled import DEMO_CHECKPOINT
+
+        return DEMO_CHECKPOINT
+    if isinstance(model, os.PathLike):
+        return _existing_path(Path(model))
+    text = str(model).strip()
+    if not text:
+        raise UnknownModelError(_registry.REGISTRY.unknown_message(text))
+    if "://" in text or text.lower().startswith(("http:", "https:", "ftp:", "file:")):
+        return fetch_url(text, force=force, progress=progress)
+    if not _looks_like_path(text):
+        entry = _registry.REGISTRY.find(text)
+        if entry is not None:
+            return fetch(entry, force=force, progress=progress)
+        if not Path(text).exists():
+            raise UnknownModelError(_registry.REGISTRY.unknown_message(text)
+                                    + " (No checkpoint file of that name exists either.)")
+    return _existing_path(Path(text).expanduser())
+
+
+def download(model: str, *, force: bool = False, progress: bool | None = None) -> Path:
+    """Fetch a registry model (or URL) into the cache and return its path (``matris download``)."""
+    text = str(model).strip()
+    if "://" in text:
+        return fetch_url(text, force=force, progress=progress)
+    return fetch(_registry.REGISTRY.get(text), force=force, progress=progress)
+
+
+def _looks_like_path(text: str) -> bool:
+    return ("/" in text or os.sep in text or text.startswith((".", "~"))
+            or text.lower().endswith(_CHECKPOINT_SUFFIXES))
+
+
+def _existing_path(path: Path) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no checkpoint at {path}; give the path of a published-format checkpoint (*.pth.tar), an https:// URL, "
+            f"or a model name: {', '.join(_registry.REGISTRY.names())} (see 'matris models')"
+        )
+    return path
+
+
+# --------------------------------------------------------------------------------------- listing
+def model_info(entry: ModelEntry) -> dict[str, Any]:
+    """What ``matris models`` shows for ``entry``: registry fields plus cache state
+    (``cached``, ``path``, ``size_bytes``; ``status`` is bundled / cached / not cached /
+    unavailable). The file is not verified here."""
+    path = cached_path(entry)
+    exists = path.is_file()
+    num_params = entry.num_params
+    if num_params is None and entry.bundled and exists:
+        num_params = _count_parameters(path)
+    if entry.bundled:
+        status = "bundled"
+    elif exists:
+        status = "cached"
+    elif entry.url is None:
+        status = "unavailable"
+    else:
+        status = "not cached"
+    return {
+        "name": entry.name,
+        "aliases": list(entry.aliases),
+        "description": entry.description,
+        "num_params": num_params,
+        "training_data": entry.training_data,
+        "benchmark": entry.benchmark,
+        "metrics": dict(entry.metrics),
+        "license": entry.license,
+        "url": entry.url,
+        "sha256": entry.sha256,
+        "status": status,
+        "cached": exists,
+        "path": str(path),
+        "size_bytes": path.stat().st_size if exists else None,
+    }
+
+
+def list_models() -> list[dict[str, Any]]:
+    """:func:`model_info` of every registered model, in registry order."""
+    return [model_info(entry) for entry in _registry.REGISTRY]
+
+
+def cached_models() -> list[tuple[str, Path]]:
+    """(name, path) of every model available without network: bundled ones and cached files."""
+    out = [(e.name, cached_path(e)) for e in _registry.REGISTRY if e.bundled or cached_path(e).is_file()]
+    urls = cache_dir() / "urls"
+    if urls.is_dir():
+        out += [(p.name, p) for p in sorted(urls.iterdir())
+                if p.is_file() and not p.name.endswith((".part", ".lock"))]
+    return out
+
+
+def available_offline() -> str:
+    names = [f"{name} ({'bundled' if _is_bundled(name) else path})" for name, path in cached_models()]
+    return "Available offline: " + (", ".join(names) if names else "none") + "."
+
+
+def _is_bundled(name: str) -> bool:
+    entry = _registry.REGISTRY.find(name)
+    return entry is not None and entry.bundled
+
+
+def _count_parameters(path: Path) -> int | None:
+    try:
+        from ..model import MatRIS
+
+        return sum(p.numel() for p in MatRIS.from_checkpoint(path).parameters())
+    except (CheckpointError, OSError):
+        return None
+
+
+__all__ = [
+    "cache_dir", "is_offline", "cached_path", "url_cache_path", "sha256_file", "read_records",
+    "verify_checkpoint", "fetch", "fetch_url", "resolve", "download", "model_info", "list_models",
+    "cached_models", "available_offline",
+]
