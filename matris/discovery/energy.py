@@ -48,7 +48,10 @@ def mp2020_corrected_energies(entries: Mapping[str, Any], relaxed: Mapping[str, 
     batch = []
     for mid, (energy, structure) in relaxed.items():
         source = entries[mid]
-        cse = ComputedStructureEntry.from_dict(source if isinstance(source, dict) else source.as_dict())  # a copy
+        data = dict(source if isinstance(source, dict) else source.as_dict())
+        data.setdefault("correction", 0.0)  # some published entry dicts lack these two keys
+        data.setdefault("energy_adjustments", [])
+        cse = ComputedStructureEntry.from_dict(data)  # a new object: the caller's entry is left alone
         if structure.composition.reduced_composition != cse.structure.composition.reduced_composition:
             raise MatRISInputError(
                 f"{mid}: the relaxed structure ({structure.composition.formula}) and the DFT entry "

@@ -166,8 +166,12 @@ class ShardLog:
                     f"shard {self.shard} is already running in another process (it holds {self._lock.name}); "
                     "run each --shard I/N once at a time, or wait for the other process to finish"
                 ) from None
-        self.records = read_records(self.path, repair=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        try:
+            self.records = read_records(self.path, repair=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        except BaseException:
+            self._lock.close()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
