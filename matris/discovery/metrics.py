@@ -1,8 +1,9 @@
 """Matbench-Discovery metrics: stability classification and regression of hull distances.
 
 The definitions are matbench-discovery 1.3.1's (``metrics.classify_stable``,
-``metrics.stable_metrics`` and the leaderboard code in ``preds.py``); a test checks equality
-with those functions. No matbench-discovery import is needed at run time.
+``metrics.stable_metrics`` and the leaderboard code in ``preds.py``), with the accuracy fix of
+later versions (below); a test checks equality with those functions. No matbench-discovery
+import is needed at run time.
 
 Units: hull distances and formation energies in eV/atom. A material is *stable* when its
 hull distance is ≤ the threshold (0 eV/atom by default), for DFT ("actual") and model
@@ -14,9 +15,9 @@ hull distance is ≤ the threshold (0 eV/atom by default), for DFT ("actual") an
 - Precision = TP/(TP+FP); Recall = TPR = TP/(TP+FN); F1 = 2·P·R/(P+R);
   prevalence = (TP+FN)/(TP+FN+FP+TN); DAF = Precision/prevalence; FPR = FP/(FP+TN);
   TNR = TN/(FP+TN); FNR = FN/(TP+FN).
-- Accuracy = (TP+TN)/n, where n counts the materials whose DFT value and prediction are both
-  known (1.3.1's denominator; later matbench-discovery versions divide by TP+FN+FP+TN; the
-  two agree when no prediction is missing).
+- Accuracy = (TP+TN)/(TP+FN+FP+TN), as in current matbench-discovery. 1.3.1 divided by the
+  number of materials whose prediction is known, which exceeds 1 when many predictions are
+  missing (missing ones count as TN or FN); both agree when none is missing.
 - MAE, RMSE and R² (scikit-learn's ``r2_score``) over materials with both values known.
 - A ratio with a zero denominator is NaN.
 
@@ -105,7 +106,7 @@ def stable_metrics(each_true: Sequence[float], each_pred: Sequence[float], *,
         "DAF": _ratio(precision, prevalence),
         "Precision": precision,
         "Recall": recall,
-        "Accuracy": _ratio(tp + tn, true.size),
+        "Accuracy": _ratio(tp + tn, n_pos + n_neg),
         "TPR": recall,
         "FPR": _ratio(fp, n_neg),
         "TNR": _ratio(tn, n_neg),
