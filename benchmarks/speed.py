@@ -11,39 +11,35 @@ calls after one warm-up call, measured with time.perf_counter on this process's 
 call on a prebuilt graph; "total" is both, what a calculator call costs. "ckpt" is the
 memory-saving level the model chose (0: none; 1, 2: activations recomputed in the
 backward pass, see MatRIS.checkpoint_level); "peak RSS" is this process's peak so far.
-Sizes run in increasing order, so a row's peak RSS is that row's peak.
+Sizes run in increasing order, so a row's peak RSS is that row's peak. The structures and
+timing helpers are matris.bench's; ``matris bench`` measures a loaded model (and other
+potentials) through their ASE calculators, with MD speed, JSON/CSV and a plot.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
 from matris import GraphBatch, MatRIS, MatRISConfig
+from matris.atomic import write_json
+from matris.bench.measure import median_time, peak_rss_gb
+from matris.bench.structures import standard_structure
 from matris.structures import to_system
 
 
 def structures(si_sizes, with_fe):
+    """(name, Atoms) of the rattled diamond Si cells (matris.bench's standard ladder) and a 1,000-atom Fe cell."""
     from ase.build import bulk
 
-    out = []
-    rng = np.random.default_rng(0)
-    for n in si_sizes:
-        reps = round((n / 8) ** (1 / 3))
-        if 8 * reps**3 != n:
-            raise SystemExit(f"Si sizes must be 8·k³ atoms (8, 64, 216, 512, ...), got {n}")
-        a = bulk("Si", "diamond", a=5.43, cubic=True).repeat(reps)
-        a.positions += rng.normal(scale=0.02, size=a.positions.shape)
-        out.append((f"Si diamond {n}", a))
+    out = [(f"Si diamond {n}", standard_structure("si", n).atoms) for n in si_sizes]
     if with_fe:
+        rng = np.random.default_rng(0)
         a = bulk("Fe", "bcc", a=2.87, cubic=True).repeat(8)  # 1,024 atoms
         a = a[:1000]  # exactly 1,000 atoms (a vacancy cluster; still a periodic cell)
         a.positions += rng.normal(scale=0.02, size=a.positions.shape)
@@ -51,32 +47,15 @@ def structures(si_sizes, with_fe):
     return out
 
 
-def timeit(fn, repeat, long_call=20.0):
+def timeit(fn, repeat, long_call=20.0, device=None):
     """Median of ``repeat`` calls after a warm-up; a first call longer than ``long_call``
     seconds is reported alone (warm-up effects are negligible there)."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    if first > long_call:
-        return first
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def peak_rss_gb() -> float:
-    """Peak resident memory of this process so far (Linux: ru_maxrss is in KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return median_time(fn, repeat, device=device, long_call=long_call).seconds
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216, 512], help="Si cell sizes (8·k³ atoms)")
+    p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216, 512], help="Si sizes (multiples of 8 atoms)")
     p.add_argument("--no-fe", action="store_true", help="skip the 1,000-atom Fe cell")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per size (median reported)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
@@ -106,13 +85,10 @@ def main(argv=None):
         graph = build()
 
         def call():
-            out = model(graph)
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            return out
+            return model(graph)
 
-        t_graph = timeit(build, args.repeat)
-        t_model = timeit(call, args.repeat)
+        t_graph = timeit(build, args.repeat, device=args.device)
+        t_model = timeit(call, args.repeat, device=args.device)
         total = t_graph + t_model
         row = dict(structure=name, atoms=len(atoms), directed_edges=2 * graph.num_bonds, angles=graph.num_angles,
                    graph_ms=1e3 * t_graph, efs_ms=1e3 * t_model, total_ms=1e3 * total,
@@ -126,8 +102,7 @@ def main(argv=None):
         meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), dtype=args.dtype, device=args.device,
                     python=sys.version.split()[0], machine=platform.machine(), cpus=os.cpu_count(),
                     parameters=model.num_parameters())
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+        write_json(args.json, {"meta": meta, "rows": rows})
         print(f"wrote {args.json}")
 
 
