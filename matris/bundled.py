@@ -1,8 +1,9 @@
-"""Files shipped inside the package: a demo checkpoint and an example structure.
+"""Files shipped inside the package: the bundled model, its model card and an example structure.
 
-The demo checkpoint is a 2-block, width-32 MatRIS in the published format with random
-(perturbed) weights, the one the parity fixtures were computed with: it exercises every
-code path but its numbers are not physics. For science, load a published checkpoint.
+The bundled model (``matris-demo``, alias ``demo``) is a small MatRIS (3 blocks, width 48,
+0.46 M parameters) distilled from CHGNet 0.3.0 with this package's own training pipeline;
+``MODEL_CARD`` says how it was made and how close it is to its teacher. It is the default
+wherever no model is named: for demos, tests and quick starts. For science use matris-10m-oam.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ASSETS = Path(__file__).parent / "assets"
-DEMO_CHECKPOINT = ASSETS / "matris-demo-tiny.pth.tar"
+DEMO_CHECKPOINT = ASSETS / "matris-demo.pth.tar"
+MODEL_CARD = ASSETS / "matris-demo.md"
 EXAMPLE_STRUCTURE = ASSETS / "example_Si8.extxyz"
-BUNDLED_NAMES = ("demo", "matris-demo-tiny")
+BUNDLED_NAMES = ("demo", "matris-demo")

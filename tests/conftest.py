@@ -8,6 +8,10 @@ import torch
 from matris import AtomicSystem, GraphBatch, MatRIS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "official-v0.9"
+# A 2-block, width-32 MatRIS with random weights (the package's first demo model): mechanics
+# tests (relaxation, MD bookkeeping, conservation) use it because it is fast and its numbers are
+# pinned in those tests; the bundled distilled model has its own tests (test_bundled.py).
+RANDOM_TINY = Path(__file__).parent / "fixtures" / "random-tiny.pth.tar"
 FOLDERS = ["small_sh_float64", "small_fourier_float64", "mixed_widths_float64", "small_sh_float32"]
 
 

@@ -399,8 +399,7 @@ def test_name_aliases(alias):
     assert pt.get_entry(alias).name == "matris-10m-oam"
 
 
-@pytest.mark.parametrize("alias", ["demo", "DEMO", "matris-demo", "matris_demo", "matris-demo-tiny",
-                                   "Matris_Demo_Tiny"])
+@pytest.mark.parametrize("alias", ["demo", "DEMO", "matris-demo", "matris_demo", "Matris_Demo"])
 def test_bundled_names_resolve_offline(alias, cache, monkeypatch):
     monkeypatch.setenv("MATRIS_OFFLINE", "1")
     assert pt.resolve(alias) == DEMO_CHECKPOINT

@@ -11,16 +11,17 @@ from ase.build import bulk, molecule
 from ase.io import read
 from pymatgen.io.ase import AseAtomsAdaptor
 
+from conftest import RANDOM_TINY
 from matris import MatRIS, MatRISInputError
 from matris.cli import main
 from matris.simulate import equation_of_state, md, phonons, relax
 
-A_RELAXED = 5.5255  # Å: diamond Si relaxed with the bundled (random-weight) model
+A_RELAXED = 5.5255  # Å: diamond Si relaxed with the random-weight fixture model (RANDOM_TINY)
 
 
 @pytest.fixture(scope="module")
 def model64():
-    return MatRIS.load(dtype=torch.float64)
+    return MatRIS.load(RANDOM_TINY, dtype=torch.float64)
 
 
 def si2(a=A_RELAXED, rattle=0.0, seed=0):

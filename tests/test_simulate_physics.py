@@ -13,6 +13,7 @@ import pytest
 import torch
 from ase.build import bulk
 
+from conftest import RANDOM_TINY
 from matris import MatRIS
 from matris.simulate import md, relax
 from matris.simulate.conservation import ConservationMonitor
@@ -20,7 +21,7 @@ from matris.simulate.conservation import ConservationMonitor
 
 @pytest.fixture(scope="module")
 def model64():
-    return MatRIS.load(dtype=torch.float64)
+    return MatRIS.load(RANDOM_TINY, dtype=torch.float64)
 
 
 def si8(a=5.43):

@@ -129,7 +129,7 @@ class MatRISRunner(Runner):
         from ..model import MatRIS
 
         self.model_obj = model if isinstance(model, MatRIS) else None
-        variant = None if self.model_obj is not None else (str(model) if model is not None else "matris-demo-tiny")
+        variant = None if self.model_obj is not None else (str(model) if model is not None else "matris-demo")
         super().__init__(variant)
         self.model: Any = None
 

@@ -126,7 +126,7 @@ class Registry:
 def _default_entries() -> list[ModelEntry]:
     from ..bundled import BUNDLED_NAMES, DEMO_CHECKPOINT
 
-    demo_aliases = tuple(dict.fromkeys(a for a in ("demo", "matris-demo-tiny", *BUNDLED_NAMES)
+    demo_aliases = tuple(dict.fromkeys(a for a in ("demo", *BUNDLED_NAMES)
                                        if normalize_name(a) != "matris-demo"))
     return [
         ModelEntry(
