@@ -12,7 +12,7 @@ from ..atomic import write_json as atomic_write_json
 
 
 def add_model_arguments(p: argparse.ArgumentParser, dtype: str = "float32") -> None:
-    p.add_argument("--model", default=None, help="checkpoint path, or 'demo' for the bundled model (default)")
+    p.add_argument("--model", default=None, help="model name (see 'matris models', e.g. matris-10m-oam), checkpoint path or https URL; default: the bundled model (matris-demo)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--dtype", default=dtype, choices=["float32", "float64"], help=f"precision (default: {dtype})")
 

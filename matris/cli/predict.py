@@ -25,7 +25,7 @@ checkpoint, so a fresh install can be checked offline:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", help="structure files (any ASE-readable format); default: bundled example")
-    p.add_argument("--model", default=None, help="checkpoint path, or 'demo' for the bundled model (default)")
+    p.add_argument("--model", default=None, help="model name (see 'matris models', e.g. matris-10m-oam), checkpoint path or https URL; default: the bundled model (matris-demo)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="precision (default: float32)")
     p.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")

@@ -22,7 +22,8 @@ Several GPUs: --trainer.devices N (DDP); several nodes: see the README (torchrun
 
 FT_HELP = "fine-tune a pretrained MatRIS checkpoint on your data"
 FT_DESCRIPTION = """\
-Fine-tune from a published-format checkpoint (path, or 'demo' for the bundled model). The
+Fine-tune a pretrained model: a name from 'matris models' (e.g. matris-10m-oam, downloaded
+and cached on first use; 'demo' is the bundled model), a checkpoint path or an https URL. The
 model section of the config is ignored: the architecture is the checkpoint's. Typical
 choices: --reference_energy.mode fit (new functional, e.g. r2SCAN: refit the per-element
 reference energies on your data) or keep; --finetune.freeze_embeddings true;
@@ -53,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     p.add_argument("--config", default=None, help="YAML config file (default: all defaults; then set --data.train)")
     if finetune:
         p.add_argument("--from", dest="from_checkpoint", required=True,
-                       help="starting checkpoint: a path (published format) or 'demo'")
+                       help="starting model: a name (see 'matris models'), a published-format checkpoint path, or an https URL")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
