@@ -10,7 +10,8 @@ Sections (each fails on its own, with the error recorded, without stopping the o
 1. correctness on the device: every kernel vs its reference (forward, backward, second
    order), and fixture parity in float64 through the Triton path;
 2. kernels: median time (CUDA events) of each kernel vs its reference, and for the fused
-   attention the achieved memory bandwidth as a fraction of the device's peak;
+   attention and the fused Φ epilogue the achieved memory bandwidth as a fraction of the
+   device's peak;
 3. energy+forces+stress of the 10-block width-128 model, 64 to 8,192 atoms, Triton vs
    reference, with peak memory and time per atom;
 4. one training step with a force loss (energy + forces, create_graph), Triton vs reference;
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig  # noqa: E402
 from matris.kernels import basis as B  # noqa: E402
+from matris.kernels import gated_epilogue, gated_epilogue_reference  # noqa: E402
 from matris.kernels import softmax_aggregate, softmax_aggregate_reference  # noqa: E402
 from matris.kernels.aggregate import Segments  # noqa: E402
 
@@ -165,6 +167,35 @@ def close(a, b, tol):
     return err <= tol * max(1.0, b.abs().max().item() if b.numel() else 0.0), err
 
 
+def _epilogue_checks(rows, d, norm, act, device, dtype, tol):
+    """The fused Φ epilogue against its reference: forward, backward (inputs and norm
+    weights), second order (create_graph)."""
+    core = (torch.randn(rows, d, device=device, dtype=dtype) * 3).requires_grad_()
+    gate = torch.randn(rows, d, device=device, dtype=dtype, requires_grad=True)
+    params = [(1 + 0.3 * torch.randn(d, device=device, dtype=dtype)).requires_grad_() for _ in range(4)]
+    wc, bc, wg, bg = params if norm == "layer" else (params[0], None, params[2], None)
+    inputs = [t for t in (core, gate, wc, bc, wg, bg) if t is not None]
+
+    def fn(backend):
+        if backend == "ref":
+            return gated_epilogue_reference(core, gate, wc, bc, wg, bg, norm, act)
+        return gated_epilogue(core, gate, wc, bc, wg, bg, norm, act, backend="triton")
+
+    tag = f"epilogue_{norm}_{act}"
+    out = {f"{tag}_forward": close(fn("tri"), fn("ref"), tol)}
+    g = torch.randn(rows, d, device=device, dtype=dtype)
+    got = torch.autograd.grad(fn("tri"), inputs, g)
+    want = torch.autograd.grad(fn("ref"), inputs, g, create_graph=True)
+    ok = [close(a, b.detach(), tol) for a, b in zip(got, want)]
+    out[f"{tag}_backward"] = (all(o for o, _ in ok), max(e for _, e in ok))
+    got2 = torch.autograd.grad(fn("tri"), inputs, g, create_graph=True)
+    h_got = torch.autograd.grad(sum((x * x).sum() for x in got2), inputs)
+    h_want = torch.autograd.grad(sum((x * x).sum() for x in want), inputs)
+    ok = [close(a, b, tol) for a, b in zip(h_got, h_want)]
+    out[f"{tag}_second_order"] = (all(o for o, _ in ok), max(e for _, e in ok))
+    return out
+
+
 # ---------------------------------------------------------------------------- sections
 @section("1. correctness on the device")
 def correctness(device, smoke):
@@ -195,6 +226,9 @@ def correctness(device, smoke):
         checks["sh"] = close(B.spherical(th, rho, fac, 4, 4), B.sh_reference(th, rho, fac.to(dtype), 4, 4), tol)
         ff = (torch.arange(1, 4, device=device, dtype=dtype) + 0.1)
         checks["fourier"] = close(B.fourier(th, ff), B.fourier_reference(th, ff), tol)
+        rows = 301 if smoke else 200_003
+        for norm, act in (("rms", "silu"), ("layer", "gelu")):
+            checks.update(_epilogue_checks(rows, 128 if not smoke else 20, norm, act, device, dtype, tol))
         for k, (ok, err) in checks.items():
             log(f"   {str(dtype)[6:]:8s} {k:24s} {'ok' if ok else 'FAIL'}  max|Δ| {err:.2e}")
         out[str(dtype)[6:]] = {k: {"ok": ok, "max_abs_err": err} for k, (ok, err) in checks.items()}
@@ -262,6 +296,30 @@ def kernels(device, smoke):
     out["sh"] = _pair(lambda: B.spherical(th, rho, fac, 4, 4), lambda: B.sh_reference(th, rho, fac, 4, 4), device)
     ff = torch.arange(1, 4, device=device, dtype=torch.float32)
     out["fourier"] = _pair(lambda: B.fourier(th, ff), lambda: B.fourier_reference(th, ff), device)
+    # the Φ epilogue at the size of a line-graph Φ with 2M angles, RMSNorm + SiLU, float32
+    core = torch.randn(e, c, device=device)
+    gate = torch.randn(e, c, device=device)
+    w1, w2 = torch.rand(c, device=device) + 0.5, torch.rand(c, device=device) + 0.5
+    epi = _pair(lambda: gated_epilogue(core, gate, w1, None, w2, None, "rms", "silu", backend="triton"),
+                lambda: gated_epilogue_reference(core, gate, w1, None, w2, None, "rms", "silu"), device)
+    moved = 3 * e * c * 4  # read core and gate, write out
+    out["epilogue_forward"] = {**epi, "bandwidth_GBs": moved / epi["triton_s"] / 1e9,
+                               "fraction_of_peak": moved / epi["triton_s"] / peak if peak else None}
+    core.requires_grad_(True)
+    gate.requires_grad_(True)
+    ge = torch.randn(e, c, device=device)
+
+    def epi_fb(backend):
+        def run():  # the force path: input gradients only, the norm weights are frozen
+            o = (gated_epilogue(core, gate, w1, None, w2, None, "rms", "silu", backend="triton") if backend else
+                 gated_epilogue_reference(core, gate, w1, None, w2, None, "rms", "silu"))
+            torch.autograd.grad(o, (core, gate), ge)
+        return run
+
+    epi = _pair(epi_fb(True), epi_fb(False), device)
+    moved = (3 + 5) * e * c * 4  # forward, then backward: read core, gate, grad; write two grads
+    out["epilogue_forward_backward"] = {**epi, "bandwidth_GBs": moved / epi["triton_s"] / 1e9,
+                                        "fraction_of_peak": moved / epi["triton_s"] / peak if peak else None}
     log(f"   {'kernel':28s} {'triton (ms)':>12s} {'reference (ms)':>15s} {'speedup':>8s} {'GB/s':>8s} {'of peak':>8s}")
     for k, v in out.items():
         frac = v.get("fraction_of_peak")

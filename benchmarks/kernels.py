@@ -7,7 +7,9 @@
    (the create_graph path), with gradcheck and gradgradcheck in float64. Cases cover odd
    sizes, empty and single-edge segments, segments longer than a block, channels wider
    than a block, and float32 and float64.
-2. Every kernel and specialisation is compiled to a cubin for sm_80 and sm_90 with
+2. Every kernel is compiled to a cubin for sm_80 and sm_90 in every specialisation the model
+   launches by default (float32 and float64; the epilogue's other norms and activations in
+   float32) with
    ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. No GPU is needed.
 
 Exits non-zero if any check fails. Each phase runs in its own process, because
@@ -71,6 +73,7 @@ def interpret_checks():
     import torch
 
     from matris.kernels import basis as B
+    from matris.kernels import epilogue as EP
     from matris.kernels import softmax_aggregate, softmax_aggregate_reference
 
     torch.manual_seed(0)
@@ -131,13 +134,70 @@ def interpret_checks():
     check("SH gradcheck", torch.autograd.gradcheck(f, (theta, rho)))
     check("SH gradgradcheck", torch.autograd.gradgradcheck(f, (theta, rho)))
 
+    print("gated epilogue of Φ (interpreter)")
+    for dtype in (torch.float64, torch.float32):
+        tag = str(dtype)[6:]
+        for n, d, norm, act in ((37, 20, "rms", "silu"), (1, 1, "rms", "silu"), (16, 128, "rms", "silu"),
+                                (33, 12, "layer", "gelu"), (5, 7, "layer", "silu"), (19, 20, "rms", "relu"),
+                                (19, 20, "layer", "softplus"), (19, 20, "rms", "sigmoid"), (19, 20, "layer", "tanh"),
+                                (0, 8, "rms", "silu")):
+            core = (torch.randn(n, d, dtype=dtype) * 3).requires_grad_()
+            gate = torch.randn(n, d, dtype=dtype, requires_grad=True)
+            wc = (1 + 0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
+            wg = (1 + 0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
+            if norm == "layer":
+                bc = (0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
+                bg = (0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
+                inputs = (core, gate, wc, bc, wg, bg)
+                fn = lambda *t, norm=norm, act=act: EP.gated_epilogue(*t, norm, act, backend="triton")  # noqa: E731
+                ref = lambda *t, norm=norm, act=act: EP.gated_epilogue_reference(*t, norm, act)  # noqa: E731
+            else:
+                inputs = (core, gate, wc, wg)
+                fn = lambda c, s, a, b, act=act: EP.gated_epilogue(c, s, a, None, b, None, "rms", act,  # noqa: E731
+                                                                    backend="triton")
+                ref = lambda c, s, a, b, act=act: EP.gated_epilogue_reference(c, s, a, None, b, None, "rms", act)  # noqa: E731
+            compare_paths(f"[{tag} rows={n} d={d}] {norm} {act}", fn, ref, inputs, dtype)
+        # input gradients alone (the force path): the kernel skips the weight sums
+        core = torch.randn(21, 20, dtype=dtype, requires_grad=True)
+        gate = torch.randn(21, 20, dtype=dtype, requires_grad=True)
+        w = torch.rand(20, dtype=dtype) + 0.5
+        got = torch.autograd.grad(EP.gated_epilogue(core, gate, w, None, w, None, "rms", "silu", backend="triton").sum(),
+                                  (core, gate))
+        exp = torch.autograd.grad(EP.gated_epilogue_reference(core, gate, w, None, w, None, "rms", "silu").sum(),
+                                  (core, gate))
+        for k in range(2):
+            check(f"[{tag}] epilogue input gradient[{k}], frozen weights", *close(got[k], exp[k], dtype))
+    for norm, act in (("rms", "silu"), ("layer", "gelu")):
+        t = [torch.randn(4, 6, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+        w = [torch.rand(6, dtype=torch.float64, requires_grad=True) + 0.5 for _ in range(4)]
+        f = lambda c, s, wc, bc, wg, bg, norm=norm, act=act: EP.gated_epilogue(  # noqa: E731
+            c, s, wc, bc if norm == "layer" else None, wg, bg if norm == "layer" else None, norm, act, backend="triton")
+        ins = (t[0], t[1], w[0], w[1], w[2], w[3])
+        check(f"epilogue {norm}/{act} gradcheck", torch.autograd.gradcheck(f, ins))
+        check(f"epilogue {norm}/{act} gradgradcheck", torch.autograd.gradgradcheck(f, ins))
+
 
 def kernel_specs():
     """(name, kernel, signature, constexprs) for every specialisation the package launches."""
-    from matris.kernels import basis as B
     from matris.kernels import aggregate as S
+    from matris.kernels import basis as B
+    from matris.kernels import epilogue as EP
 
     specs = []
+    # the epilogue: both modes in float64 and float32 for the published combination (RMS,
+    # SiLU), and every other norm and activation in float32 in its largest variant
+    variants = [(fp, "rms", "silu", mode) for fp in ("fp32", "fp64") for mode in ("forward", "backward+weights")]
+    variants += [("fp32", "layer", "gelu", "backward+weights")]
+    variants += [("fp32", "rms", act, "backward+weights") for act in ("relu", "softplus", "sigmoid", "tanh")]
+    for fp, norm, act, mode in variants:
+        ptr = f"*{fp}"
+        specs.append((f"gated_epilogue[{fp}, {norm}, {act}, {mode}]", EP.gated_epilogue_kernel,
+                      dict(core_ptr=ptr, gate_ptr=ptr, wc_ptr=ptr, bc_ptr=ptr, wg_ptr=ptr, bg_ptr=ptr, eps_ptr=ptr,
+                           grad_ptr=ptr, out_ptr=ptr, gcore_ptr=ptr, ggate_ptr=ptr, parts_ptr=ptr, n_rows="i32",
+                           D="i32", NORM="constexpr", ACT="constexpr", BACKWARD="constexpr", WEIGHT_GRAD="constexpr",
+                           BLOCK_R="constexpr", BLOCK_D="constexpr"),
+                      dict(NORM=EP.NORM_CODE[norm], ACT=EP.ACT_CODE[act], BACKWARD=mode != "forward",
+                           WEIGHT_GRAD=mode == "backward+weights", BLOCK_R=EP.BLOCK_ROWS, BLOCK_D=128)))
     for fp in ("fp32", "fp64"):
         ptr = f"*{fp}"
         specs.append((f"softmax_aggregate_fwd[{fp}]", S.softmax_aggregate_fwd_kernel,

@@ -7,6 +7,7 @@ truth); GPU kernels written in Triton live beside their reference and are select
 from .backend import triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
 from .aggregate import Segments, softmax_aggregate, softmax_aggregate_reference
+from .epilogue import gated_epilogue, gated_epilogue_reference
 
 __all__ = [
     "scatter_sum",
@@ -14,6 +15,8 @@ __all__ = [
     "Segments",
     "softmax_aggregate",
     "softmax_aggregate_reference",
+    "gated_epilogue",
+    "gated_epilogue_reference",
     "triton_available",
     "use_triton",
 ]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..kernels import Segments, softmax_aggregate, softmax_aggregate_reference
-from .layers import call_phi, phi
+from .layers import apply_phi, call_phi, phi
 
 
 def pool_directed(m: torch.Tensor) -> torch.Tensor:
@@ -46,18 +46,21 @@ class SeparableAttention(nn.Module):
         rewrite: bool = True,
         recompute_phi: bool = False,
         segments: tuple[Segments, Segments] | None = None,
+        fused: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
         ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
         ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
-        ``segments`` (by target, by source) selects the fused Triton aggregation."""
+        ``segments`` (by target, by source) selects the fused Triton aggregation and ``fused``
+        the fused Triton epilogue of the gated Φs."""
         n = x.shape[0]
         directed = d2u is not None
         if rewrite:
-            m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi)
+            m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi, fused)
         else:
             y0 = y.index_select(0, d2u) if directed else y
-            m = self.edge_nonlinear_update(torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1))
+            m = apply_phi(self.edge_nonlinear_update,
+                          torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1), fused)
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
         alpha = y @ torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight]).T
         if directed:
@@ -69,6 +72,7 @@ class SeparableAttention(nn.Module):
         else:
             t_agg = softmax_aggregate_reference(alpha_t, m, tgt, n)
             s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
-        x_new = self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)) + self.node_res_weight * x
+        x_new = apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused) \
+            + self.node_res_weight * x
         y_new = (pool_directed(m) if directed else m) + self.edge_res_weight * y
         return x_new, y_new

@@ -12,6 +12,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from ..kernels import gated_epilogue
+
 
 def activation(name: str) -> nn.Module:
     """The activation module for a config ``activation_type``."""
@@ -76,7 +78,11 @@ def project_terms(linears: list[nn.Linear], terms: list[Term]) -> torch.Tensor:
 
 
 class GatedMLP(nn.Module):
-    """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias."""
+    """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias.
+
+    ``fused=True`` computes the epilogue (both norms, act, σ and the product) with
+    :func:`matris.kernels.gated_epilogue`: one Triton kernel on CUDA, same numbers.
+    """
 
     def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str, norm_type: str, dropout: float):
         super().__init__()
@@ -85,26 +91,32 @@ class GatedMLP(nn.Module):
         self.core_norm = norm(norm_type, d_out)
         self.gate_norm = norm(norm_type, d_out)
         self.act = activation(act)
+        self.act_name, self.norm_type = act, norm_type
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        core = self.act(self.core_norm(self.mlp_core(z)))
-        gate = torch.sigmoid(self.gate_norm(self.mlp_gate(z)))
-        return core * gate
+    def forward(self, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        return self._epilogue(self.mlp_core(z), self.mlp_gate(z), fused)
 
-    def forward_terms(self, terms: list[Term]) -> torch.Tensor:
+    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation."""
         core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
         hidden = core_layers[2](core_layers[1](project_terms([core_layers[0], gate_layers[0]], terms)))
         h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
-        core = self.act(self.core_norm(core_layers[3](h_core)))
-        gate = torch.sigmoid(self.gate_norm(gate_layers[3](h_gate)))
-        return core * gate
+        return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate), fused)
+
+    def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, fused: bool) -> torch.Tensor:
+        """``[n, d_out]`` MLP outputs → ``act(Norm_c(core)) ⊙ σ(Norm_g(gate))``."""
+        if fused:
+            cn, gn = self.core_norm, self.gate_norm
+            return gated_epilogue(core, gate, cn.weight, getattr(cn, "bias", None), gn.weight,
+                                  getattr(gn, "bias", None), self.norm_type, self.act_name, cn.eps, backend="triton")
+        return self.act(self.core_norm(core)) * torch.sigmoid(self.gate_norm(gate))
 
 
 class NormedMLP(nn.Sequential):
     """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``."""
 
-    def forward_terms(self, terms: list[Term]) -> torch.Tensor:
+    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
+        # no gate: nothing for the fused epilogue, ``fused`` is accepted and ignored
         layers = self[0].layers
         hidden = layers[2](layers[1](project_terms([layers[0]], terms)))
         return self[1](layers[3](hidden))
@@ -123,11 +135,17 @@ def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
     )
 
 
-def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False) -> torch.Tensor:
-    """``module.forward_terms(terms)``, optionally recomputed in the backward pass (checkpoint)."""
+def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fused: bool = False) -> torch.Tensor:
+    """``module.forward_terms(terms)``, optionally recomputed in the backward pass (checkpoint);
+    ``fused`` selects the fused epilogue of a gated Φ."""
     if not recompute:
-        return module.forward_terms(terms)
-    return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, use_reentrant=False)
+        return module.forward_terms(terms, fused)
+    return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, fused, use_reentrant=False)
+
+
+def apply_phi(module: nn.Module, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """``module(z)`` on the concatenated input, with the fused epilogue where asked and gated."""
+    return module(z, fused=True) if fused and isinstance(module, GatedMLP) else module(z)
 
 
 def ffn(d_in: int, d_out: int, bias: bool, dropout: float) -> MLP:

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import scatter_sum
 from .attention import pool_directed
-from .layers import call_phi, ffn, phi
+from .layers import apply_phi, call_phi, ffn, phi
 
 
 class Refine(nn.Module):
@@ -40,19 +40,22 @@ class Refine(nn.Module):
         d2u: torch.Tensor | None = None,
         rewrite: bool = True,
         recompute_phi: bool = False,
+        fused: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
         extra: ``(h, angle_atom)``, the atom term of the line graph. ``recompute_phi``
-        recomputes Φ in the backward pass instead of storing its activations."""
+        recomputes Φ in the backward pass instead of storing its activations; ``fused`` selects
+        the fused Triton epilogue of a gated Φ."""
         directed = d2u is not None
         q = self.learnable_envelope(basis)
         g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
         if rewrite:
-            u = call_phi(self.edge_nonlinear_update, terms, recompute_phi)
+            u = call_phi(self.edge_nonlinear_update, terms, recompute_phi, fused)
         else:
-            u = self.edge_nonlinear_update(torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], dim=-1))
+            u = apply_phi(self.edge_nonlinear_update,
+                          torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], dim=-1), fused)
         u_g = u * g
         x_new = self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])) + self.node_res_weight * x
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
