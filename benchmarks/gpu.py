@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig  # noqa: E402
 from matris.kernels import basis as B  # noqa: E402
 from matris.kernels import gated_epilogue, gated_epilogue_reference  # noqa: E402
+from matris.kernels import gather_sum_activate, gather_sum_activate_reference  # noqa: E402
 from matris.kernels import softmax_aggregate, softmax_aggregate_reference  # noqa: E402
 from matris.kernels.aggregate import Segments  # noqa: E402
 
@@ -196,6 +197,34 @@ def _epilogue_checks(rows, d, norm, act, device, dtype, tol):
     return out
 
 
+def _gather_checks(rows, h, nodes, device, dtype, tol):
+    """The fused first-layer gathers (line-graph refine layout: one direct term, three
+    gathered) against the reference: forward, backward, second order."""
+    direct = torch.randn(rows, h, device=device, dtype=dtype, requires_grad=True)
+    projs = [torch.randn(nodes, h, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
+    idx = [torch.randint(0, nodes, (rows,), device=device) for _ in range(3)]
+    bias = torch.randn(h, device=device, dtype=dtype, requires_grad=True)
+    inputs = [direct, *projs, bias]
+
+    def fn(tri):
+        terms = [(direct, None)] + list(zip(projs, idx))
+        return (gather_sum_activate(terms, bias, "silu", backend="triton") if tri else
+                gather_sum_activate_reference(terms, bias, "silu"))
+
+    out = {"gathers_forward": close(fn(True), fn(False), tol)}
+    g = torch.randn(rows, h, device=device, dtype=dtype)
+    got = torch.autograd.grad(fn(True), inputs, g)
+    want = torch.autograd.grad(fn(False), inputs, g, create_graph=True)
+    ok = [close(a, b.detach(), tol) for a, b in zip(got, want)]
+    out["gathers_backward"] = (all(o for o, _ in ok), max(e for _, e in ok))
+    got2 = torch.autograd.grad(fn(True), inputs, g, create_graph=True)
+    h_got = torch.autograd.grad(sum((x * x).sum() for x in got2), inputs)
+    h_want = torch.autograd.grad(sum((x * x).sum() for x in want), inputs)
+    ok = [close(a, b, tol) for a, b in zip(h_got, h_want)]
+    out["gathers_second_order"] = (all(o for o, _ in ok), max(e for _, e in ok))
+    return out
+
+
 # ---------------------------------------------------------------------------- sections
 @section("1. correctness on the device")
 def correctness(device, smoke):
@@ -229,6 +258,7 @@ def correctness(device, smoke):
         rows = 301 if smoke else 200_003
         for norm, act in (("rms", "silu"), ("layer", "gelu")):
             checks.update(_epilogue_checks(rows, 128 if not smoke else 20, norm, act, device, dtype, tol))
+        checks.update(_gather_checks(rows, 256 if not smoke else 24, 997 if not smoke else 7, device, dtype, tol))
         for k, (ok, err) in checks.items():
             log(f"   {str(dtype)[6:]:8s} {k:24s} {'ok' if ok else 'FAIL'}  max|Δ| {err:.2e}")
         out[str(dtype)[6:]] = {k: {"ok": ok, "max_abs_err": err} for k, (ok, err) in checks.items()}
@@ -320,6 +350,18 @@ def kernels(device, smoke):
     moved = (3 + 5) * e * c * 4  # forward, then backward: read core, gate, grad; write two grads
     out["epilogue_forward_backward"] = {**epi, "bandwidth_GBs": moved / epi["triton_s"] / 1e9,
                                         "fraction_of_peak": moved / epi["triton_s"] / peak if peak else None}
+    # the first-layer gathers of a line-graph refine Φ: one direct term, three gathered, H = 256
+    h, nodes = 256, max(1, e // 15)
+    direct = torch.randn(e, h, device=device)
+    projs = [torch.randn(nodes, h, device=device) for _ in range(3)]
+    idx = [torch.randint(0, nodes, (e,), device=device) for _ in range(3)]
+    bias = torch.randn(h, device=device)
+    terms = [(direct, None)] + list(zip(projs, idx))
+    gat = _pair(lambda: gather_sum_activate(terms, bias, "silu", backend="triton"),
+                lambda: gather_sum_activate_reference(terms, bias, "silu"), device)
+    moved = (4 + 1) * e * h * 4 + 3 * e * 8  # four rows read, one written, three indices
+    out["gathers_forward"] = {**gat, "bandwidth_GBs": moved / gat["triton_s"] / 1e9,
+                              "fraction_of_peak": moved / gat["triton_s"] / peak if peak else None}
     log(f"   {'kernel':28s} {'triton (ms)':>12s} {'reference (ms)':>15s} {'speedup':>8s} {'GB/s':>8s} {'of peak':>8s}")
     for k, v in out.items():
         frac = v.get("fraction_of_peak")

@@ -74,6 +74,7 @@ def interpret_checks():
 
     from matris.kernels import basis as B
     from matris.kernels import epilogue as EP
+    from matris.kernels import gather as GA
     from matris.kernels import softmax_aggregate, softmax_aggregate_reference
 
     torch.manual_seed(0)
@@ -167,6 +168,35 @@ def interpret_checks():
                                   (core, gate))
         for k in range(2):
             check(f"[{tag}] epilogue input gradient[{k}], frozen weights", *close(got[k], exp[k], dtype))
+    print("gathers feeding Φ's first layer (interpreter)")
+    for dtype in (torch.float64, torch.float32):
+        tag = str(dtype)[6:]
+        # (rows, width, [indexed per term], activation): the atom graph (3 gathers), the line
+        # graph's attention (direct + 2) and refine (direct + 3), odd sizes, a single row
+        for e, h, flags, act in ((77, 70, (1, 1, 1), "silu"), (40, 33, (0, 1, 1), "gelu"), (29, 20, (0, 1, 1, 1), "silu"),
+                                 (1, 5, (1, 1, 1), "tanh"), (23, 9, (1,), "softplus"), (19, 9, (1, 0), "relu"),
+                                 (0, 8, (1, 1, 1), "silu"), (18, 9, (0, 1), "sigmoid")):
+            projs = [torch.randn(11 if f else e, h, dtype=dtype, requires_grad=True) for f in flags]
+            idx = [torch.randint(0, 11, (e,)) if f else None for f in flags]
+            bias = torch.randn(h, dtype=dtype, requires_grad=True)
+            fn = lambda *t, idx=idx, act=act: GA.gather_sum_activate(  # noqa: E731
+                list(zip(t[:-1], idx)), t[-1], act, backend="triton")
+            ref = lambda *t, idx=idx, act=act: GA.gather_sum_activate_reference(list(zip(t[:-1], idx)), t[-1], act)  # noqa: E731
+            compare_paths(f"[{tag} E={e} H={h} terms={flags}] {act}", fn, ref, (*projs, bias), dtype)
+        p = [torch.randn(5, 6, dtype=dtype, requires_grad=True) for _ in range(2)]
+        idx = torch.randint(0, 5, (13,))
+        got = GA.gather_sum_activate([(p[0], idx), (p[1], idx.flip(0))], None, "silu", backend="triton")
+        exp = GA.gather_sum_activate_reference([(p[0], idx), (p[1], idx.flip(0))], None, "silu")
+        check(f"[{tag}] gathers without a bias", *close(got, exp, dtype))
+    p = [torch.randn(4, 3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    d = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    idx = [torch.tensor([0, 1, 1, 3, 2, 0, 0]), torch.tensor([3, 3, 2, 1, 0, 0, 1])]
+    f = lambda a, b, c, w: GA.gather_sum_activate([(c, None), (a, idx[0]), (b, idx[1])], w, "silu",  # noqa: E731
+                                                  backend="triton")
+    check("gathers gradcheck", torch.autograd.gradcheck(f, (p[0], p[1], d, bias)))
+    check("gathers gradgradcheck", torch.autograd.gradgradcheck(f, (p[0], p[1], d, bias)))
+
     for norm, act in (("rms", "silu"), ("layer", "gelu")):
         t = [torch.randn(4, 6, dtype=torch.float64, requires_grad=True) for _ in range(2)]
         w = [torch.rand(6, dtype=torch.float64, requires_grad=True) + 0.5 for _ in range(4)]
@@ -182,8 +212,28 @@ def kernel_specs():
     from matris.kernels import aggregate as S
     from matris.kernels import basis as B
     from matris.kernels import epilogue as EP
+    from matris.kernels import gather as GA
 
     specs = []
+    # the gathers: the three term layouts of the model, forward and backward, float32 and
+    # float64 for the atom graph's
+    layouts = {"atom graph": (1, 1, 1, 0), "line attention": (0, 1, 1, 0), "line refine": (0, 1, 1, 1)}
+    gvariants = [(fp, name, back) for name in layouts for back in (False, True) for fp in ("fp32",)]
+    gvariants += [("fp64", "atom graph", False), ("fp64", "atom graph", True)]
+    for fp, name, back in gvariants:
+        ptr = f"*{fp}"
+        flags = layouts[name]
+        sig = {}
+        for k in range(GA.MAX_TERMS):
+            sig[f"p{k}"] = ptr
+            sig[f"i{k}"] = "*i64" if flags[k] else ptr
+        sig.update(bias_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, n_rows="i32", H="i32")
+        sig.update({k: "constexpr" for k in ("N_TERMS", "IDX0", "IDX1", "IDX2", "IDX3", "HAS_BIAS", "ACT", "BACKWARD",
+                                             "BLOCK_R", "BLOCK_H")})
+        specs.append((f"gather_sum[{fp}, {name}, {'backward' if back else 'forward'}]", GA.gather_sum_kernel, sig,
+                      dict(N_TERMS=4 if flags[3] else 3, IDX0=bool(flags[0]), IDX1=True, IDX2=True,
+                           IDX3=bool(flags[3]), HAS_BIAS=True, ACT=EP.ACT_CODE["silu"], BACKWARD=back,
+                           BLOCK_R=GA.BLOCK_ROWS, BLOCK_H=GA.BLOCK_COLS)))
     # the epilogue: both modes in float64 and float32 for the published combination (RMS,
     # SiLU), and every other norm and activation in float32 in its largest variant
     variants = [(fp, "rms", "silu", mode) for fp in ("fp32", "fp64") for mode in ("forward", "backward+weights")]

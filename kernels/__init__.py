@@ -8,6 +8,7 @@ from .backend import triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
 from .aggregate import Segments, softmax_aggregate, softmax_aggregate_reference
 from .epilogue import gated_epilogue, gated_epilogue_reference
+from .gather import gather_sum_activate, gather_sum_activate_reference
 
 __all__ = [
     "scatter_sum",
@@ -17,6 +18,8 @@ __all__ = [
     "softmax_aggregate_reference",
     "gated_epilogue",
     "gated_epilogue_reference",
+    "gather_sum_activate",
+    "gather_sum_activate_reference",
     "triton_available",
     "use_triton",
 ]

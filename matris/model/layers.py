@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..kernels import gated_epilogue
+from ..kernels import gated_epilogue, gather_sum_activate, gather_sum_activate_reference
 
 
 def activation(name: str) -> nn.Module:
@@ -40,6 +40,7 @@ class MLP(nn.Module):
 
     def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str, bias: bool, dropout: float):
         super().__init__()
+        self.act_name = act
         self.layers = nn.Sequential(
             nn.Linear(d_in, d_hidden, bias=bias),
             activation(act),
@@ -54,27 +55,28 @@ class MLP(nn.Module):
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 
 
-def project_terms(linears: list[nn.Linear], terms: list[Term]) -> torch.Tensor:
-    """``Σ_k (f_k · W[:, cols_k]ᵀ)[idx_k] + b`` for the Linears stacked along their outputs.
+def first_layer(linears: list[nn.Linear], act: str, terms: list[Term], fused: bool = False) -> torch.Tensor:
+    """``act(Σ_k (f_k · W[:, cols_k]ᵀ)[idx_k] + b)`` for the Linears stacked along their outputs.
 
     terms: ``(features [n_k, d_k], index [n_edges] or None)`` in the column order of the
     concatenation they replace; index None means the rows are already per edge.
-    Returns ``[n_edges, Σ out]``, equal to ``cat(linears)(cat([f_k[idx_k]]))``.
+    Returns ``[n_edges, Σ out]``, equal to ``act(cat(linears)(cat([f_k[idx_k]])))``. The
+    gathers, sum, bias and activation are one Triton kernel with ``fused`` (on CUDA).
     """
     weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
-    out = None
+    projections = []
     col = 0
     for feat, index in terms:
         width = feat.shape[-1]
-        proj = feat @ weight[:, col : col + width].T
+        projections.append((feat @ weight[:, col : col + width].T, index))
         col += width
-        if index is not None:
-            proj = proj.index_select(0, index)  # backward: index_add, faster than index_put
-        out = proj if out is None else out + proj
+    bias = None
     if linears[0].bias is not None:
         bias = torch.cat([lin.bias for lin in linears]) if len(linears) > 1 else linears[0].bias
-        out = out + bias
-    return out
+    if fused:
+        return gather_sum_activate(projections, bias, act, backend="triton")
+    # index_select per term: its backward is index_add, faster than index_put
+    return gather_sum_activate_reference(projections, bias, act)
 
 
 class GatedMLP(nn.Module):
@@ -99,7 +101,7 @@ class GatedMLP(nn.Module):
     def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation."""
         core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
-        hidden = core_layers[2](core_layers[1](project_terms([core_layers[0], gate_layers[0]], terms)))
+        hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, fused))
         h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
         return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate), fused)
 
@@ -116,9 +118,9 @@ class NormedMLP(nn.Sequential):
     """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``."""
 
     def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
-        # no gate: nothing for the fused epilogue, ``fused`` is accepted and ignored
+        # no gate: ``fused`` fuses the first layer's gathers only
         layers = self[0].layers
-        hidden = layers[2](layers[1](project_terms([layers[0]], terms)))
+        hidden = layers[2](first_layer([layers[0]], self[0].act_name, terms, fused))
         return self[1](layers[3](hidden))
 
 

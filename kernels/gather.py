@@ -1,0 +1,166 @@
+"""Fused gathers feeding Φ's first Linear: ``act(Σ_k P_k[idx_k] + b)`` in one pass.
+
+With the projection rewrite (``matris.model.layers``), Φ's first layer is a sum of per-node
+projections gathered per edge, ``P_y[d2u] + P_t[tgt] + P_s[src] (+ P_c[angle_atom])``, plus
+the bias, followed by the activation. The reference builds each gathered term, each partial
+sum, the biased sum and the activation as separate edge-sized tensors; the Triton kernel
+reads each projection row once through its index and writes only the activated hidden
+layer ``[n_edges, H]``.
+
+Backward: a Triton kernel recomputes the pre-activation from the gathers and writes
+``∂L/∂pre = G ⊙ act'(pre)`` ``[n_edges, H]``; each projection's gradient is then the
+index_add of that over its index (the backward of a gather), and the bias gradient its
+column sum. With ``create_graph`` the backward recomputes the PyTorch reference under
+autograd, which gives exact second derivatives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import triton_available, use_triton
+from .basis import _recompute
+from .epilogue import ACT_CODE, ACTIVATIONS, _activate
+
+Term = tuple[torch.Tensor, "torch.Tensor | None"]
+MAX_TERMS = 4
+
+
+def gather_sum_activate_reference(terms: list[Term], bias: torch.Tensor | None, act: str) -> torch.Tensor:
+    """PyTorch reference: ``act(Σ_k P_k[idx_k] + b)``.
+
+    terms: ``(P_k [n_k, H], idx_k [E] int64 or None)``; None means P_k is already ``[E, H]``.
+    bias: ``[H]`` or None. Returns ``[E, H]``.
+    """
+    out = None
+    for proj, index in terms:
+        rows = proj if index is None else proj.index_select(0, index)
+        out = rows if out is None else out + rows
+    if bias is not None:
+        out = out + bias
+    return _activate(out, act)
+
+
+def gather_sum_activate(terms: list[Term], bias: torch.Tensor | None, act: str,
+                        backend: str | None = None) -> torch.Tensor:
+    """The fused kernel (Triton) or its reference, chosen as in :mod:`matris.kernels.backend`."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {act!r}; use one of {ACTIVATIONS}")
+    if not 1 <= len(terms) <= MAX_TERMS:
+        raise ValueError(f"gather_sum_activate takes 1 to {MAX_TERMS} terms, got {len(terms)}")
+    device = terms[0][0].device
+    n_rows = _rows(terms)
+    if not use_triton(device, backend) or n_rows == 0:
+        return gather_sum_activate_reference(terms, bias, act)
+    flat = [t for term in terms for t in term]
+    return _GatherSumActivate.apply(bias, act, len(terms), n_rows, *flat)
+
+
+def _rows(terms):
+    for proj, index in terms:
+        return proj.shape[0] if index is None else index.shape[0]
+
+
+class _GatherSumActivate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, bias, act, n_terms, n_rows, *flat):
+        projs, indices = list(flat[0::2]), list(flat[1::2])
+        ctx.save_for_backward(bias, *projs, *[i for i in indices if i is not None])
+        ctx.act, ctx.n_terms, ctx.indexed = act, n_terms, [i is not None for i in indices]
+        ctx.n_rows = n_rows
+        return _launch([p.contiguous() for p in projs], indices, bias, act, n_rows, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved = ctx.saved_tensors
+        bias, projs = saved[0], list(saved[1 : 1 + ctx.n_terms])
+        it = iter(saved[1 + ctx.n_terms :])
+        indices = [next(it) if flag else None for flag in ctx.indexed]
+        head = (None, None, None, None)
+        if torch.is_grad_enabled():  # create_graph: backward through the reference, exact second order
+            tensors = projs + ([bias] if bias is not None else [])
+
+            def ref(*t):
+                b = t[len(projs)] if bias is not None else None
+                return gather_sum_activate_reference(list(zip(t[: len(projs)], indices)), b, ctx.act)
+
+            grads = _recompute(ref, tensors, grad)
+            g_bias = grads[len(projs)] if bias is not None else None
+            flat = [x for k in range(len(projs)) for x in (grads[k], None)]
+            return (g_bias, *head[1:], *flat)
+        d_pre = _launch([p.contiguous() for p in projs], indices, bias, ctx.act, ctx.n_rows, grad.contiguous())
+        flat = []
+        for k, (proj, index) in enumerate(zip(projs, indices)):
+            if not ctx.needs_input_grad[4 + 2 * k]:
+                g = None
+            elif index is None:
+                g = d_pre
+            else:  # the backward of a gather
+                g = torch.zeros_like(proj).index_add_(0, index, d_pre)
+            flat += [g, None]
+        g_bias = d_pre.sum(0) if bias is not None and ctx.needs_input_grad[0] else None
+        return (g_bias, *head[1:], *flat)
+
+
+# ---------------------------------------------------------------------------- Triton
+BLOCK_ROWS, BLOCK_COLS = 32, 64
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    from .epilogue import _act_and_slope
+
+    @triton.jit
+    def _gathered(p_ptr, i_ptr, rows, rmask, cols, mask, H, INDEXED: tl.constexpr):
+        if INDEXED:
+            src = tl.load(i_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        else:
+            src = rows.to(tl.int64)
+        return tl.load(p_ptr + src[:, None] * H + cols[None, :], mask=mask, other=0.0)
+
+    @triton.jit
+    def gather_sum_kernel(p0, i0, p1, i1, p2, i2, p3, i3, bias_ptr, grad_ptr, out_ptr, n_rows, H,
+                          N_TERMS: tl.constexpr, IDX0: tl.constexpr, IDX1: tl.constexpr, IDX2: tl.constexpr,
+                          IDX3: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BACKWARD: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Forward: out = act(pre); backward: out = grad ⊙ act'(pre); pre = Σ_k p_k[i_k] + bias."""
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        rmask = rows < n_rows
+        cmask = cols < H
+        mask = rmask[:, None] & cmask[None, :]
+        pre = _gathered(p0, i0, rows, rmask, cols, mask, H, IDX0)
+        if N_TERMS > 1:
+            pre += _gathered(p1, i1, rows, rmask, cols, mask, H, IDX1)
+        if N_TERMS > 2:
+            pre += _gathered(p2, i2, rows, rmask, cols, mask, H, IDX2)
+        if N_TERMS > 3:
+            pre += _gathered(p3, i3, rows, rmask, cols, mask, H, IDX3)
+        if HAS_BIAS:
+            pre += tl.load(bias_ptr + cols, mask=cmask, other=0.0)[None, :]
+        a, da = _act_and_slope(pre, ACT)
+        offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
+        if BACKWARD:
+            g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
+            tl.store(out_ptr + offs, g * da, mask=mask)
+        else:
+            tl.store(out_ptr + offs, a, mask=mask)
+
+
+def _launch(projs, indices, bias, act, n_rows, grad):
+    h = projs[0].shape[1]
+    ref = projs[0]
+    slots = []
+    for k in range(MAX_TERMS):
+        if k < len(projs):
+            slots += [projs[k], indices[k] if indices[k] is not None else ref]
+        else:
+            slots += [ref, ref]
+    out = torch.empty((n_rows, h), dtype=ref.dtype, device=ref.device)
+    flags = {f"IDX{k}": k < len(indices) and indices[k] is not None for k in range(MAX_TERMS)}
+    grid = (triton.cdiv(n_rows, BLOCK_ROWS), triton.cdiv(h, BLOCK_COLS))
+    gather_sum_kernel[grid](*slots, bias if bias is not None else ref, grad if grad is not None else ref, out,
+                            n_rows, h, N_TERMS=len(projs), HAS_BIAS=bias is not None, ACT=ACT_CODE[act],
+                            BACKWARD=grad is not None, BLOCK_R=BLOCK_ROWS, BLOCK_H=BLOCK_COLS, **flags)
+    return out
