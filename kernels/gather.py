@@ -32,12 +32,17 @@ def gather_sum_activate_reference(terms: list[Term], bias: torch.Tensor | None, 
     terms: ``(P_k [n_k, H], idx_k [E] int64 or None)``; None means P_k is already ``[E, H]``.
     bias: ``[H]`` or None. Returns ``[E, H]``.
     """
-    out = None
+    out, owned = None, False
     for proj, index in terms:
         rows = proj if index is None else proj.index_select(0, index)
-        out = rows if out is None else out + rows
+        if out is None:
+            out, owned = rows, index is not None
+        elif owned:  # accumulate in place into a tensor made here (fewer edge-sized allocations)
+            out.add_(rows)
+        else:
+            out, owned = out + rows, True
     if bias is not None:
-        out = out + bias
+        out = out.add_(bias) if owned else out + bias
     return _activate(out, act)
 
 
