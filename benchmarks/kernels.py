@@ -1,6 +1,7 @@
 """CPU checks of the Triton kernels: run them in the interpreter and compile them for GPUs.
 
     python benchmarks/kernels.py --check
+    TRITON_INTERPRET=1 python benchmarks/kernels.py --memory   # what the Φ fusions save
 
 1. Under ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors and is compared with its
    PyTorch reference: forward, backward (the fused first-order kernels) and second order
@@ -11,6 +12,11 @@
    launches by default (float32 and float64; the epilogue's other norms and activations in
    float32) with
    ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. No GPU is needed.
+
+``--memory`` measures, for one gated Φ of the line graph (the refine layout, width 128),
+the edge-sized bytes the forward pass writes and the bytes it saves for the backward,
+with the fused gathers and epilogue against the PyTorch reference (interpreter on CPU: the
+counts do not depend on the device).
 
 Exits non-zero if any check fails. Each phase runs in its own process, because
 TRITON_INTERPRET is read when the kernels are defined.
@@ -295,6 +301,63 @@ def compile_checks():
                 check(f"{name} sm_{cap}", False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
 
 
+def memory_report(rows=2048, width=128):
+    """Edge-sized bytes written by the forward and bytes saved for the backward, one gated Φ."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from matris.model.layers import GatedMLP
+
+    class EdgeWrites(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            flat = [*args, *(kwargs or {}).values()]
+            reads = {x.untyped_storage().data_ptr() for x in flat if isinstance(x, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                # new edge-sized storage only: views and in-place results are not writes of a new tensor
+                if (isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows
+                        and t.untyped_storage().data_ptr() not in reads):
+                    self.bytes += t.numel() * t.element_size()
+            return out
+
+    torch.manual_seed(0)
+    phi = GatedMLP(4 * width, width, width, "silu", "rms", 0.0)
+    n_bonds, n_atoms = rows // 16, rows // 64
+    a = torch.randn(rows, width, requires_grad=True)  # angle features, one row per edge
+    h = torch.randn(n_atoms, width, requires_grad=True)
+    e = torch.randn(n_bonds, width, requires_grad=True)
+    terms = [(a, None), (h, torch.randint(0, n_atoms, (rows,))), (e, torch.randint(0, n_bonds, (rows,))),
+             (e, torch.randint(0, n_bonds, (rows,)))]
+    report = {}
+    for fused in (False, True):
+        saved = {}
+
+        def pack(t):
+            saved[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
+            return t
+
+        writes = EdgeWrites()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), writes:
+            out = phi.forward_terms(terms, fused=fused)
+        params = sum(p.numel() * p.element_size() for p in phi.parameters())
+        inputs = sum(t.numel() * t.element_size() for t in (a, h, e))
+        kept = sum(saved.values())
+        report["fused" if fused else "reference"] = {"edge_bytes_written": writes.bytes, "saved_bytes": kept,
+                                                     "saved_bytes_excluding_weights_and_inputs": kept - params - inputs}
+        out.sum().backward()
+    ref, fus = report["reference"], report["fused"]
+    print(f"one gated Φ, {rows} edges, width {width} (line-graph refine layout), float32, bytes per edge:")
+    print(f"  {'':34s} {'reference':>10s} {'fused':>10s} {'ratio':>7s}")
+    for key, label in (("edge_bytes_written", "edge-sized writes in the forward"),
+                       ("saved_bytes_excluding_weights_and_inputs", "activations saved for the backward")):
+        print(f"  {label:34s} {ref[key] / rows:10.0f} {fus[key] / rows:10.0f} {ref[key] / max(fus[key], 1):6.2f}×")
+    return report
+
+
 def run_phase(flag, interpret):
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
@@ -308,13 +371,24 @@ def main(argv=None):
     p.add_argument("--check", action="store_true", help="run all CPU checks (both phases)")
     p.add_argument("--interpret-checks", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--compile-checks", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--memory", action="store_true", help="bytes written and saved by one gated Φ, fused vs "
+                   "reference (needs TRITON_INTERPRET=1 on a machine without a GPU)")
+    p.add_argument("--rows", type=int, default=2048, help="with --memory: edges of the Φ (default 2048)")
+    p.add_argument("--json", default=None, help="with --memory: write the numbers here")
     args = p.parse_args(argv)
     if args.check:
         codes = [run_phase("--interpret-checks", True), run_phase("--compile-checks", False)]
         print("all kernel checks passed" if not any(codes) else "kernel checks FAILED")
         return 1 if any(codes) else 0
     try:
-        if args.interpret_checks:
+        if args.memory:
+            import json
+            from pathlib import Path
+
+            report = memory_report(args.rows)
+            if args.json:
+                Path(args.json).write_text(json.dumps(report, indent=1))
+        elif args.interpret_checks:
             interpret_checks()
         elif args.compile_checks:
             compile_checks()

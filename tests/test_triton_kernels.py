@@ -34,3 +34,16 @@ def test_model_parity_through_triton_kernels():
                          timeout=1200, cwd=ROOT / "tests")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "3 passed" in res.stdout
+
+
+def test_phi_fusions_write_and_save_less():
+    """The fused gathers and epilogue of one gated Φ write < 1/2.5 of the reference's edge-sized
+    bytes and save < 1/1.4 of its activations for the backward (counted, not timed)."""
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--memory", "--rows", "512"],
+                         capture_output=True, text=True, env=_env(TRITON_INTERPRET="1"), timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    rows = {line.split("  ")[1].strip(): line.split()[-3:] for line in res.stdout.splitlines() if line.endswith("×")}
+    writes = rows["edge-sized writes in the forward"]
+    saved = rows["activations saved for the backward"]
+    assert float(writes[0]) / float(writes[1]) > 2.5, res.stdout
+    assert float(saved[0]) / float(saved[1]) > 1.4, res.stdout
