@@ -52,7 +52,7 @@ class SeparableAttention(nn.Module):
         ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
         ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
         ``segments`` (by target, by source) selects the fused Triton aggregation and ``fused``
-        the fused Triton epilogue of the gated Φs."""
+        the fused Triton kernels of Φ (first-layer gathers, gated epilogue)."""
         n = x.shape[0]
         directed = d2u is not None
         if rewrite:

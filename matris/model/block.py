@@ -27,7 +27,7 @@ class BlockGraph:
     recomputes Φ inside them (least memory, most compute).
     atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`
     when the fused Triton aggregation is used; None for the PyTorch reference.
-    fused_epilogue: compute the epilogue of each gated Φ with the fused Triton kernel.
+    fused_phi: run Φ's first-layer gathers and the gated epilogue as fused Triton kernels.
     """
 
     edge_target: torch.Tensor
@@ -43,7 +43,7 @@ class BlockGraph:
     checkpoint: int = 0
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
-    fused_epilogue: bool = False
+    fused_phi: bool = False
 
     @property
     def has_angles(self) -> bool:
@@ -67,7 +67,7 @@ class InteractionBlock(nn.Module):
         self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         step = _checkpointed if g.checkpoint else _direct
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=g.fused_epilogue)
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=g.fused_phi)
         if g.has_angles:
             e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond,
                             segments=g.line_segments, **opts)

@@ -139,7 +139,7 @@ def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
 
 def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fused: bool = False) -> torch.Tensor:
     """``module.forward_terms(terms)``, optionally recomputed in the backward pass (checkpoint);
-    ``fused`` selects the fused epilogue of a gated Φ."""
+    ``fused`` selects the fused Triton kernels (first-layer gathers, gated epilogue)."""
     if not recompute:
         return module.forward_terms(terms, fused)
     return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, fused, use_reentrant=False)

@@ -183,7 +183,7 @@ class MatRIS(nn.Module):
             checkpoint=self.checkpoint_level(g, h.dtype, create_graph),
         )
         if use_triton(h.device, self.kernel_backend):
-            bg.fused_epilogue = True
+            bg.fused_phi = True
             n_atoms_total = g.num_atoms
             bg.atom_segments = (Segments.from_index(bg.edge_target, n_atoms_total),
                                 Segments.from_index(bg.edge_source, n_atoms_total))

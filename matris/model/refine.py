@@ -46,7 +46,7 @@ class Refine(nn.Module):
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
         extra: ``(h, angle_atom)``, the atom term of the line graph. ``recompute_phi``
         recomputes Φ in the backward pass instead of storing its activations; ``fused`` selects
-        the fused Triton epilogue of a gated Φ."""
+        the fused Triton kernels of Φ (first-layer gathers, gated epilogue)."""
         directed = d2u is not None
         q = self.learnable_envelope(basis)
         g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
