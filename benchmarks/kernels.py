@@ -2,6 +2,7 @@
 
     python benchmarks/kernels.py --check
     TRITON_INTERPRET=1 python benchmarks/kernels.py --memory   # what the Φ fusions save
+    python benchmarks/kernels.py --resources                   # registers and spills on sm_90
 
 1. Under ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors and is compared with its
    PyTorch reference: forward, backward (the fused first-order kernels) and second order
@@ -12,6 +13,9 @@
    launches by default (float32 and float64; the epilogue's other norms and activations in
    float32) with
    ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. No GPU is needed.
+
+``--resources`` compiles every specialisation for sm_90 and reports, from the ptxas that
+ships with triton, the registers per thread and the spilled bytes (no GPU needed).
 
 ``--memory`` measures, for one gated Φ of the line graph (the refine layout, width 128),
 the edge-sized bytes the forward pass writes and the bytes it saves for the backward,
@@ -147,7 +151,7 @@ def interpret_checks():
         for n, d, norm, act in ((37, 20, "rms", "silu"), (1, 1, "rms", "silu"), (16, 128, "rms", "silu"),
                                 (33, 12, "layer", "gelu"), (5, 7, "layer", "silu"), (19, 20, "rms", "relu"),
                                 (19, 20, "layer", "softplus"), (19, 20, "rms", "sigmoid"), (19, 20, "layer", "tanh"),
-                                (0, 8, "rms", "silu")):
+                                (0, 8, "rms", "silu"), (261, 9, "layer", "gelu")):  # 261: weight sums of 3 programs
             core = (torch.randn(n, d, dtype=dtype) * 3).requires_grad_()
             gate = torch.randn(n, d, dtype=dtype, requires_grad=True)
             wc = (1 + 0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
@@ -242,7 +246,8 @@ def kernel_specs():
                            BLOCK_R=GA.BLOCK_ROWS, BLOCK_H=GA.BLOCK_COLS)))
     # the epilogue: both modes in float64 and float32 for the published combination (RMS,
     # SiLU), and every other norm and activation in float32 in its largest variant
-    variants = [(fp, "rms", "silu", mode) for fp in ("fp32", "fp64") for mode in ("forward", "backward+weights")]
+    variants = [(fp, "rms", "silu", mode) for fp in ("fp32", "fp64") for mode in ("forward", "backward",
+                                                                                   "backward+weights")]
     variants += [("fp32", "layer", "gelu", "backward+weights")]
     variants += [("fp32", "rms", act, "backward+weights") for act in ("relu", "softplus", "sigmoid", "tanh")]
     for fp, norm, act, mode in variants:
@@ -251,9 +256,10 @@ def kernel_specs():
                       dict(core_ptr=ptr, gate_ptr=ptr, wc_ptr=ptr, bc_ptr=ptr, wg_ptr=ptr, bg_ptr=ptr, eps_ptr=ptr,
                            grad_ptr=ptr, out_ptr=ptr, gcore_ptr=ptr, ggate_ptr=ptr, parts_ptr=ptr, n_rows="i32",
                            D="i32", NORM="constexpr", ACT="constexpr", BACKWARD="constexpr", WEIGHT_GRAD="constexpr",
-                           BLOCK_R="constexpr", BLOCK_D="constexpr"),
+                           BLOCK_R="constexpr", BLOCK_D="constexpr", ITERS="constexpr"),
                       dict(NORM=EP.NORM_CODE[norm], ACT=EP.ACT_CODE[act], BACKWARD=mode != "forward",
-                           WEIGHT_GRAD=mode == "backward+weights", BLOCK_R=EP.BLOCK_ROWS, BLOCK_D=128)))
+                           WEIGHT_GRAD=mode == "backward+weights", BLOCK_R=EP.BLOCK_ROWS, BLOCK_D=128,
+                           ITERS=EP.WEIGHT_ITERS if mode == "backward+weights" else 1)))
     for fp in ("fp32", "fp64"):
         ptr = f"*{fp}"
         specs.append((f"softmax_aggregate_fwd[{fp}]", S.softmax_aggregate_fwd_kernel,
@@ -299,6 +305,39 @@ def compile_checks():
                 check(f"{name} sm_{cap}", size > 0, f"cubin {size} bytes")
             except Exception as exc:  # noqa: BLE001 - reported as a failure
                 check(f"{name} sm_{cap}", False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+
+
+def resources_report(cap=90):
+    """Registers per thread and spills of every specialisation, from ``ptxas -v``."""
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    rows = []
+    print(f"{'kernel':56s} {'warps':>5s} {'registers':>9s} {'spill stores':>12s} {'spill loads':>11s}")
+    for name, kernel, signature, constexprs in kernel_specs():
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", cap, 32))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.ptx")
+            with open(path, "w") as f:
+                f.write(compiled.asm["ptx"])
+            res = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{cap}a" if cap >= 90 else f"--gpu-name=sm_{cap}",
+                                  path, "-o", os.devnull], capture_output=True, text=True)
+        # the first entry is the kernel itself (later ones are device functions it calls)
+        regs = re.search(r"Used (\d+) registers", res.stderr)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+        row = dict(kernel=name, warps=compiled.metadata.num_warps, registers=int(regs.group(1)) if regs else None,
+                   spill_stores=int(spills.group(1)) if spills else None,
+                   spill_loads=int(spills.group(2)) if spills else None)
+        rows.append(row)
+        print(f"{name:56s} {row['warps']:5d} {row['registers'] or -1:9d} {row['spill_stores'] or 0:12d} "
+              f"{row['spill_loads'] or 0:11d}")
+    return rows
 
 
 def memory_report(rows=2048, width=128):
@@ -373,15 +412,23 @@ def main(argv=None):
     p.add_argument("--compile-checks", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--memory", action="store_true", help="bytes written and saved by one gated Φ, fused vs "
                    "reference (needs TRITON_INTERPRET=1 on a machine without a GPU)")
+    p.add_argument("--resources", action="store_true", help="registers and spills per kernel on sm_90 (ptxas)")
     p.add_argument("--rows", type=int, default=2048, help="with --memory: edges of the Φ (default 2048)")
-    p.add_argument("--json", default=None, help="with --memory: write the numbers here")
+    p.add_argument("--json", default=None, help="with --memory or --resources: write the numbers here")
     args = p.parse_args(argv)
     if args.check:
         codes = [run_phase("--interpret-checks", True), run_phase("--compile-checks", False)]
         print("all kernel checks passed" if not any(codes) else "kernel checks FAILED")
         return 1 if any(codes) else 0
     try:
-        if args.memory:
+        if args.resources:
+            import json
+            from pathlib import Path
+
+            rows = resources_report()
+            if args.json:
+                Path(args.json).write_text(json.dumps(rows, indent=1))
+        elif args.memory:
             import json
             from pathlib import Path
 

@@ -111,7 +111,8 @@ class _GatedEpilogue(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------- Triton
-BLOCK_ROWS = 16
+BLOCK_ROWS = 4  # rows per tile: 4 × 128 over 128 threads keeps the backward under ~100 registers
+WEIGHT_ITERS = 32  # tiles per program when the norm weights train
 ACT_CODE = {name: k for k, name in enumerate(ACTIVATIONS)}
 NORM_CODE = {name: k for k, name in enumerate(NORMS)}
 
@@ -159,55 +160,72 @@ if triton_available():
     def gated_epilogue_kernel(core_ptr, gate_ptr, wc_ptr, bc_ptr, wg_ptr, bg_ptr, eps_ptr, grad_ptr, out_ptr,
                               gcore_ptr, ggate_ptr, parts_ptr, n_rows, D, NORM: tl.constexpr, ACT: tl.constexpr,
                               BACKWARD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BLOCK_R: tl.constexpr,
-                              BLOCK_D: tl.constexpr):
-        """Rows ``[BLOCK_R, BLOCK_D]`` per program. Forward writes out; backward writes the input
-        gradients and, with WEIGHT_GRAD, this program's sums of (dz·x̂, dz) for both norms."""
+                              BLOCK_D: tl.constexpr, ITERS: tl.constexpr):
+        """``ITERS`` tiles of ``[BLOCK_R, BLOCK_D]`` rows per program (small tiles keep the
+        registers per thread low). Forward writes out; backward writes the input gradients and,
+        with WEIGHT_GRAD, this program's sums of (dz·x̂, dz) for both norms."""
         pid = tl.program_id(0)
-        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         cmask = cols < D
-        mask = (rows < n_rows)[:, None] & cmask[None, :]
-        offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
         eps = tl.load(eps_ptr)
-        c = tl.load(core_ptr + offs, mask=mask, other=0.0)
-        s = tl.load(gate_ptr + offs, mask=mask, other=0.0)
         wc = tl.load(wc_ptr + cols, mask=cmask, other=0.0)[None, :]
         wg = tl.load(wg_ptr + cols, mask=cmask, other=0.0)[None, :]
-        c_hat, rc = _row_norm(c, cmask, D, eps, NORM)
-        s_hat, rs = _row_norm(s, cmask, D, eps, NORM)
-        zc = c_hat * wc
-        zs = s_hat * wg
         if NORM == 1:
-            zc += tl.load(bc_ptr + cols, mask=cmask, other=0.0)[None, :]
-            zs += tl.load(bg_ptr + cols, mask=cmask, other=0.0)[None, :]
-        a, da = _act_and_slope(zc, ACT)
-        sig = tl.sigmoid(zs)
-        if not BACKWARD:
-            tl.store(out_ptr + offs, a * sig, mask=mask)
-        else:
-            g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
-            dzc = g * sig * da
-            dzs = g * a * sig * (1.0 - sig)
-            dxc = dzc * wc
-            dxs = dzs * wg
-            # d/dx of x̂ = (x − μ)·r: r·(dx̂ − x̂·mean(dx̂·x̂) [− mean(dx̂) for LayerNorm])
-            proj_c = tl.sum(dxc * c_hat, axis=1) / D
-            proj_s = tl.sum(dxs * s_hat, axis=1) / D
-            gc = dxc - c_hat * proj_c[:, None]
-            gs = dxs - s_hat * proj_s[:, None]
+            bc = tl.load(bc_ptr + cols, mask=cmask, other=0.0)[None, :]
+            bg = tl.load(bg_ptr + cols, mask=cmask, other=0.0)[None, :]
+        sum_wc = tl.zeros([BLOCK_D], wc.dtype)
+        sum_bc = tl.zeros([BLOCK_D], wc.dtype)
+        sum_wg = tl.zeros([BLOCK_D], wc.dtype)
+        sum_bg = tl.zeros([BLOCK_D], wc.dtype)
+        r0 = pid * (ITERS * BLOCK_R)
+        end = tl.minimum(r0 + ITERS * BLOCK_R, n_rows)
+        while r0 < end:  # only the tiles that hold rows (a while loop: the interpreter needs it)
+            rows = r0 + tl.arange(0, BLOCK_R)
+            r0 += BLOCK_R
+            mask = (rows < n_rows)[:, None] & cmask[None, :]
+            offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+            c = tl.load(core_ptr + offs, mask=mask, other=0.0)
+            s = tl.load(gate_ptr + offs, mask=mask, other=0.0)
+            c_hat, rc = _row_norm(c, cmask, D, eps, NORM)
+            s_hat, rs = _row_norm(s, cmask, D, eps, NORM)
+            zc = c_hat * wc
+            zs = s_hat * wg
             if NORM == 1:
-                gc -= (tl.sum(dxc, axis=1) / D)[:, None]
-                gs -= (tl.sum(dxs, axis=1) / D)[:, None]
-            tl.store(gcore_ptr + offs, gc * rc[:, None], mask=mask)
-            tl.store(ggate_ptr + offs, gs * rs[:, None], mask=mask)
-            if WEIGHT_GRAD:
-                dzc = tl.where(mask, dzc, 0.0)
-                dzs = tl.where(mask, dzs, 0.0)
-                base = parts_ptr + pid.to(tl.int64) * 4 * D + cols
-                tl.store(base, tl.sum(dzc * c_hat, axis=0), mask=cmask)
-                tl.store(base + D, tl.sum(dzc, axis=0), mask=cmask)
-                tl.store(base + 2 * D, tl.sum(dzs * s_hat, axis=0), mask=cmask)
-                tl.store(base + 3 * D, tl.sum(dzs, axis=0), mask=cmask)
+                zc += bc
+                zs += bg
+            a, da = _act_and_slope(zc, ACT)
+            sig = tl.sigmoid(zs)
+            if not BACKWARD:
+                tl.store(out_ptr + offs, a * sig, mask=mask)
+            else:
+                g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
+                dzc = g * sig * da
+                dzs = g * a * sig * (1.0 - sig)
+                dxc = dzc * wc
+                dxs = dzs * wg
+                # d/dx of x̂ = (x − μ)·r: r·(dx̂ − x̂·mean(dx̂·x̂) [− mean(dx̂) for LayerNorm])
+                proj_c = tl.sum(dxc * c_hat, axis=1) / D
+                proj_s = tl.sum(dxs * s_hat, axis=1) / D
+                gc = dxc - c_hat * proj_c[:, None]
+                gs = dxs - s_hat * proj_s[:, None]
+                if NORM == 1:
+                    gc -= (tl.sum(dxc, axis=1) / D)[:, None]
+                    gs -= (tl.sum(dxs, axis=1) / D)[:, None]
+                tl.store(gcore_ptr + offs, gc * rc[:, None], mask=mask)
+                tl.store(ggate_ptr + offs, gs * rs[:, None], mask=mask)
+                if WEIGHT_GRAD:
+                    dzc = tl.where(mask, dzc, 0.0)
+                    dzs = tl.where(mask, dzs, 0.0)
+                    sum_wc += tl.sum(dzc * c_hat, axis=0)
+                    sum_bc += tl.sum(dzc, axis=0)
+                    sum_wg += tl.sum(dzs * s_hat, axis=0)
+                    sum_bg += tl.sum(dzs, axis=0)
+        if WEIGHT_GRAD:
+            base = parts_ptr + pid.to(tl.int64) * 4 * D + cols
+            tl.store(base, sum_wc, mask=cmask)
+            tl.store(base + D, sum_bc, mask=cmask)
+            tl.store(base + 2 * D, sum_wg, mask=cmask)
+            tl.store(base + 3 * D, sum_bg, mask=cmask)
 
 
 def _launch(core, gate, wc, bc, wg, bg, norm, act, eps, grad, weight_grad):
@@ -216,9 +234,11 @@ def _launch(core, gate, wc, bc, wg, bg, norm, act, eps, grad, weight_grad):
     wc, wg = wc.to(core.dtype).contiguous(), wg.to(core.dtype).contiguous()
     bc = bc.to(core.dtype).contiguous() if bc is not None else wc  # never read for RMSNorm
     bg = bg.to(core.dtype).contiguous() if bg is not None else wg
-    programs = triton.cdiv(n, BLOCK_ROWS)
+    # the weight sums loop over several tiles per program, so the partial sums stay small
+    iters = WEIGHT_ITERS if weight_grad else 1
+    programs = triton.cdiv(n, BLOCK_ROWS * iters)
     consts = dict(NORM=NORM_CODE[norm], ACT=ACT_CODE[act], BLOCK_R=BLOCK_ROWS,
-                  BLOCK_D=max(16, triton.next_power_of_2(d)))
+                  BLOCK_D=max(16, triton.next_power_of_2(d)), ITERS=iters)
     if grad is None:
         out = torch.empty_like(core)
         gated_epilogue_kernel[(programs,)](core, gate, wc, bc, wg, bg, eps_t, core, out, core, core, core, n, d,

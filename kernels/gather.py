@@ -108,7 +108,7 @@ class _GatherSumActivate(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------- Triton
-BLOCK_ROWS, BLOCK_COLS = 32, 64
+BLOCK_ROWS, BLOCK_COLS = 16, 64  # 8 elements per thread: low register use
 
 if triton_available():
     import triton
