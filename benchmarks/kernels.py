@@ -397,12 +397,26 @@ def memory_report(rows=2048, width=128):
     return report
 
 
-def run_phase(flag, interpret):
+def start_phase(flag, interpret, log):
+    """The phase in its own process (TRITON_INTERPRET is read at import), output to ``log``."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, __file__, flag], env=env).returncode
+    return subprocess.Popen([sys.executable, __file__, flag], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_phases():
+    """Both phases side by side (each is single-threaded work), their outputs printed in order."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as log_i, tempfile.TemporaryFile("w+") as log_c:
+        procs = [start_phase("--interpret-checks", True, log_i), start_phase("--compile-checks", False, log_c)]
+        codes = [proc.wait() for proc in procs]
+        for log in (log_i, log_c):
+            log.seek(0)
+            sys.stdout.write(log.read())
+    return codes
 
 
 def main(argv=None):
@@ -417,7 +431,7 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="with --memory or --resources: write the numbers here")
     args = p.parse_args(argv)
     if args.check:
-        codes = [run_phase("--interpret-checks", True), run_phase("--compile-checks", False)]
+        codes = run_phases()
         print("all kernel checks passed" if not any(codes) else "kernel checks FAILED")
         return 1 if any(codes) else 0
     try:
