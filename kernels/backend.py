@@ -45,3 +45,24 @@ def use_triton(device: torch.device, backend: str | None = None) -> bool:
             )
         return True
     return runnable and device.type == "cuda"
+
+
+def recompute_backward(fn, inputs, grad):
+    """Backward of ``fn`` through its PyTorch reference, keeping the graph (exact second order).
+
+    The create_graph path of every fused kernel: ``inputs`` are the saved tensors, and the
+    gradient of an input that does not require one is None.
+    """
+    needs = [x.requires_grad for x in inputs]
+    with torch.enable_grad():
+        xs = [x if x.requires_grad else x.detach().requires_grad_(True) for x in inputs]
+        out = fn(*xs)
+        grads = torch.autograd.grad(out, xs, grad, create_graph=True, allow_unused=True)
+    return tuple(g if need else None for g, need in zip(grads, needs))
+
+
+@functools.lru_cache(maxsize=64)
+def device_constants(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values)`` on ``device``, made once: kernel launches on the hot path read
+    their constants from it instead of copying them to the device on every call."""
+    return torch.tensor(values, dtype=dtype, device=device)

@@ -12,11 +12,12 @@ compares every path with them.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from .backend import triton_available
+from .backend import device_constants, recompute_backward, triton_available
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -41,8 +42,10 @@ def sh_reference(theta, rho, factor, max_l: int, max_n: int):
     return sh_basis(theta, rho, factor, max_l, max_n)
 
 
+@functools.lru_cache(maxsize=16)
 def sh_coefficient_table(dtype, device) -> torch.Tensor:
-    """``[4, 4, 8]`` coefficients c_i of R_{n,j}, zero-padded, as their float32 values."""
+    """``[4, 4, 8]`` coefficients c_i of R_{n,j}, zero-padded, as their float32 values.
+    Made once per dtype and device (read-only; every SH launch uses it)."""
     from matris.model.basis import SH_RADIAL_COEFFICIENTS
 
     table = torch.zeros(4, 4, 8, dtype=torch.float64)
@@ -64,7 +67,7 @@ class _Bessel(torch.autograd.Function):
     def backward(ctx, grad):
         r, freq = ctx.saved_tensors
         if torch.is_grad_enabled():
-            return (*_recompute(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad), None, None)
+            return (*recompute_backward(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad), None, None)
         grad_r, grad_f = _launch_bessel(r.contiguous(), freq.contiguous(), ctx.cutoff, ctx.p, grad.contiguous())
         return grad_r, grad_f.sum(0), None, None
 
@@ -79,7 +82,7 @@ class _Fourier(torch.autograd.Function):
     def backward(ctx, grad):
         theta, freq = ctx.saved_tensors
         if torch.is_grad_enabled():
-            return _recompute(fourier_reference, (theta, freq), grad)
+            return recompute_backward(fourier_reference, (theta, freq), grad)
         grad_t, grad_f = _launch_fourier(theta.contiguous(), freq.contiguous(), grad.contiguous())
         return grad_t, grad_f.sum(0)
 
@@ -95,20 +98,10 @@ class _SH(torch.autograd.Function):
     def backward(ctx, grad):
         theta, rho, factor = ctx.saved_tensors
         if torch.is_grad_enabled():
-            g_t, g_r = _recompute(lambda a, b: sh_reference(a, b, factor, ctx.max_l, ctx.max_n), (theta, rho), grad)
+            g_t, g_r = recompute_backward(lambda a, b: sh_reference(a, b, factor, ctx.max_l, ctx.max_n), (theta, rho), grad)
             return g_t, g_r, None, None, None
         g_t, g_r = _launch_sh(theta.contiguous(), rho.contiguous(), factor, ctx.max_l, ctx.max_n, grad.contiguous())
         return g_t, g_r, None, None, None
-
-
-def _recompute(fn, inputs, grad):
-    """Backward through the PyTorch reference, keeping its graph (second order)."""
-    needs = [x.requires_grad for x in inputs]
-    with torch.enable_grad():
-        xs = [x if x.requires_grad else x.detach().requires_grad_(True) for x in inputs]
-        out = fn(*xs)
-        grads = torch.autograd.grad(out, xs, grad, create_graph=True, allow_unused=True)
-    return tuple(g if need else None for g, need in zip(grads, needs))
 
 
 def bessel(r, frequencies, cutoff: float, p: int):
@@ -294,7 +287,7 @@ def _launch_bessel(r, freq, cutoff, p, grad):
     out = torch.empty((n, k), dtype=r.dtype, device=r.device)
     grad_r = torch.empty_like(r) if grad is not None else r
     if n:
-        consts = torch.tensor([cutoff, math.sqrt(2 / cutoff)], dtype=r.dtype, device=r.device)
+        consts = device_constants((cutoff, math.sqrt(2 / cutoff)), r.dtype, r.device)
         bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, consts, n, K=k, KP=triton.next_power_of_2(k), P=p,
                                 BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
     return (grad_r, out) if grad is not None else out
@@ -310,7 +303,7 @@ def _launch_fourier(theta, freq, grad):
         out = torch.empty((n, m), dtype=theta.dtype, device=theta.device)
     grad_t = torch.empty_like(theta) if grad is not None else theta
     if n:
-        consts = torch.tensor([FOURIER_CONSTANT, 1 / SQRT_PI], dtype=theta.dtype, device=theta.device)
+        consts = device_constants((FOURIER_CONSTANT, 1 / SQRT_PI), theta.dtype, theta.device)
         fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n, M=m, MP=max(1, triton.next_power_of_2(m)),
                                  BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
     return (grad_t, out) if grad is not None else out

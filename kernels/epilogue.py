@@ -21,8 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import triton_available, use_triton
-from .basis import _recompute
+from .backend import device_constants, recompute_backward, triton_available, use_triton
 
 ACTIVATIONS = ("silu", "relu", "gelu", "softplus", "sigmoid", "tanh")
 NORMS = ("rms", "layer")
@@ -93,10 +92,10 @@ class _GatedEpilogue(torch.autograd.Function):
         norm, act, eps = ctx.norm, ctx.act, ctx.eps
         if torch.is_grad_enabled():  # create_graph: backward through the reference, exact second order
             if norm == "rms":
-                g = _recompute(lambda c, s, a, b: gated_epilogue_reference(c, s, a, None, b, None, norm, act, eps),
+                g = recompute_backward(lambda c, s, a, b: gated_epilogue_reference(c, s, a, None, b, None, norm, act, eps),
                                (core, gate, wc, wg), grad)
                 return g[0], g[1], g[2], None, g[3], None, None, None, None
-            g = _recompute(lambda *t: gated_epilogue_reference(*t, norm, act, eps), (core, gate, wc, bc, wg, bg), grad)
+            g = recompute_backward(lambda *t: gated_epilogue_reference(*t, norm, act, eps), (core, gate, wc, bc, wg, bg), grad)
             return (*g, None, None, None)
         weight_grad = any(ctx.needs_input_grad[2:6])
         gc, gg, parts = _launch(core.contiguous(), gate.contiguous(), wc, bc, wg, bg, norm, act, eps,
@@ -230,7 +229,7 @@ if triton_available():
 
 def _launch(core, gate, wc, bc, wg, bg, norm, act, eps, grad, weight_grad):
     n, d = core.shape
-    eps_t = torch.tensor([eps], dtype=core.dtype, device=core.device)
+    eps_t = device_constants((eps,), core.dtype, core.device)
     wc, wg = wc.to(core.dtype).contiguous(), wg.to(core.dtype).contiguous()
     bc = bc.to(core.dtype).contiguous() if bc is not None else wc  # never read for RMSNorm
     bg = bg.to(core.dtype).contiguous() if bg is not None else wg

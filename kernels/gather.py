@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import triton_available, use_triton
-from .basis import _recompute
+from .backend import recompute_backward, triton_available, use_triton
 from .epilogue import ACT_CODE, ACTIVATIONS, _activate
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
@@ -53,17 +52,12 @@ def gather_sum_activate(terms: list[Term], bias: torch.Tensor | None, act: str,
         raise ValueError(f"unknown activation {act!r}; use one of {ACTIVATIONS}")
     if not 1 <= len(terms) <= MAX_TERMS:
         raise ValueError(f"gather_sum_activate takes 1 to {MAX_TERMS} terms, got {len(terms)}")
-    device = terms[0][0].device
-    n_rows = _rows(terms)
-    if not use_triton(device, backend) or n_rows == 0:
+    first, first_index = terms[0]
+    n_rows = first.shape[0] if first_index is None else first_index.shape[0]
+    if not use_triton(first.device, backend) or n_rows == 0:
         return gather_sum_activate_reference(terms, bias, act)
     flat = [t for term in terms for t in term]
     return _GatherSumActivate.apply(bias, act, len(terms), n_rows, *flat)
-
-
-def _rows(terms):
-    for proj, index in terms:
-        return proj.shape[0] if index is None else index.shape[0]
 
 
 class _GatherSumActivate(torch.autograd.Function):
@@ -81,7 +75,6 @@ class _GatherSumActivate(torch.autograd.Function):
         bias, projs = saved[0], list(saved[1 : 1 + ctx.n_terms])
         it = iter(saved[1 + ctx.n_terms :])
         indices = [next(it) if flag else None for flag in ctx.indexed]
-        head = (None, None, None, None)
         if torch.is_grad_enabled():  # create_graph: backward through the reference, exact second order
             tensors = projs + ([bias] if bias is not None else [])
 
@@ -89,10 +82,10 @@ class _GatherSumActivate(torch.autograd.Function):
                 b = t[len(projs)] if bias is not None else None
                 return gather_sum_activate_reference(list(zip(t[: len(projs)], indices)), b, ctx.act)
 
-            grads = _recompute(ref, tensors, grad)
+            grads = recompute_backward(ref, tensors, grad)
             g_bias = grads[len(projs)] if bias is not None else None
             flat = [x for k in range(len(projs)) for x in (grads[k], None)]
-            return (g_bias, *head[1:], *flat)
+            return (g_bias, None, None, None, *flat)
         d_pre = _launch([p.contiguous() for p in projs], indices, bias, ctx.act, ctx.n_rows, grad.contiguous())
         flat = []
         for k, (proj, index) in enumerate(zip(projs, indices)):
@@ -104,7 +97,7 @@ class _GatherSumActivate(torch.autograd.Function):
                 g = torch.zeros_like(proj).index_add_(0, index, d_pre)
             flat += [g, None]
         g_bias = d_pre.sum(0) if bias is not None and ctx.needs_input_grad[0] else None
-        return (g_bias, *head[1:], *flat)
+        return (g_bias, None, None, None, *flat)
 
 
 # ---------------------------------------------------------------------------- Triton
