@@ -167,8 +167,7 @@ def cache(tmp_path, monkeypatch):
 def entry(server, checkpoint, cache):
     """A registry entry ("test-tiny") pointing at the local server, removed afterwards."""
     e = pt.ModelEntry(name="test-tiny", url=server.url("tiny.pth.tar"), num_params=checkpoint[1],
-                      expected_config={"num_layers": 1, "three_body_cutoff": 4.0}, aliases=("tiny_alias",),
-                      training_data="random", metrics={"F1": 0.5})
+                      aliases=("tiny_alias",), training_data="random", metrics={"F1": 0.5})
     pt.register(e)
     yield e
     pt.unregister(e.name)
@@ -295,20 +294,22 @@ def test_download_failing_verification_leaves_no_file(entry, server, cache):
     assert not (models / "test-tiny.pth.tar").exists() and not pt.part_path(models / "test-tiny.pth.tar").exists()
 
 
-def test_wrong_parameter_count_or_config_is_refused(server, checkpoint, cache):
+def test_verification_is_a_strict_load_of_the_files_own_config(server, checkpoint, cache, tmp_path):
+    """No guessed config or parameter count: any architecture is accepted if its weights fit its
+    own config; a state_dict that does not fit (here: one tensor removed) is refused."""
     url = server.url("tiny.pth.tar")
-    pt.register(pt.ModelEntry(name="test-params", url=url, num_params=10_443_505))
-    pt.register(pt.ModelEntry(name="test-config", url=url, expected_config={"num_layers": 10}))
+    pt.register(pt.ModelEntry(name="test-params", url=url, num_params=10_443_505))  # shown, never checked
     try:
-        with pytest.raises(VerificationError, match=rf"{checkpoint[1]:,} parameters, expected 10,443,505"):
-            pt.resolve("test-params")
-        with pytest.raises(VerificationError, match="config num_layers is 1, expected 10"):
-            pt.resolve("test-config")
-        left = [p.name for p in (cache / "models").iterdir() if not p.name.endswith(".lock")]
-        assert left == []
+        assert pt.resolve("test-params").read_bytes() == checkpoint[0]
+        ckpt = torch.load(pt.resolve("test-params"), weights_only=True)
+        del ckpt["state_dict"]["atom_embedding.embedding.weight"]
+        torch.save(ckpt, tmp_path / "broken.pth.tar")
+        server.files["/broken.pth.tar"] = (tmp_path / "broken.pth.tar").read_bytes()
+        with pytest.raises(VerificationError, match="state_dict does not match its config.*atom_embedding"):
+            pt.fetch_url(server.url("broken.pth.tar"))
+        assert not pt.url_cache_path(server.url("broken.pth.tar")).exists()
     finally:
         pt.unregister("test-params")
-        pt.unregister("test-config")
 
 
 def test_url_is_cached_under_derived_name_and_verified(server, checkpoint, cache):
@@ -319,7 +320,7 @@ def test_url_is_cached_under_derived_name_and_verified(server, checkpoint, cache
     assert sum(p.numel() for p in model.parameters()) == checkpoint[1]
     MatRIS.load(url)
     assert len(server.gets("tiny.pth.tar")) == 1
-    server.files["/junk.pth.tar"] = b"<html>not a checkpoint</html>"
+    server.files["/junk.pth.tar"] = b"PK not a checkpoint"
     with pytest.raises(VerificationError, match="weights_only=True"):
         MatRIS.load(server.url("junk.pth.tar"))
     assert not pt.url_cache_path(server.url("junk.pth.tar")).exists()
@@ -383,12 +384,12 @@ def test_published_registry():
     names = pt.REGISTRY.names()
     assert names[:4] == ["matris-demo", "matris-10m-oam", "matris-10m-mp", "matris-10m-omat"]
     oam, mp, omat = (pt.get_entry(n) for n in names[1:4])
-    assert oam.url == "https://figshare.com/ndownloader/files/59142728"
-    assert mp.url == "https://figshare.com/ndownloader/files/59143058"
-    assert omat.url is None
+    assert oam.url == "https://api.figshare.com/v2/file/download/59142728"
+    assert mp.url == "https://api.figshare.com/v2/file/download/59143058"
+    assert omat.url == "https://api.figshare.com/v2/file/download/69575544"
     for e in (oam, mp, omat):
-        assert e.num_params == 10_443_505 and e.license == "BSD-3-Clause"
-        assert dict(e.expected_config) == {"num_layers": 10, "three_body_cutoff": 4.5}
+        assert e.license == "BSD-3-Clause"
+    assert oam.num_params == 10_443_505 and mp.num_params is None and omat.num_params is None  # no guesses
     assert oam.metrics == {"F1": 0.921, "kappa_SRME": 0.218, "RMSD": 0.0601}
     assert mp.metrics == {"F1": 0.847, "kappa_SRME": 0.489, "RMSD": 0.0717}
     assert pt.get_entry("demo").bundled and pt.get_entry("demo").path == DEMO_CHECKPOINT
@@ -439,9 +440,13 @@ def test_allowed_urls():
         assert pt.check_url(url) == url
 
 
-def test_omat_has_a_clear_no_url_error(cache):
-    with pytest.raises(ModelUnavailableError, match="matris-10m-omat.*not been published"):
-        MatRIS.load("matris_10m_omat")
+def test_model_without_url_has_a_clear_error(cache):
+    pt.register(pt.ModelEntry(name="test-private", unavailable_reason="its weights have not been published yet"))
+    try:
+        with pytest.raises(ModelUnavailableError, match="test-private.*not been published"):
+            MatRIS.load("test_private")
+    finally:
+        pt.unregister("test-private")
 
 
 def test_cache_dir_precedence(monkeypatch, tmp_path):
@@ -477,12 +482,16 @@ def test_cli_models_lists_cache_state(entry, cli, capsys, cache):
     listing = {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
     assert listing["test-tiny"]["cached"] and listing["test-tiny"]["path"] == str(path)
     assert listing["test-tiny"]["size_bytes"] == path.stat().st_size
-    assert listing["matris-10m-omat"]["status"] == "unavailable"
+    assert listing["matris-10m-omat"]["status"] == "not cached"
     assert listing["matris-demo"]["status"] == "bundled"
 
 
 def test_cli_download_errors_exit_2(entry, server, cli, capsys, cache):
-    assert cli(["download", "matris-10m-omat"]) == 2
+    pt.register(pt.ModelEntry(name="test-private", unavailable_reason="its weights have not been published yet"))
+    try:
+        assert cli(["download", "test-private"]) == 2
+    finally:
+        pt.unregister("test-private")
     assert "not been published" in capsys.readouterr().err
     assert cli(["download", "matris-10m-oma"]) == 2
     assert "Did you mean" in capsys.readouterr().err

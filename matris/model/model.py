@@ -11,9 +11,12 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
+from ..graph.system import MAX_Z, element_symbol
+from ..targets import DEFAULT_TARGETS, normalize_targets
 from ..kernels import Segments, scatter_sum, use_triton
+from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
@@ -49,8 +52,9 @@ class ModelOutput:
 
     energy: ``[S]`` eV (reference term included); energy_per_atom: ``[S]`` eV/atom;
     forces: ``[N, 3]`` eV/Å; stress: ``[S, 3, 3]`` GPa, positive = tensile, NaN for
-    structures without a 3-D cell; magmoms: ``[N]`` μB; node_features: atom features
-    after the embedding and after each block (when asked for).
+    structures without a 3-D cell; magmoms: ``[N]`` μB (None when not computed: by default
+    only for models trained on them); node_features: atom features after the embedding and
+    after each block (when asked for).
     """
 
     energy: torch.Tensor
@@ -62,7 +66,12 @@ class ModelOutput:
 
 
 class MatRIS(nn.Module):
-    """The MatRIS interatomic potential (spec §4–§6); module names mirror published checkpoints."""
+    """The MatRIS interatomic potential (spec §4–§6); module names mirror published checkpoints.
+
+    ``targets``: what the weights were trained on, ``"efsm"`` (default) or ``"efs"`` (the
+    magmom head is untrained: magnetic moments are not offered). ``name``: how error
+    messages name the model (set by the loaders to the model name or file).
+    """
 
     def __init__(self, config: MatRISConfig | None = None, **kwargs: Any):
         super().__init__()
@@ -89,6 +98,8 @@ class MatRIS(nn.Module):
         # Kernel implementation: None = automatic (Triton on CUDA, PyTorch elsewhere),
         # "triton" or "torch"; the environment variable MATRIS_KERNELS also selects.
         self.kernel_backend: str | None = None
+        self.targets: str = DEFAULT_TARGETS
+        self.name: str = "MatRIS"
 
     # ------------------------------------------------------------------ properties
     @property
@@ -107,6 +118,39 @@ class MatRIS(nn.Module):
     def three_body_cutoff(self) -> float:
         return float(self.config.three_body_cutoff)
 
+    @property
+    def predicts_magmoms(self) -> bool:
+        """Whether the model was trained on magnetic moments (``"m"`` in :attr:`targets`)."""
+        return "m" in self.targets
+
+    @property
+    def max_atomic_number(self) -> int:
+        """The largest Z the model covers: its embedding and, if present, its reference energies."""
+        z = min(MAX_Z, self.atom_embedding.embedding.num_embeddings)
+        return z if self.reference_energy is None else min(z, self.reference_energy.num_elements)
+
+    def check_elements(self, graph: GraphBatch) -> None:
+        """Raise :class:`MatRISInputError` if a structure holds an element beyond
+        :attr:`max_atomic_number`. Reads the atomic numbers on the host, so it runs only for
+        models that cover fewer elements than every structure may hold (Z ≤ 94 is checked
+        when structures are read); for the others it costs nothing."""
+        limit = self.max_atomic_number
+        if limit >= MAX_Z or graph.num_atoms == 0:
+            return
+        z = graph.atomic_numbers.detach().cpu()
+        if int(z.max()) <= limit:
+            return
+        k = int(torch.nonzero(z > limit)[0, 0])
+        structure = int(graph.atom_batch[k])
+        bad = sorted({element_symbol(int(v)) for v in z[z > limit].tolist()})
+        why = (f"its reference energies cover Z = 1..{self.reference_energy.num_elements}"
+               if self.reference_energy is not None and self.reference_energy.num_elements == limit
+               else f"its atom embedding covers Z = 1..{limit}")
+        raise MatRISInputError(
+            f"structure {structure} contains {', '.join(bad)} (atom {k} is {element_symbol(int(z[k]))}, Z={int(z[k])}), "
+            f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
+            "a model that covers them (see 'matris models').")
+
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
         ref = set() if self.reference_energy is None else {id(p) for p in self.reference_energy.parameters()}
@@ -118,17 +162,22 @@ class MatRIS(nn.Module):
         graph: GraphBatch,
         compute_forces: bool = True,
         compute_stress: bool = True,
-        compute_magmoms: bool = True,
+        compute_magmoms: bool | None = None,
         create_graph: bool | None = None,
         return_node_features: bool = False,
     ) -> ModelOutput:
         """Energy, forces, stress and magnetic moments of every structure in ``graph``.
 
+        ``compute_magmoms``: default (None) only when the model was trained on them
+        (:attr:`predicts_magmoms`); True computes the head's output anyway (training it).
         ``create_graph`` keeps the graph of the force computation for training on forces
         (default: ``self.training``).
         """
         if create_graph is None:
             create_graph = self.training
+        if compute_magmoms is None:
+            compute_magmoms = self.predicts_magmoms
+        self.check_elements(graph)
         g = graph if graph.positions.dtype == self.dtype and graph.positions.device == self.device else graph.to(
             self.device, self.dtype
         )
@@ -270,51 +319,72 @@ class MatRIS(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> "MatRIS":
-        """Load a checkpoint in the published format (``{"config", "state_dict"}``).
+    def from_checkpoint(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                        targets: str | None = None, default_targets: str | None = None) -> "MatRIS":
+        """Load a checkpoint file in any layout the official loader reads (see
+        :mod:`matris.model.checkpoint`): plain ``{"config", "state_dict"}``, nested
+        ``{"model": {...}}``, the legacy reference key, any reference width.
 
         Loaded with ``weights_only=True``: no arbitrary objects are unpickled. Extra
-        top-level keys (optimizer state, epoch) are ignored.
+        top-level keys (optimizer state, epoch) are ignored. ``targets`` (``"efs"`` or
+        ``"efsm"``) overrides what the file says; a file that says nothing gets
+        ``default_targets``, else those of the published model it is (matched by content or
+        official file name, see :func:`matris.pretrained.entry_for_file`), else ``"efsm"``.
         """
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} does not exist")
-        try:
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - re-raised with a clear message
-            raise CheckpointError(
-                f"cannot read {path} as a MatRIS checkpoint ({type(exc).__name__}: {exc}). Published checkpoints are "
-                "torch.save({'config': ..., 'state_dict': ...}) files that load with weights_only=True."
-            ) from exc
-        if not isinstance(ckpt, dict) or "config" not in ckpt or "state_dict" not in ckpt:
-            keys = list(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
-            raise CheckpointError(f"{path} is not a MatRIS checkpoint: expected keys 'config' and 'state_dict', got {keys}")
-        return cls.from_state(ckpt["config"], ckpt["state_dict"], source=str(path))
+        contents = ckpt_io.read(path, map_location)
+        model = cls.from_state(contents.config, contents.state_dict, source=str(path))
+        model.name = str(path)
+        chosen = targets or contents.targets or default_targets
+        if chosen is None:
+            from ..pretrained import entry_for_file
+
+            entry = entry_for_file(path)
+            chosen = entry.targets if entry is not None else DEFAULT_TARGETS
+        model.targets = normalize_targets(chosen, str(path))
+        return model
 
     @classmethod
     def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-             dtype: torch.dtype = torch.float32, *, progress: bool | None = None) -> "MatRIS":
+             dtype: torch.dtype = torch.float32, *, targets: str | None = None,
+             progress: bool | None = None) -> "MatRIS":
         """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
 
-        Names are those of :mod:`matris.pretrained` (``matris models`` lists them; ``-``/``_``
-        and case are ignored), e.g. ``"matris-10m-oam"``: downloaded once into the cache
-        (``$MATRIS_CACHE``, default ``~/.cache/matris``) and verified on every load. An
-        ``https://`` URL is downloaded, cached and verified the same way. ``progress``: show a
-        download bar (``None``: when stderr is a terminal).
+        Names are those of :mod:`matris.pretrained` (``matris models`` lists them, official
+        keys such as ``matris_10m_oam`` included; ``-``/``_`` and case are ignored), e.g.
+        ``"matris-10m-oam"``: downloaded once into the cache (``$MATRIS_CACHE``, default
+        ``~/.cache/matris``) and verified on every load. An ``https://`` URL is downloaded,
+        cached and verified the same way. ``targets``: override what the model is taken to
+        predict (``"efs"``: no magnetic moments); by default the checkpoint's own, then the
+        registry's. ``progress``: show a download bar (``None``: when stderr is a terminal).
         """
-        from ..pretrained import resolve
+        from ..pretrained import REGISTRY, resolve
 
         path = resolve(model, progress=progress)
-        return cls.from_checkpoint(path, map_location="cpu").to(device=device, dtype=dtype)
+        entry = REGISTRY.find(str(model)) if isinstance(model, str) else None
+        net = cls.from_checkpoint(path, map_location="cpu", targets=targets,
+                                  default_targets=entry.targets if entry is not None else None)
+        if entry is not None:
+            net.name = entry.name
+        return net.to(device=device, dtype=dtype)
 
     @classmethod
     def from_state(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], source: str = "state") -> "MatRIS":
-        """Build a model from a checkpoint's ``config`` dict and ``state_dict``."""
+        """Build a model from a checkpoint's ``config`` dict and ``state_dict`` (strict match).
+
+        Reference energies are built at the width of ``reference_energy.fc.weight`` when the
+        state_dict has them, whatever the config names (as the official loader does).
+        """
         try:
             model = cls(MatRISConfig.from_dict(dict(config)))
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{source}: invalid config: {exc}") from exc
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        weight = state_dict.get(ckpt_io.REFERENCE_KEY)
+        if weight is not None:
+            model.reference_energy = ReferenceEnergy(int(weight.shape[-1]))
+        try:
+            missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        except RuntimeError as exc:  # tensor shapes that do not fit the config
+            raise CheckpointError(f"{source}: state_dict does not match its config: {str(exc)[:500]}") from exc
         if missing or unexpected:
             raise CheckpointError(
                 f"{source}: state_dict does not match its config: missing {missing[:5]}{'…' if len(missing) > 5 else ''},"
@@ -323,10 +393,11 @@ class MatRIS(nn.Module):
         return model.eval()
 
     def checkpoint_state(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-        """The published checkpoint dict: config and a ``dtype`` (float32) CPU state_dict."""
+        """The published checkpoint dict: config, a ``dtype`` (float32) CPU state_dict, and
+        ``targets`` (an extra key, which the official loader ignores)."""
         state = {k: v.detach().to("cpu", dtype=dtype if v.is_floating_point() else None).clone()
                  for k, v in self.state_dict().items()}
-        return {"config": self.config.to_dict(), "state_dict": state}
+        return {"config": self.config.to_dict(), "state_dict": state, "targets": self.targets}
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the published format to ``path`` atomically (temp file + rename)."""

@@ -46,16 +46,20 @@ class MagmomHead(nn.Module):
 
 
 class ReferenceEnergy(nn.Module):
-    """Fixed per-element reference, ``ref = w · (composition counts / N)``, eV/atom; key ``fc.weight``."""
+    """Fixed per-element reference, ``ref = w · (composition counts / N)``, eV/atom; key ``fc.weight``.
 
-    def __init__(self):
+    ``num_elements``: the width ``K`` of ``w`` (elements Z = 1..K); published models use 94.
+    """
+
+    def __init__(self, num_elements: int = NUM_ELEMENTS):
         super().__init__()
-        self.fc = nn.Linear(NUM_ELEMENTS, 1, bias=False)
+        self.num_elements = int(num_elements)
+        self.fc = nn.Linear(self.num_elements, 1, bias=False)
         self.fc.weight.requires_grad_(False)
         nn.init.zeros_(self.fc.weight)
 
     def forward(self, atomic_numbers: torch.Tensor, atom_batch: torch.Tensor, n_atoms: torch.Tensor) -> torch.Tensor:
         """Per-structure mean reference energy ``[S]``, eV/atom."""
-        counts = torch.zeros(n_atoms.shape[0], NUM_ELEMENTS, dtype=self.fc.weight.dtype, device=atomic_numbers.device)
+        counts = torch.zeros(n_atoms.shape[0], self.num_elements, dtype=self.fc.weight.dtype, device=atomic_numbers.device)
         counts.index_put_((atom_batch, atomic_numbers - 1), torch.ones_like(atom_batch, dtype=counts.dtype), accumulate=True)
         return self.fc(counts / n_atoms.unsqueeze(1).to(counts.dtype)).squeeze(-1)

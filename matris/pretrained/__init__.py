@@ -16,6 +16,7 @@ from .cache import (
     cached_models,
     cached_path,
     download,
+    entry_for_file,
     fetch,
     fetch_url,
     is_offline,
@@ -34,5 +35,5 @@ __all__ = [
     "ModelEntry", "Registry", "REGISTRY", "register", "unregister", "get_entry", "normalize_name",
     "resolve", "download", "fetch", "fetch_url", "cache_dir", "is_offline", "cached_path", "url_cache_path",
     "cached_models", "list_models", "model_info", "available_offline", "read_records", "sha256_file",
-    "verify_checkpoint", "DownloadSettings", "check_url", "fetch_to_part", "file_lock", "part_path",
+    "verify_checkpoint", "entry_for_file", "DownloadSettings", "check_url", "fetch_to_part", "file_lock", "part_path",
 ]

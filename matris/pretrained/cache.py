@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import math
 import os
 import re
+import sys
 import urllib.parse
 import warnings
 from pathlib import Path
@@ -28,7 +28,7 @@ from ..errors import (
     VerificationError,
 )
 from . import registry as _registry
-from .download import _stderr_is_tty, check_url, fetch_to_part, file_lock
+from .download import _stderr_is_tty, check_url, fetch_to_part, file_lock, part_path
 from .registry import ModelEntry
 
 RECORDS = "checksums.json"
@@ -110,68 +110,51 @@ def _update_record(path: Path, sha: str | None, source: str | None) -> None:
 def verify_checkpoint(path: str | os.PathLike, entry: ModelEntry | None = None, label: str | None = None) -> str:
     """Check that ``path`` is what ``entry`` promises and return its sha256.
 
-    With ``entry.sha256`` only the hash is compared. Otherwise the file must load with
-    ``torch.load(weights_only=True)`` as a MatRIS checkpoint whose state_dict fits its
-    config, every key of ``entry.expected_config`` must match, and the built model must have
-    ``entry.num_params`` parameters. ``entry=None`` checks only that it is a valid checkpoint.
-    Raises :class:`VerificationError` naming ``label`` (default: the path), the expected and
-    the actual value.
+    Only published facts are checked: the size and sha256 of ``entry`` where it has them.
+    Without a hash the file must load with ``torch.load(weights_only=True)`` (any layout
+    the official loader reads) into the architecture of its own stored config, with a
+    strict state-dict match. ``entry=None`` checks only that. Raises
+    :class:`VerificationError` naming ``label`` (default: the path), the expected and the
+    actual value.
     """
     path = Path(path)
     label = label or str(path)
+    if entry is not None and entry.size is not None and path.stat().st_size != entry.size:
+        raise VerificationError(f"{label}: size mismatch: expected {entry.size:,} bytes, got {path.stat().st_size:,}")
     sha = sha256_file(path)
     if entry is not None and entry.sha256:
         if sha != entry.sha256.lower():
             raise VerificationError(f"{label}: sha256 mismatch: expected {entry.sha256.lower()}, got {sha}")
         return sha
-    import torch
-
     from ..model import MatRIS
+    from ..model import checkpoint as ckpt_io
 
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure means "not a safe checkpoint"
+        obj = ckpt_io.load_file(path)
+    except CheckpointError as exc:
         raise VerificationError(f"{label}: does not load with torch.load(weights_only=True) "
-                                f"({type(exc).__name__}: {str(exc)[:200]})") from exc
-    if not isinstance(ckpt, dict) or "config" not in ckpt or "state_dict" not in ckpt:
-        got = sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise VerificationError(f"{label}: not a MatRIS checkpoint: expected keys 'config' and 'state_dict', got {got}")
+                                f"({str(exc.__cause__ or exc)[:200]})") from exc
     try:
+        contents = ckpt_io.unpack(obj, label)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # unknown config keys: the checks below decide
-            model = MatRIS.from_state(ckpt["config"], ckpt["state_dict"], source=label)
+            warnings.simplefilter("ignore")  # unknown config keys: the strict state-dict match decides
+            MatRIS.from_state(contents.config, contents.state_dict, source=label)
     except (CheckpointError, TypeError, ValueError) as exc:
         raise VerificationError(f"{label}: not a valid MatRIS checkpoint: {exc}") from exc
-    if entry is not None:
-        for key, expected in entry.expected_config.items():
-            actual = getattr(model.config, key, ckpt["config"].get(key))
-            if not _same(actual, expected):
-                raise VerificationError(f"{label}: config {key} is {actual!r}, expected {expected!r} for {entry.name}")
-        if entry.num_params is not None:
-            count = sum(p.numel() for p in model.parameters())
-            if count != entry.num_params:
-                raise VerificationError(
-                    f"{label}: {count:,} parameters, expected {entry.num_params:,} for {entry.name}")
     return sha
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _check_cached(path: Path, entry: ModelEntry | None, source: str) -> str | None:
+def _check_cached(path: Path, entry: ModelEntry | None, sources: tuple[str, ...]) -> str | None:
     """``None`` if the cached ``path`` is intact, else why not. A file with a recorded hash is
     compared with it; a file without one (copied in by hand, records lost) is verified in full
     and then recorded."""
+    if entry is not None and entry.size is not None and path.stat().st_size != entry.size:
+        return f"size {path.stat().st_size:,} bytes, expected {entry.size:,}"
     if entry is not None and entry.sha256:
         actual = sha256_file(path)
         return None if actual == entry.sha256.lower() else f"sha256 {actual}, expected {entry.sha256.lower()}"
     record = read_records().get(_record_key(path))
-    if record and record.get("source") == source and record.get("sha256"):
+    if record and record.get("source") in sources and record.get("sha256"):
         size = path.stat().st_size
         if record.get("size") not in (None, size):
             return f"size {size} bytes, recorded {record['size']}"
@@ -181,7 +164,7 @@ def _check_cached(path: Path, entry: ModelEntry | None, source: str) -> str | No
         sha = verify_checkpoint(path, entry)
     except VerificationError as exc:
         return str(exc)
-    _update_record(path, sha, source)
+    _update_record(path, sha, sources[0])
     return None
 
 
@@ -202,7 +185,7 @@ def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None
     if entry.url is None:
         raise ModelUnavailableError(f"model {entry.name!r} cannot be downloaded: {entry.unavailable_reason}.")
     check_url(entry.url)
-    return _fetch(entry.url, cached_path(entry), entry, entry.name, force, progress)
+    return _fetch(entry.urls, cached_path(entry), entry, entry.name, force, progress)
 
 
 def fetch_url(url: str, *, force: bool = False, progress: bool | None = None) -> Path:
@@ -210,11 +193,12 @@ def fetch_url(url: str, *, force: bool = False, progress: bool | None = None) ->
     under :func:`url_cache_path` and verified as a MatRIS checkpoint that loads with
     ``weights_only=True``; its sha256 is recorded and checked on later loads."""
     check_url(url)
-    return _fetch(url, url_cache_path(url), None, url, force, progress)
+    return _fetch((url,), url_cache_path(url), None, url, force, progress)
 
 
-def _fetch(url: str, path: Path, entry: ModelEntry | None, what: str, force: bool, progress: bool | None) -> Path:
-    if path.exists() and not force and _check_cached(path, entry, url) is None:
+def _fetch(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: str, force: bool,
+           progress: bool | None) -> Path:
+    if path.exists() and not force and _check_cached(path, entry, urls) is None:
         return path
     if is_offline():
         if force:
@@ -222,9 +206,10 @@ def _fetch(url: str, path: Path, entry: ModelEntry | None, what: str, force: boo
                                f"drop --force/force=True to use the cached copy. {available_offline()}")
         if path.exists():
             raise OfflineError(f"the cached {what} ({path}) is corrupt and MATRIS_OFFLINE=1 forbids fetching it "
-                               f"again; unset MATRIS_OFFLINE to download it. {available_offline()}")
+                               f"again; unset MATRIS_OFFLINE to download it, or {_by_hand(urls, path)}. "
+                               f"{available_offline()}")
         raise OfflineError(f"{what} is not in the cache ({path.parent}) and MATRIS_OFFLINE=1 disables downloads; "
-                           f"unset MATRIS_OFFLINE to download it, or copy the file there. {available_offline()}")
+                           f"unset MATRIS_OFFLINE to download it, or {_by_hand(urls, path)}. {available_offline()}")
     if progress is None:
         progress = _stderr_is_tty()
     lock = path.with_name(path.name + ".lock")
@@ -232,19 +217,48 @@ def _fetch(url: str, path: Path, entry: ModelEntry | None, what: str, force: boo
         with file_lock(lock, f"waiting for another process downloading {what} (lock {lock})" if progress else None):
             if path.exists():
                 if not force:
-                    problem = _check_cached(path, entry, url)  # another process may have just fetched it
+                    problem = _check_cached(path, entry, urls)  # another process may have just fetched it
                     if problem is None:
                         return path
                     warnings.warn(f"cached {what} at {path} is corrupt ({problem}): deleting it and downloading it "
                                   "again", stacklevel=3)
                 path.unlink()
                 _update_record(path, None, None)
-            return _download_verified(url, path, entry, what, progress)
+            return _download_any(urls, path, entry, what, progress)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
             raise
         raise DownloadError(f"cannot write {what} to the cache at {path.parent} ({exc.strerror}); free some space or "
                             "set MATRIS_CACHE to a writable folder with room for the model") from exc
+
+
+def _by_hand(urls: tuple[str, ...], path: Path) -> str:
+    """How to install the file without our downloader."""
+    return (f"fetch it by hand (a browser, or curl -L -o FILE URL) from {' or '.join(urls)}, save it as {path}, and "
+            "set MATRIS_OFFLINE=1 so that matris uses that file without going to the network (it is verified when "
+            "loaded)")
+
+
+def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: str, progress: bool) -> Path:
+    """Try each URL in turn (a mirror after the primary). The error lists every URL's failure
+    and, unless every file arrived and failed verification, how to fetch the file by hand."""
+    failures: list[DownloadError] = []
+    for k, url in enumerate(urls):
+        if k:  # a partial file of another source is not trusted
+            part_path(path).unlink(missing_ok=True)
+            print(f"matris: downloading {what} from {urls[k - 1]} failed; trying {url}", file=sys.stderr, flush=True)
+        try:
+            return _download_verified(url, path, entry, what, progress)
+        except DownloadError as exc:
+            failures.append(exc)
+    if all(isinstance(exc, VerificationError) for exc in failures):
+        if len(failures) == 1:
+            raise failures[0]
+        raise VerificationError(" | ".join(map(str, failures))) from failures[-1]
+    text = str(failures[0]) if len(urls) == 1 else (
+        f"could not download {what} from any of its {len(urls)} URLs: "
+        + " | ".join(f"{url}: {exc}" for url, exc in zip(urls, failures)))
+    raise DownloadError(f"{text} Or {_by_hand(urls, path)}.") from failures[-1]
 
 
 def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str, progress: bool) -> Path:
@@ -336,6 +350,38 @@ def _existing_path(path: Path) -> Path:
     return path
 
 
+def entry_for_file(path: str | os.PathLike) -> ModelEntry | None:
+    """The registered model that the file at ``path`` is, or ``None``.
+
+    Matched by place (the entry's cache file), by content (same size and sha256 as the
+    entry's published hash, or as a download of it recorded in the cache; the hash is
+    computed only when a size matches), then by the official file name (e.g.
+    ``MatRIS_10M_OMAT.pth.tar``, as the official README links it). Lets a checkpoint loaded
+    from a path get the registry's facts (its targets) when the file itself does not say.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        resolved = path.resolve()
+    except OSError:
+        return None
+    entries = [e for e in _registry.REGISTRY if not e.bundled]
+    for e in entries:
+        if cached_path(e).resolve() == resolved:
+            return e
+    candidates = [(e, e.sha256.lower()) for e in entries if e.sha256 and e.size in (None, size)]
+    for record in read_records().values():
+        if record.get("size") == size and record.get("sha256"):
+            candidates += [(e, record["sha256"]) for e in entries if record.get("source") in e.urls]
+    if candidates:
+        sha = sha256_file(path)
+        for e, expected in candidates:
+            if expected == sha:
+                return e
+    name = path.name.lower()
+    return next((e for e in entries if e.filename and e.filename.lower() == name), None)
+
+
 # --------------------------------------------------------------------------------------- listing
 def model_info(entry: ModelEntry) -> dict[str, Any]:
     """What ``matris models`` shows for ``entry``: registry fields plus cache state
@@ -409,5 +455,5 @@ def _count_parameters(path: Path) -> int | None:
 __all__ = [
     "cache_dir", "is_offline", "cached_path", "url_cache_path", "sha256_file", "read_records",
     "verify_checkpoint", "fetch", "fetch_url", "resolve", "download", "model_info", "list_models",
-    "cached_models", "available_offline",
+    "cached_models", "available_offline", "entry_for_file",
 ]

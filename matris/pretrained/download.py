@@ -31,6 +31,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 CHUNK = 1 << 20  # bytes read per call
 # HTTP statuses worth retrying: the server or a proxy is busy or failed transiently.
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
 @dataclass(frozen=True)
@@ -203,38 +204,56 @@ def _attempt(opener, url: str, part: Path, timeout: float, progress: bool, label
 
     with response:
         status = getattr(response, "status", 200)
+        if status not in (200, 203, 206):
+            # 202 Accepted (a browser check: figshare's web form answers some networks so), 204, ...:
+            # a 2xx that carries no file. Nothing is written; another attempt may get the file.
+            raise _Retryable(f"HTTP {status} {getattr(response, 'reason', '') or ''} (an answer without the file)")
+        content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type in HTML_TYPES:
+            raise _Retryable(f"HTTP {status} with an HTML page (Content-Type {content_type}) instead of the file")
         length = response.headers.get("Content-Length")
         length = int(length) if length and length.isdigit() else None
-        if offset and status == 206:
+        resuming = bool(offset) and status == 206
+        if resuming:
             start, total = _content_range(response.headers.get("Content-Range"))
             if start != offset:  # a range we did not ask for: drop it and start over
                 part.unlink(missing_ok=True)
                 state["restarted"] = True
                 raise _Retryable(f"server answered a resume from byte {offset} with range start {start}")
-            mode = "ab"
         else:  # 200: the whole file, whether or not we asked for a range
-            offset, mode, total = 0, "wb", length
+            total = length
+        read = getattr(response, "read1", response.read)
+
+        def next_chunk(done: int) -> bytes:
+            try:  # read1: what has arrived (≤ CHUNK), so a timeout loses no received bytes
+                return read(CHUNK)
+            except (OSError, http.client.HTTPException) as exc:
+                raise _Retryable(f"connection lost after {done} bytes ({type(exc).__name__}: {exc})") from exc
+
+        # The first bytes decide whether this is the file at all, before anything on disk changes.
+        chunk = next_chunk(offset if resuming else 0)
+        if not chunk:
+            if not resuming:
+                _drop_empty(part)
+            raise _Retryable(f"HTTP {status} with an empty body")
+        if not resuming and chunk.lstrip()[:1] == b"<":
+            # a checkpoint starts with "PK" (zip) or a pickle opcode, never "<": a web page
+            raise _Retryable(f"HTTP {status} with an HTML/XML page instead of the file (starts {chunk.lstrip()[:30]!r})")
+        if not resuming:
+            offset = 0
             state["restarted"] = True
         if total is None and length is not None:
             total = offset + length
         bar = _progress_bar(progress, label, total, offset)
         written = offset
-        read = getattr(response, "read1", response.read)
         try:
-            with open(part, mode) as fh:
-                while True:
-                    try:
-                        # read1: what has arrived (≤ CHUNK), so a timeout loses no received bytes
-                        chunk = read(CHUNK)
-                    except (OSError, http.client.HTTPException) as exc:
-                        why = f"connection lost after {written} bytes ({type(exc).__name__}: {exc})"
-                        raise _Retryable(why) from exc
-                    if not chunk:
-                        break
+            with open(part, "ab" if resuming else "wb") as fh:
+                while chunk:
                     fh.write(chunk)
                     written += len(chunk)
                     if bar is not None:
                         bar.update(len(chunk))
+                    chunk = next_chunk(written)
                 fh.flush()
                 os.fsync(fh.fileno())
         finally:
@@ -244,7 +263,16 @@ def _attempt(opener, url: str, part: Path, timeout: float, progress: bool, label
         if written > total:  # cannot be a prefix of the file: start over
             part.unlink(missing_ok=True)
             state["restarted"] = True
-        raise _Retryable(f"connection closed after {written} of {total} bytes")
+        raise _Retryable(f"HTTP {status}: connection closed after {written} of {total} bytes")
+
+
+def _drop_empty(part: Path) -> None:
+    """Remove ``part`` if it holds no bytes: a 0-byte file is never left behind."""
+    try:
+        if part.stat().st_size == 0:
+            part.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _content_range(value: str | None) -> tuple[int | None, int | None]:
