@@ -46,7 +46,8 @@ class MatRISCalculator(Calculator):
 
     Properties: ``energy`` and ``free_energy`` (eV), ``forces`` (eV/Å), ``stress`` (ASE
     units eV/Å³, Voigt order xx yy zz yz xz xy; only for cells with a volume), ``magmoms``
-    (μB). The caller's Atoms are never modified.
+    (μB; only for models trained on them: with ``model.targets == "efs"`` ASE raises
+    ``PropertyNotImplementedError``). The caller's Atoms are never modified.
 
     Args:
         model: a :class:`MatRIS`, a checkpoint path, or None for the bundled demo model.
@@ -75,6 +76,9 @@ class MatRISCalculator(Calculator):
         else:
             self.model = MatRIS.load(model, device=self.device, dtype=self.dtype).eval()
         self.compute_stress = compute_stress
+        # a model trained without magnetic moments (targets "efs") does not offer them
+        self.implemented_properties = [p for p in type(self).implemented_properties
+                                       if p != "magmoms" or self.model.predicts_magmoms]
 
     def calculate(self, atoms=None, properties=None, system_changes=all_changes) -> None:
         properties = properties or ["energy"]
@@ -84,14 +88,15 @@ class MatRISCalculator(Calculator):
             [system], self.model.cutoff, self.model.three_body_cutoff, dtype=self.dtype, device=self.device
         )
         want_stress = self.compute_stress or "stress" in properties
-        out = self.model(graph, compute_forces=True, compute_stress=want_stress, compute_magmoms=True)
+        out = self.model(graph, compute_forces=True, compute_stress=want_stress)
         energy = float(out.energy[0])
         self.results = {
             "energy": energy,
             "free_energy": energy,
             "forces": out.forces.detach().cpu().numpy().astype(np.float64),
-            "magmoms": out.magmoms.detach().cpu().numpy().astype(np.float64),
         }
+        if out.magmoms is not None:
+            self.results["magmoms"] = out.magmoms.detach().cpu().numpy().astype(np.float64)
         if want_stress:
             stress = out.stress[0].detach().cpu().numpy().astype(np.float64)
             if not np.isnan(stress).any():

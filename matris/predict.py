@@ -20,7 +20,8 @@ class Prediction:
     """MatRIS output for one structure.
 
     energy: eV (total); energy_per_atom: eV/atom; forces: ``[N, 3]`` eV/Å; stress:
-    ``[3, 3]`` GPa, positive = tensile (None without a 3-D cell); magmoms: ``[N]`` μB.
+    ``[3, 3]`` GPa, positive = tensile (None without a 3-D cell); magmoms: ``[N]`` μB (None
+    for models trained without magnetic moments).
     """
 
     energy: float
@@ -52,14 +53,15 @@ def predict(
     batch_size: int = 16,
     compute_forces: bool = True,
     compute_stress: bool = True,
-    compute_magmoms: bool = True,
+    compute_magmoms: bool | None = None,
     progress: bool | None = None,
 ) -> list[Prediction] | Prediction:
     """Evaluate ``model`` on ASE Atoms or pymatgen Structures, ``batch_size`` at a time.
 
     A single structure gives a single :class:`Prediction`, a list gives a list in the same
     order. A batch that does not fit in memory is split in halves and retried; only a
-    single structure that does not fit raises. ``progress`` shows a bar (default: for
+    single structure that does not fit raises. ``compute_magmoms`` (default: when the model
+    was trained on them) gives ``magmoms=None`` otherwise. ``progress`` shows a bar (default: for
     lists of at least 64 structures).
     """
     single = not isinstance(structures, (list, tuple)) and not _is_iterable_of_structures(structures)

@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
         for a, p in zip(atoms, preds):
             fmax = float(np.linalg.norm(p.forces, axis=1).max())
             pressure = f"{-np.trace(p.stress) / 3:9.4f}" if p.stress is not None else f"{'-':>9s}"
+            # models trained without magnetic moments (targets efs) have none to show
+            magmoms = f"{float(np.abs(p.magmoms).sum()):10.4f}" if p.magmoms is not None else f"{'–':>10s}"
             print(f"{p.name[:28]:28s} {len(a):5d} {p.energy:14.6f} {p.energy_per_atom:12.6f} {fmax:14.6f} "
-                  f"{pressure} {float(np.abs(p.magmoms).sum()):10.4f}")
+                  f"{pressure} {magmoms}")
     if args.json_path:
         path = write_json(args.json_path, [p.to_dict() for p in preds])
         print(f"wrote {len(preds)} results to {path}", file=sys.stderr)

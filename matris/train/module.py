@@ -44,6 +44,9 @@ class MatRISModule(L.LightningModule):
         self.train_forces = bool(labels.get("forces")) and w.force_weight > 0
         self.train_stress = bool(labels.get("stress")) and w.stress_weight > 0
         self.train_magmoms = bool(labels.get("magmoms")) and w.magmom_weight > 0
+        # the exported model offers magnetic moments only if this run trained its magmom head
+        # (a fine-tuned backbone leaves an untrained head's outputs meaningless)
+        model.targets = "efsm" if self.train_magmoms else "efs"
         decay = config.optim.ema_decay
         self.ema_decay = float(decay) if decay else 0.0
         self.ema_model = None

@@ -66,8 +66,10 @@ def set_reference_energies(model: MatRIS, values: np.ndarray | None, name: str =
         model.reference_energy = None
         model.config.reference_energy = None
         return
-    if model.reference_energy is None:
-        model.reference_energy = ReferenceEnergy().to(device=model.device, dtype=model.dtype)
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if model.reference_energy is None or model.reference_energy.num_elements != len(values):
+        # e.g. a checkpoint with 89 reference energies refitted over all 94 elements
+        model.reference_energy = ReferenceEnergy(len(values)).to(device=model.device, dtype=model.dtype)
     with torch.no_grad():
         model.reference_energy.fc.weight.copy_(torch.as_tensor(values, dtype=model.dtype).reshape(1, -1))
     model.reference_energy.fc.weight.requires_grad_(False)
