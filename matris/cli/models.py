@@ -8,9 +8,13 @@ import sys
 
 HELP = "list the pretrained models: what is cached and where"
 DESCRIPTION = """\
-List the pretrained models MatRIS.load() and --model accept by name: parameters, training
-data, Matbench-Discovery metrics, license, and whether each is bundled, cached (with its
-path and size) or still to be downloaded. Names accept - or _ and any case.
+List the pretrained models MatRIS.load() and --model accept by name: the DFT functional and
+data they were trained on, their targets (efsm: energy, forces, stress and magnetic moments;
+efs: no magnetic moments), parameters, Matbench-Discovery F1, and whether each is bundled,
+cached (with its path and size) or still to be downloaded. Names accept - or _ and any
+case; the official package's keys (matris_10m_oam, matris_4m_matpes_r2scanv2, ...) work too.
+--json adds download URLs (figshare's API, then the GitHub release), sha256 where published,
+licences and descriptions.
 
 The cache is $MATRIS_CACHE, else $XDG_CACHE_HOME/matris, else ~/.cache/matris. With
 MATRIS_OFFLINE=1 nothing is downloaded.
@@ -23,14 +27,16 @@ DOWNLOAD_HELP = "download pretrained models into the cache (verified) and print 
 DOWNLOAD_DESCRIPTION = """\
 Download pretrained models by name (see 'matris models') into the cache and print the path
 of each file, one a line. A download resumes where an interrupted one stopped, is retried on
-network errors, and is verified (sha256, or config and parameter count) before it is stored;
-a cached file is checked and fetched again if it is corrupt. An https:// URL is accepted too.
+network errors (and when a server answers with a page instead of the file), and is verified
+(published size and sha256, else a strict load of the file's own architecture) before it is
+stored; a cached file is checked and fetched again if it is corrupt. If every attempt fails
+the error says where to fetch the file by hand and where to put it. An https:// URL is
+accepted too.
 
   matris download matris-10m-oam
   matris download matris_10m_mp matris-10m-oam --force
 """
 
-METRIC_LABELS = {"F1": "F1", "kappa_SRME": "κ_SRME", "RMSD": "RMSD"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,32 +59,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"cache_dir": str(cache_dir()), "offline": is_offline(), "models": models}, indent=1))
         return 0
-    print(f"cache: {cache_dir()}{'  (MATRIS_OFFLINE=1: no downloads)' if is_offline() else ''}")
-    for m in models:
-        print()
-        aliases = f"  (also: {', '.join(m['aliases'])})" if m["aliases"] else ""
-        print(f"{m['name']}{aliases}")
-        facts = [f"{m['num_params']:,} parameters" if m["num_params"] else None, m["training_data"] or None,
-                 m["license"]]
-        print("    " + " · ".join(f for f in facts if f))
-        if m["metrics"]:
-            metrics = ", ".join(f"{METRIC_LABELS.get(k, k)} {v}" for k, v in m["metrics"].items())
-            print(f"    {m['benchmark'] or 'metrics'}: {metrics}")
-        if m["description"]:
-            print(f"    {m['description']}")
-        print(f"    {_status(m)}")
-    print("\nLoad one with MatRIS.load(NAME) or --model NAME; fetch ahead with 'matris download NAME'.")
+    print(f"cache: {cache_dir()}{'  (MATRIS_OFFLINE=1: no downloads)' if is_offline() else ''}\n")
+    header = ("name", "functional", "trained on", "targets", "params", "F1", "status")
+    rows = [(m["name"], m["functional"] or "–", m["training_data"] or "–", m["targets"],
+             f"{m['num_params']:,}" if m["num_params"] else "–",
+             f"{m['metrics']['F1']:.3f}" if "F1" in m["metrics"] else "–", m["status"]) for m in models]
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print("\ntargets: e energy, f forces, s stress, m magnetic moments (efs models offer no magmoms).")
+    print("F1: Matbench-Discovery (unique prototypes). Official keys (e.g. matris_10m_oam) work as names too.")
+    here = [m for m in models if m["status"] in ("bundled", "cached")]
+    if here:
+        print("\non this machine:")
+        for m in here:
+            print(f"  {m['name']}: {m['path']} ({_size(m['size_bytes'])})")
+    print("\nLoad one with MatRIS.load(NAME) or --model NAME; fetch ahead with 'matris download NAME';")
+    print("'matris models --json' lists download URLs, hashes, licences and descriptions.")
     return 0
-
-
-def _status(m: dict) -> str:
-    if m["status"] == "bundled":
-        return f"bundled: {m['path']} ({_size(m['size_bytes'])})"
-    if m["status"] == "cached":
-        return f"cached: {m['path']} ({_size(m['size_bytes'])})"
-    if m["status"] == "unavailable":
-        return "not available: no public download URL yet"
-    return f"not cached (downloads from {m['url']} to {m['path']})"
 
 
 def _size(n: int | None) -> str:

@@ -390,7 +390,7 @@ def model_info(entry: ModelEntry) -> dict[str, Any]:
     path = cached_path(entry)
     exists = path.is_file()
     num_params = entry.num_params
-    if num_params is None and entry.bundled and exists:
+    if num_params is None and exists:  # counted from the file at hand
         num_params = _count_parameters(path)
     if entry.bundled:
         status = "bundled"
@@ -402,15 +402,22 @@ def model_info(entry: ModelEntry) -> dict[str, Any]:
         status = "not cached"
     return {
         "name": entry.name,
+        "official_key": entry.official_key,
         "aliases": list(entry.aliases),
         "description": entry.description,
+        "functional": entry.functional,
+        "targets": entry.targets,
         "num_params": num_params,
         "training_data": entry.training_data,
         "benchmark": entry.benchmark,
         "metrics": dict(entry.metrics),
         "license": entry.license,
         "url": entry.url,
+        "mirrors": list(entry.mirrors),
+        "figshare_id": entry.figshare_id,
+        "filename": entry.cache_filename,
         "sha256": entry.sha256,
+        "published_size_bytes": entry.size,
         "status": status,
         "cached": exists,
         "path": str(path),
