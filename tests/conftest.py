@@ -46,3 +46,14 @@ def random_system(rng, n=6, a=4.2, z=(14, 8, 26), pbc=True, rattle=0.25) -> Atom
     frac = grid + rng.normal(scale=rattle / a, size=grid.shape)
     numbers = rng.choice(z, size=n)
     return AtomicSystem(frac @ cell, cell, pbc, numbers, "random")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private model cache; downloads without waits between retries; no offline mode leaking in."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("MATRIS_CACHE", str(folder))
+    monkeypatch.delenv("MATRIS_OFFLINE", raising=False)
+    monkeypatch.setenv("MATRIS_DOWNLOAD_BACKOFF", "0")
+    monkeypatch.setenv("MATRIS_DOWNLOAD_TIMEOUT", "10")
+    return folder

@@ -153,17 +153,6 @@ def server(checkpoint):
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A private cache; fast retries; no offline mode leaking in."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("MATRIS_CACHE", str(folder))
-    monkeypatch.delenv("MATRIS_OFFLINE", raising=False)
-    monkeypatch.setenv("MATRIS_DOWNLOAD_BACKOFF", "0")
-    monkeypatch.setenv("MATRIS_DOWNLOAD_TIMEOUT", "10")
-    return folder
-
-
-@pytest.fixture
 def entry(server, checkpoint, cache):
     """A registry entry ("test-tiny") pointing at the local server, removed afterwards."""
     e = pt.ModelEntry(name="test-tiny", url=server.url("tiny.pth.tar"), num_params=checkpoint[1],

@@ -101,15 +101,9 @@ def server():
     srv.close()
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("MATRIS_CACHE", str(folder))
-    monkeypatch.delenv("MATRIS_OFFLINE", raising=False)
-    monkeypatch.setenv("MATRIS_DOWNLOAD_BACKOFF", "0")
+@pytest.fixture(autouse=True)
+def few_retries(monkeypatch):
     monkeypatch.setenv("MATRIS_DOWNLOAD_RETRIES", "3")
-    monkeypatch.setenv("MATRIS_DOWNLOAD_TIMEOUT", "10")
-    return folder
 
 
 @pytest.fixture
