@@ -139,9 +139,11 @@ def fetch_to_part(url: str, dest: str | os.PathLike, *, progress: bool | None = 
     Returns ``(part, resumed)``: ``resumed`` says whether the final data include bytes
     received before this call's first request (from a ``Range`` resume of an earlier run).
     ``progress``: show a tqdm bar on stderr (``None``: only when stderr is a terminal).
-    Network errors, timeouts, short bodies and HTTP 408/429/5xx are retried
-    ``settings.retries`` times with exponential backoff; other HTTP errors raise
-    :class:`DownloadError` at once. The caller must hold the lock of ``dest``.
+    Network errors, timeouts, short bodies, HTTP 408/429/5xx, and answers that carry no file
+    (a 2xx other than 200/203/206 such as figshare's 202 browser check, an empty body, an
+    HTML page) are retried ``settings.retries`` times with exponential backoff; such answers
+    never touch ``part``. Other HTTP errors raise :class:`DownloadError` at once. The caller
+    must hold the lock of ``dest``.
     """
     check_url(url)
     settings = settings or DownloadSettings.from_env()
@@ -233,8 +235,6 @@ def _attempt(opener, url: str, part: Path, timeout: float, progress: bool, label
         # The first bytes decide whether this is the file at all, before anything on disk changes.
         chunk = next_chunk(offset if resuming else 0)
         if not chunk:
-            if not resuming:
-                _drop_empty(part)
             raise _Retryable(f"HTTP {status} with an empty body")
         if not resuming and chunk.lstrip()[:1] == b"<":
             # a checkpoint starts with "PK" (zip) or a pickle opcode, never "<": a web page
@@ -264,15 +264,6 @@ def _attempt(opener, url: str, part: Path, timeout: float, progress: bool, label
             part.unlink(missing_ok=True)
             state["restarted"] = True
         raise _Retryable(f"HTTP {status}: connection closed after {written} of {total} bytes")
-
-
-def _drop_empty(part: Path) -> None:
-    """Remove ``part`` if it holds no bytes: a 0-byte file is never left behind."""
-    try:
-        if part.stat().st_size == 0:
-            part.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def _content_range(value: str | None) -> tuple[int | None, int | None]:
