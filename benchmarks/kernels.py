@@ -263,7 +263,7 @@ def kernel_specs():
     for fp in ("fp32", "fp64"):
         ptr = f"*{fp}"
         specs.append((f"softmax_aggregate_fwd[{fp}]", S.softmax_aggregate_fwd_kernel,
-                      dict(logits_ptr=ptr, msg_ptr=ptr, order_ptr="*i32", offsets_ptr="*i32", out_ptr=ptr,
+                      dict(logits_ptr=ptr, msg_ptr=ptr, order_ptr="*i64", offsets_ptr="*i64", out_ptr=ptr,
                            lse_ptr=ptr, C="i32", BLOCK_E="constexpr", BLOCK_C="constexpr"),
                       dict(BLOCK_E=S.FWD_BLOCK_E, BLOCK_C=S.FWD_BLOCK_C)))
         specs.append((f"softmax_aggregate_bwd[{fp}]", S.softmax_aggregate_bwd_kernel,
@@ -276,12 +276,13 @@ def kernel_specs():
             specs.append((f"bessel[{tag}]", B.bessel_kernel,
                           dict(r_ptr=ptr, f_ptr=ptr, out_ptr=ptr, grad_ptr=ptr, grad_r_ptr=ptr, consts_ptr=ptr,
                                n_rows="i32", K="constexpr", KP="constexpr", P="constexpr", BACKWARD="constexpr",
-                               BLOCK="constexpr"),
-                          dict(K=7, KP=8, P=8, BACKWARD=backward, BLOCK=B.BLOCK_ROWS)))
+                               FREQ_GRAD="constexpr", BLOCK="constexpr"),
+                          dict(K=7, KP=8, P=8, BACKWARD=backward, FREQ_GRAD=backward, BLOCK=B.BLOCK_ROWS)))
             specs.append((f"fourier[{tag}]", B.fourier_kernel,
                           dict(t_ptr=ptr, f_ptr=ptr, out_ptr=ptr, grad_ptr=ptr, grad_t_ptr=ptr, consts_ptr=ptr,
-                               n_rows="i32", M="constexpr", MP="constexpr", BACKWARD="constexpr", BLOCK="constexpr"),
-                          dict(M=3, MP=4, BACKWARD=backward, BLOCK=B.BLOCK_ROWS)))
+                               n_rows="i32", M="constexpr", MP="constexpr", BACKWARD="constexpr",
+                               FREQ_GRAD="constexpr", BLOCK="constexpr"),
+                          dict(M=3, MP=4, BACKWARD=backward, FREQ_GRAD=backward, BLOCK=B.BLOCK_ROWS)))
             specs.append((f"sh[{tag}]", B.sh_kernel,
                           dict(t_ptr=ptr, rho_ptr=ptr, coef_ptr=ptr, out_ptr=ptr, grad_ptr=ptr, grad_t_ptr=ptr,
                                grad_rho_ptr=ptr, consts_ptr=ptr, n_rows="i32", MAX_L="constexpr",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import triton_available, use_triton
+from .backend import check_dtype, triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
 
 
@@ -32,8 +32,9 @@ class Segments:
     """Edges grouped by a node index, with the CSR view the Triton kernels need.
 
     index: ``[E]`` int64 node of each edge; num_segments: number of nodes;
-    order: ``[E]`` edges sorted by node (stable); offsets: ``[num_segments + 1]`` int32
-    start of each node's edges in ``order``.
+    order: ``[E]`` int64 edges sorted by node (stable); offsets: ``[num_segments + 1]`` int64
+    start of each node's edges in ``order`` (int64 like every offset the kernels compute:
+    segment × channel products pass 2³¹ on the line graphs of large cells).
     """
 
     index: torch.Tensor
@@ -43,11 +44,19 @@ class Segments:
 
     @classmethod
     def from_index(cls, index: torch.Tensor, num_segments: int) -> "Segments":
-        order = torch.sort(index, stable=True).indices
-        counts = torch.bincount(index, minlength=num_segments)
-        offsets = torch.zeros(num_segments + 1, dtype=torch.int64, device=index.device)
-        offsets[1:] = torch.cumsum(counts, 0)
-        return cls(index, num_segments, order.to(torch.int32), offsets.to(torch.int32))
+        """Sort once; the offsets come from a binary search of the sorted index (no host
+        synchronisation: ``bincount`` would read the maximum back on CUDA)."""
+        sorted_index, order = torch.sort(index, stable=True)
+        bounds = torch.arange(num_segments + 1, dtype=sorted_index.dtype, device=index.device)
+        offsets = torch.searchsorted(sorted_index, bounds)
+        return cls(index, num_segments, order, offsets)
+
+    def permuted(self, index: torch.Tensor, shift: int) -> "Segments":
+        """The segments of ``index[k] = self.index[(k + shift) mod E]`` without a second sort:
+        the same offsets, the order shifted back (directed edges by source from the edges
+        by target, as edge ``k + B`` is edge ``k`` reversed)."""
+        e = self.order.shape[0]
+        return Segments(index, self.num_segments, (self.order + (e - shift)) % e if e else self.order, self.offsets)
 
 
 def softmax_aggregate_reference(logits: torch.Tensor, messages: torch.Tensor, index: torch.Tensor,
@@ -72,6 +81,7 @@ def softmax_aggregate(logits: torch.Tensor, messages: torch.Tensor, segments: Se
         index, num_segments = segments.index, segments.num_segments
     if not use_triton(logits.device, backend) or logits.shape[0] == 0:
         return softmax_aggregate_reference(logits, messages, index, num_segments)
+    check_dtype(logits, messages)
     if isinstance(segments, torch.Tensor):
         segments = Segments.from_index(index, num_segments)
     out, _ = _SoftmaxAggregate.apply(logits, messages, segments)
@@ -114,8 +124,8 @@ if triton_available():
     def softmax_aggregate_fwd_kernel(logits_ptr, msg_ptr, order_ptr, offsets_ptr, out_ptr, lse_ptr, C,
                                      BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
         """One program per (segment, block of channels): online softmax over the segment's edges."""
-        seg = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        seg = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = cols < C
         start = tl.load(offsets_ptr + seg)
         end = tl.load(offsets_ptr + seg + 1)
@@ -151,8 +161,8 @@ if triton_available():
     def softmax_aggregate_bwd_kernel(logits_ptr, msg_ptr, index_ptr, out_ptr, lse_ptr, gout_ptr, glse_ptr,
                                      glogits_ptr, gmsg_ptr, E, C, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
         """Edge-parallel backward: recompute p from the saved log-sum-exp, no reductions."""
-        eids = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        eids = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         emask = eids < E
         mask = emask[:, None] & (cols < C)[None, :]
         seg = tl.load(index_ptr + eids, mask=emask, other=0)

@@ -66,3 +66,14 @@ def device_constants(values: tuple, dtype: torch.dtype, device: torch.device) ->
     """``torch.tensor(values)`` on ``device``, made once: kernel launches on the hot path read
     their constants from it instead of copying them to the device on every call."""
     return torch.tensor(values, dtype=dtype, device=device)
+
+
+KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def check_dtype(*tensors: torch.Tensor) -> None:
+    """Refuse, before any launch, dtypes the fused kernels do not implement (half precision)."""
+    for t in tensors:
+        if t is not None and t.dtype not in KERNEL_DTYPES:
+            raise TypeError(f"the fused MatRIS kernels take float32 or float64 tensors, got {t.dtype}; cast to "
+                            "float32 (half precision cannot resolve the force and stress derivatives)")

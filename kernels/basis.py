@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .backend import device_constants, recompute_backward, triton_available
+from .backend import check_dtype, device_constants, recompute_backward, triton_available
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -45,14 +45,16 @@ def sh_reference(theta, rho, factor, max_l: int, max_n: int):
 @functools.lru_cache(maxsize=16)
 def sh_coefficient_table(dtype, device) -> torch.Tensor:
     """``[4, 4, 8]`` coefficients c_i of R_{n,j}, zero-padded, as their float32 values.
-    Made once per dtype and device (read-only; every SH launch uses it)."""
+    Made once per dtype and device, directly on ``device`` (read-only; every SH launch uses it)."""
     from matris.model.basis import SH_RADIAL_COEFFICIENTS
 
-    table = torch.zeros(4, 4, 8, dtype=torch.float64)
-    for n, rows in enumerate(SH_RADIAL_COEFFICIENTS):
-        for j, coeffs in enumerate(rows):
-            table[n, j, : len(coeffs)] = torch.tensor(coeffs, dtype=torch.float64)
-    return table.to(device=device, dtype=dtype).contiguous()
+    rows = [[[float(c) for c in coeffs] + [0.0] * (8 - len(coeffs)) for coeffs in n_rows] for n_rows in SH_RADIAL_COEFFICIENTS]
+    return torch.tensor(rows, dtype=torch.float64, device=device).to(dtype).contiguous()
+
+
+# the SH angular normalisations sqrt((2l+1)/(4π))-type factors of l = 0..3, as the kernel reads them
+SH_NORMS = (0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqrt(5 / (16 * math.pi)),
+            math.sqrt(7 / (16 * math.pi)))
 
 
 # ---------------------------------------------------------------------------- autograd
@@ -68,8 +70,9 @@ class _Bessel(torch.autograd.Function):
         r, freq = ctx.saved_tensors
         if torch.is_grad_enabled():
             return (*recompute_backward(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad), None, None)
-        grad_r, grad_f = _launch_bessel(r.contiguous(), freq.contiguous(), ctx.cutoff, ctx.p, grad.contiguous())
-        return grad_r, grad_f.sum(0), None, None
+        want_f = ctx.needs_input_grad[1]  # frozen frequencies (inference): no per-element sums
+        grad_r, grad_f = _launch_bessel(r.contiguous(), freq.contiguous(), ctx.cutoff, ctx.p, grad.contiguous(), want_f)
+        return grad_r, grad_f.sum(0) if want_f else None, None, None
 
 
 class _Fourier(torch.autograd.Function):
@@ -83,8 +86,9 @@ class _Fourier(torch.autograd.Function):
         theta, freq = ctx.saved_tensors
         if torch.is_grad_enabled():
             return recompute_backward(fourier_reference, (theta, freq), grad)
-        grad_t, grad_f = _launch_fourier(theta.contiguous(), freq.contiguous(), grad.contiguous())
-        return grad_t, grad_f.sum(0)
+        want_f = ctx.needs_input_grad[1]
+        grad_t, grad_f = _launch_fourier(theta.contiguous(), freq.contiguous(), grad.contiguous(), want_f)
+        return grad_t, grad_f.sum(0) if want_f else None
 
 
 class _SH(torch.autograd.Function):
@@ -106,16 +110,19 @@ class _SH(torch.autograd.Function):
 
 def bessel(r, frequencies, cutoff: float, p: int):
     """``[B]`` → ``[B, K]`` Bessel × envelope (fused)."""
+    check_dtype(r)
     return _Bessel.apply(r, frequencies, float(cutoff), int(p))
 
 
 def fourier(theta, frequencies):
     """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (fused)."""
+    check_dtype(theta)
     return _Fourier.apply(theta, frequencies)
 
 
 def spherical(theta, rho, factor, max_l: int, max_n: int):
     """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (fused)."""
+    check_dtype(theta, rho)
     return _SH.apply(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
 
 
@@ -142,12 +149,13 @@ if triton_available():
     @triton.jit
     def bessel_kernel(r_ptr, f_ptr, out_ptr, grad_ptr, grad_r_ptr, consts_ptr, n_rows,
                       K: tl.constexpr, KP: tl.constexpr, P: tl.constexpr, BACKWARD: tl.constexpr,
-                      BLOCK: tl.constexpr):
-        """Forward: out[b, k]. Backward: grad_r[b] and per-element ∂/∂freq · grad into out.
+                      FREQ_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+        """Forward: out[b, k]. Backward: grad_r[b] and, with FREQ_GRAD, per-element ∂/∂freq · grad
+        into out (skipped when the frequencies need no gradient, as in inference).
         consts: [cutoff, sqrt(2/cutoff)] in the working dtype (scalar arguments would be fp32)."""
         cutoff = tl.load(consts_ptr)
         norm = tl.load(consts_ptr + 1)
-        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, KP)
         rmask = rows < n_rows
         mask = rmask[:, None] & (cols < K)[None, :]
@@ -165,18 +173,20 @@ if triton_available():
             d_r = norm * (cos_x * freq[None, :] / cutoff / rr * env[:, None] - sin_x / (rr * rr) * env[:, None]
                           + sin_x / rr * denv[:, None] / cutoff)
             tl.store(grad_r_ptr + rows, tl.sum(tl.where(mask, g * d_r, 0.0), axis=1), mask=rmask)
-            d_f = norm * cos_x * s[:, None] / rr * env[:, None]
-            tl.store(out_ptr + offs, g * d_f, mask=mask)
+            if FREQ_GRAD:
+                d_f = norm * cos_x * s[:, None] / rr * env[:, None]
+                tl.store(out_ptr + offs, g * d_f, mask=mask)
         else:
             tl.store(out_ptr + offs, norm * sin_x / r[:, None] * env[:, None], mask=mask)
 
     @triton.jit
     def fourier_kernel(t_ptr, f_ptr, out_ptr, grad_ptr, grad_t_ptr, consts_ptr, n_rows,
-                       M: tl.constexpr, MP: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+                       M: tl.constexpr, MP: tl.constexpr, BACKWARD: tl.constexpr, FREQ_GRAD: tl.constexpr,
+                       BLOCK: tl.constexpr):
         """Columns: [c, sin(f_1θ)…sin(f_mθ), cos(f_1θ)…cos(f_mθ)] / √π; consts: [c, 1/√π]."""
         const = tl.load(consts_ptr)
         inv_sqrt_pi = tl.load(consts_ptr + 1)
-        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, MP)
         rmask = rows < n_rows
         mask = rmask[:, None] & (cols < M)[None, :]
@@ -192,7 +202,8 @@ if triton_available():
             g_cos = tl.load(grad_ptr + base + 1 + M + cols[None, :], mask=mask, other=0.0)
             common = (g_sin * cos_x - g_cos * sin_x) * inv_sqrt_pi
             tl.store(grad_t_ptr + rows, tl.sum(tl.where(mask, common * freq[None, :], 0.0), axis=1), mask=rmask)
-            tl.store(out_ptr + rows.to(tl.int64)[:, None] * M + cols[None, :], common * theta[:, None], mask=mask)
+            if FREQ_GRAD:
+                tl.store(out_ptr + rows.to(tl.int64)[:, None] * M + cols[None, :], common * theta[:, None], mask=mask)
         else:
             tl.store(out_ptr + rows.to(tl.int64) * width, tl.zeros_like(theta) + const * inv_sqrt_pi, mask=rmask)
             tl.store(out_ptr + base + 1 + cols[None, :], sin_x * inv_sqrt_pi, mask=mask)
@@ -255,7 +266,7 @@ if triton_available():
         """Feature k = n·max_l + j is R_{n,j}(ρ)·Y_{k // max_n}(cos θ)·factor;
         consts: [factor, Y_0…Y_3 normalisations] in the working dtype."""
         factor = tl.load(consts_ptr)
-        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         rmask = rows < n_rows
         theta = tl.load(t_ptr + rows, mask=rmask, other=0.0)
         rho = tl.load(rho_ptr + rows, mask=rmask, other=1.0)
@@ -282,39 +293,40 @@ def _grid(n):
     return (max(1, triton.cdiv(n, BLOCK_ROWS)),)
 
 
-def _launch_bessel(r, freq, cutoff, p, grad):
+def _launch_bessel(r, freq, cutoff, p, grad, freq_grad=True):
     n, k = r.shape[0], freq.shape[0]
-    out = torch.empty((n, k), dtype=r.dtype, device=r.device)
+    out = torch.empty((n, k) if grad is None or freq_grad else (0, k), dtype=r.dtype, device=r.device)
     grad_r = torch.empty_like(r) if grad is not None else r
     if n:
         consts = device_constants((cutoff, math.sqrt(2 / cutoff)), r.dtype, r.device)
         bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, consts, n, K=k, KP=triton.next_power_of_2(k), P=p,
-                                BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
+                                BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad, BLOCK=BLOCK_ROWS)
     return (grad_r, out) if grad is not None else out
 
 
-def _launch_fourier(theta, freq, grad):
+def _launch_fourier(theta, freq, grad, freq_grad=True):
     from matris.model.basis import FOURIER_CONSTANT
 
     n, m = theta.shape[0], freq.shape[0]
     if grad is None:
         out = torch.empty((n, 2 * m + 1), dtype=theta.dtype, device=theta.device)
     else:
-        out = torch.empty((n, m), dtype=theta.dtype, device=theta.device)
+        out = torch.empty((n if freq_grad else 0, m), dtype=theta.dtype, device=theta.device)
     grad_t = torch.empty_like(theta) if grad is not None else theta
     if n:
         consts = device_constants((FOURIER_CONSTANT, 1 / SQRT_PI), theta.dtype, theta.device)
         fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n, M=m, MP=max(1, triton.next_power_of_2(m)),
-                                 BACKWARD=grad is not None, BLOCK=BLOCK_ROWS)
+                                 BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad,
+                                 BLOCK=BLOCK_ROWS)
     return (grad_t, out) if grad is not None else out
 
 
 def _launch_sh(theta, rho, factor, max_l, max_n, grad):
     n = theta.shape[0]
     coef = sh_coefficient_table(theta.dtype, theta.device)
-    norms = [0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqrt(5 / (16 * math.pi)),
-             math.sqrt(7 / (16 * math.pi))]
-    consts = torch.cat([factor.reshape(1).to(theta.dtype), torch.tensor(norms, dtype=theta.dtype)]).to(theta.device)
+    # factor is the model's buffer (on the device already); the norms are made once per device
+    consts = torch.cat([factor.reshape(1).to(device=theta.device, dtype=theta.dtype),
+                        device_constants(SH_NORMS, theta.dtype, theta.device)])
     if grad is None:
         out = torch.empty((n, max_l * max_n), dtype=theta.dtype, device=theta.device)
         if n:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import device_constants, recompute_backward, triton_available, use_triton
+from .backend import check_dtype, device_constants, recompute_backward, triton_available, use_triton
 
 ACTIVATIONS = ("silu", "relu", "gelu", "softplus", "sigmoid", "tanh")
 NORMS = ("rms", "layer")
@@ -72,6 +72,7 @@ def gated_epilogue(core, gate, core_weight, core_bias, gate_weight, gate_bias, n
         raise ValueError(f"unknown activation {act!r}; use one of {ACTIVATIONS}")
     if not use_triton(core.device, backend) or core.shape[0] == 0:
         return gated_epilogue_reference(core, gate, core_weight, core_bias, gate_weight, gate_bias, norm, act, eps)
+    check_dtype(core, gate)
     if eps is None:
         eps = torch.finfo(core.dtype).eps if norm == "rms" else 1e-5
     if norm == "rms":  # one kernel signature for both norms: zero biases are never read
@@ -163,7 +164,7 @@ if triton_available():
         """``ITERS`` tiles of ``[BLOCK_R, BLOCK_D]`` rows per program (small tiles keep the
         registers per thread low). Forward writes out; backward writes the input gradients and,
         with WEIGHT_GRAD, this program's sums of (dz·x̂, dz) for both norms."""
-        pid = tl.program_id(0)
+        pid = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_D)
         cmask = cols < D
         eps = tl.load(eps_ptr)

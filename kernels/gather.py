@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import recompute_backward, triton_available, use_triton
+from .backend import check_dtype, recompute_backward, triton_available, use_triton
 from .epilogue import ACT_CODE, ACTIVATIONS, _activate
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
@@ -56,6 +56,7 @@ def gather_sum_activate(terms: list[Term], bias: torch.Tensor | None, act: str,
     n_rows = first.shape[0] if first_index is None else first_index.shape[0]
     if not use_triton(first.device, backend) or n_rows == 0:
         return gather_sum_activate_reference(terms, bias, act)
+    check_dtype(*(p for p, _ in terms))
     flat = [t for term in terms for t in term]
     return _GatherSumActivate.apply(bias, act, len(terms), n_rows, *flat)
 
@@ -123,8 +124,8 @@ if triton_available():
                           IDX3: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BACKWARD: tl.constexpr,
                           BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
         """Forward: out = act(pre); backward: out = grad ⊙ act'(pre); pre = Σ_k p_k[i_k] + bias."""
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
         rmask = rows < n_rows
         cmask = cols < H
         mask = rmask[:, None] & cmask[None, :]

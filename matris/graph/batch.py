@@ -84,13 +84,36 @@ class GraphBatch:
         """``[B]`` structure of each bond."""
         return self.atom_batch[self.bond_target]
 
+    def segments(self) -> tuple[tuple, tuple | None]:
+        """CSR layouts of the atom graph and the line graph, each ``(by target, by source)``
+        :class:`matris.kernels.Segments` (line graph: None without angles), for the fused
+        aggregation. Built once per batch on its device, without host synchronisation, and
+        reused by every block and every call: directed edges by source come from those by
+        target without a second sort (edge ``k + B`` is edge ``k`` reversed)."""
+        cached = self.__dict__.get("_segments")
+        if cached is None:
+            from ..kernels import Segments
+
+            n_b = self.num_bonds
+            by_target = Segments.from_index(self.edge_target, self.num_atoms)
+            atom = (by_target, by_target.permuted(self.edge_source, n_b))
+            line = None
+            if self.num_angles:
+                line = (Segments.from_index(self.angle_target_edge % n_b, n_b),
+                        Segments.from_index(self.angle_source_edge % n_b, n_b))
+            cached = self.__dict__["_segments"] = (atom, line)
+        return cached
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "GraphBatch":
         """Move to ``device``; floating tensors (positions, cell, images) to ``dtype``."""
         out = {}
         for f in fields(self):
             t = getattr(self, f.name)
             out[f.name] = t.to(device=device, dtype=dtype if (dtype is not None and t.is_floating_point()) else None)
-        return GraphBatch(**out)
+        moved = GraphBatch(**out)
+        if "_segments" in self.__dict__ and moved.atomic_numbers.device == self.atomic_numbers.device:
+            moved.__dict__["_segments"] = self.__dict__["_segments"]  # integer layouts: device-bound only
+        return moved
 
     @staticmethod
     def from_systems(

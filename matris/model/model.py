@@ -15,7 +15,7 @@ from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..targets import DEFAULT_TARGETS, normalize_targets
-from ..kernels import Segments, scatter_sum, use_triton
+from ..kernels import scatter_sum, use_triton
 from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
@@ -177,13 +177,45 @@ class MatRIS(nn.Module):
             create_graph = self.training
         if compute_magmoms is None:
             compute_magmoms = self.predicts_magmoms
+        self.check_precision()
         self.check_elements(graph)
         g = graph if graph.positions.dtype == self.dtype and graph.positions.device == self.device else graph.to(
             self.device, self.dtype
         )
         # forces and stress are derivatives: they need autograd even under torch.no_grad()
         with torch.enable_grad() if (compute_forces or compute_stress) else contextlib.nullcontext():
-            return self._forward(g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features)
+            # Without create_graph the outputs are detached, so no weight gradient can ever be
+            # asked for: freezing the weights for the call lets the fused backwards skip them.
+            with contextlib.nullcontext() if create_graph else self._frozen_weights():
+                return self._forward(g, compute_forces, compute_stress, compute_magmoms, create_graph,
+                                     return_node_features)
+
+    @contextlib.contextmanager
+    def _frozen_weights(self):
+        """``requires_grad=False`` on every trainable parameter for the duration, then restored."""
+        thawed = [p for p in self.parameters() if p.requires_grad]
+        for p in thawed:
+            p.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for p in thawed:
+                p.requires_grad_(True)
+
+    def check_precision(self) -> None:
+        """Refuse half precision (a bf16/fp16 model, or autocast) with a clear error before any
+        kernel runs: forces and stress are derivatives that need float32 or float64."""
+        problem = None
+        if self.dtype not in (torch.float32, torch.float64):
+            problem = f"the model is in {self.dtype}"
+        elif torch.is_autocast_enabled(self.device.type):
+            problem = f"autocast is enabled on {self.device.type}"
+        if problem:
+            raise MatRISInputError(
+                f"{problem}: MatRIS runs in float32 or float64 only (forces and stress are derivatives that half "
+                "precision cannot resolve, and the fused kernels take only those). Use model.to(torch.float32) or "
+                "float64 and run outside torch.autocast; for faster float32 GEMMs on GPU use TF32 "
+                "(trainer.precision: tf32).")
 
     def _forward(self, g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features):
         n_struct = g.num_structures
@@ -215,9 +247,9 @@ class MatRIS(nn.Module):
         rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
         a = self.three_body_embedding(theta, rho, self.kernel_backend)
 
-        line_mask = None
-        if g.num_angles > 0 and bool((g.n_angles[g.n_bonds > 0] == 0).any()):
-            line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1)
+        # bonds of structures that have angles: the line-graph steps leave the others alone
+        # (applied whatever the batch holds: deciding would read a tensor back to the host)
+        line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1) if g.num_angles > 0 else None
         bg = BlockGraph(
             edge_target=g.edge_target,
             edge_source=g.edge_source,
@@ -233,12 +265,7 @@ class MatRIS(nn.Module):
         )
         if use_triton(h.device, self.kernel_backend):
             bg.fused_phi = True
-            n_atoms_total = g.num_atoms
-            bg.atom_segments = (Segments.from_index(bg.edge_target, n_atoms_total),
-                                Segments.from_index(bg.edge_source, n_atoms_total))
-            if g.num_angles:
-                bg.line_segments = (Segments.from_index(bg.angle_target_bond, n_b),
-                                    Segments.from_index(bg.angle_source_bond, n_b))
+            bg.atom_segments, bg.line_segments = g.segments()
         features = {"embedding": h} if return_node_features else {}
         for k, block in enumerate(self.interaction_block):
             h, e, a = block(h, e, a, bg)

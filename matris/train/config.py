@@ -121,8 +121,9 @@ class TrainerConfig:
     devices: str = _f("auto", "devices per node: a number, a list like '0,1', or 'auto'")
     num_nodes: int = _f(1, "number of nodes (multi-node DDP via SLURM or torchrun)")
     strategy: str = _f("auto", "'auto', 'ddp', 'ddp_spawn' ... (DDP is chosen automatically for several devices)")
-    precision: str = _f("32", "'32', 'tf32' (float32 with TF32 matmuls on GPU), 'bf16-mixed' or '64'",
-                        choices=("32", "tf32", "bf16-mixed", "64"))
+    precision: str = _f("32", "'32', 'tf32' (float32 with TF32 matmuls on GPU) or '64'; half precision "
+                        "(bf16/fp16) is not offered: forces and stress are derivatives that need float32 or float64, "
+                        "and the fused kernels take only those", choices=("32", "tf32", "64"))
     accumulate_grad_batches: int = _f(1, "batches per optimizer step")
     val_every_n_epochs: int = _f(1, "validate every n epochs")
     val_check_interval: typing.Optional[int] = _f(None, "validate every n training batches instead (long epochs)")

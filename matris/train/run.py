@@ -35,7 +35,7 @@ from .datamodule import MatRISDataModule
 from .module import MatRISModule
 from .reference import fit_reference_energies, read_reference_energies, set_reference_energies
 
-PRECISION = {"32": "32-true", "tf32": "32-true", "bf16-mixed": "bf16-mixed", "64": "64-true"}
+PRECISION = {"32": "32-true", "tf32": "32-true", "64": "64-true"}
 
 
 @dataclass
