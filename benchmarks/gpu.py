@@ -1,12 +1,17 @@
 """GPU check and benchmark of the Triton path against the PyTorch reference path, in one call.
 
-    python benchmarks/gpu.py --json gpu.json            # on a CUDA machine, < 8 min on one H200
-    TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke  # CPU dry run of every code path (tiny sizes)
+    python benchmarks/gpu.py --quick --json gpu-quick.json   # correctness + one E+F+S size, < 3 min
+    python benchmarks/gpu.py --json gpu.json                 # everything, < 8 min on one H200
+    TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke      # CPU dry run of every code path (tiny sizes)
+
+A run always reports: the JSON is rewritten (atomically) after every check, each check
+catches its own errors (recorded with the last frame of the traceback), and every section
+has a time budget after which its remaining checks are recorded as skipped.
 
 Needs torch and triton only: structures are built here, graphs use vesin when installed and
 a PyTorch neighbour search otherwise, and the fixtures are read without ase.
 
-Sections (each fails on its own, with the error recorded, without stopping the others):
+Sections (each check fails on its own, with the error recorded, without stopping the others):
 1. correctness on the device: every kernel vs its reference (forward, backward, second
    order), and fixture parity in float64 through the Triton path;
 2. kernels: median time (CUDA events) of each kernel vs its reference, and for the fused
@@ -20,7 +25,9 @@ Sections (each fails on its own, with the error recorded, without stopping the o
    (needs lightning and pyyaml, both on the device image);
 7. batched relaxation with torch-sim against the one-by-one ASE loop, structures/s
    (benchmarks/simulate.py; needs ase and torch-sim-atomistic, so without them it is
-   skipped with the reason recorded).
+   skipped with the reason recorded);
+8. MD steps/s of 64-atom Si, positions kept on the device and the graph rebuilt there
+   every step (GraphBatch.from_tensors; on the host when vesin-torch is missing).
 """
 
 from __future__ import annotations
@@ -57,16 +64,72 @@ def log(msg=""):
     print(msg, flush=True)
 
 
+class Report:
+    """Results by section and check, written to ``path`` after every check (temp + rename)."""
+
+    def __init__(self, path: str | None):
+        self.path = Path(path) if path else None
+
+    def write(self):
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(RESULTS, indent=1, default=str))
+        tmp.replace(self.path)
+
+
+REPORT = Report(None)
+BUDGETS: dict[str, float] = {}  # section number → seconds
+
+
+def last_frame(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost traceback frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{Path(f.filename).name}:{f.lineno} in {f.name}: {f.line}"
+
+
+class Section:
+    """One section's results; :meth:`check` runs one measurement with its own error handling."""
+
+    def __init__(self, name: str, budget_s: float):
+        self.name, self.budget_s, self.t0 = name, budget_s, time.perf_counter()
+        self.results = RESULTS.setdefault(name, {})
+
+    def over_budget(self) -> bool:
+        return time.perf_counter() - self.t0 > self.budget_s
+
+    def check(self, key: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` stored under ``key``; errors and budget overruns recorded."""
+        if self.over_budget():
+            self.results[key] = {"skipped": f"section time budget of {self.budget_s:.0f} s spent"}
+            log(f"   {key}: skipped (section budget of {self.budget_s:.0f} s spent)")
+        else:
+            try:
+                self.results[key] = fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - recorded; the other checks go on
+                traceback.print_exc()
+                self.results[key] = {"error": f"{type(exc).__name__}: {str(exc)[:1000]}", "where": last_frame(exc)}
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+        REPORT.write()
+        return self.results[key]
+
+
 def section(name):
     def wrap(fn):
         def run(*a, **k):
             log(f"\n== {name}")
+            sec = Section(name, BUDGETS.get(name.split(".")[0], 600.0))
             t0 = time.perf_counter()
-            try:
-                RESULTS[name] = fn(*a, **k)
-            except Exception as exc:  # noqa: BLE001 - recorded, the other sections go on
-                traceback.print_exc()
-                RESULTS[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            value = sec.check("_section", fn, sec, *a, **k)  # an error outside the checks lands here
+            sec.results.pop("_section", None)
+            if isinstance(value, dict):
+                sec.results.update(value)
+            sec.results["seconds"] = time.perf_counter() - t0
+            REPORT.write()
             log(f"   ({time.perf_counter() - t0:.1f} s)")
         return run
     return wrap
@@ -226,67 +289,112 @@ def _gather_checks(rows, h, nodes, device, dtype, tol):
 
 
 # ---------------------------------------------------------------------------- sections
+def _report(tag, checks):
+    """Log ``{name: (ok, err)}`` and return it as JSON-ready dicts."""
+    for k, (ok, err) in checks.items():
+        log(f"   {tag:8s} {k:24s} {'ok' if ok else 'FAIL'}  max|Δ| {err:.2e}")
+    return {k: {"ok": bool(ok), "max_abs_err": err} for k, (ok, err) in checks.items()}
+
+
+def _attention_checks(e, c, n, device, dtype, tol):
+    index = torch.randint(0, n - 3, (e,), device=device)
+    a = (torch.randn(e, c, device=device, dtype=dtype) * 4).requires_grad_()
+    m = torch.randn(e, c, device=device, dtype=dtype, requires_grad=True)
+    got = softmax_aggregate(a, m, index, n, backend="triton")
+    want = softmax_aggregate_reference(a, m, index, n)
+    g = torch.randn_like(want)
+    ga = torch.autograd.grad(got, (a, m), g)
+    gw = torch.autograd.grad(want, (a, m), g, create_graph=True)
+    g2 = torch.autograd.grad(softmax_aggregate(a, m, index, n, backend="triton"), (a, m), g, create_graph=True)
+    h_got = torch.autograd.grad(sum((x * x).sum() for x in g2), (a, m))
+    h_want = torch.autograd.grad(sum((x * x).sum() for x in gw), (a, m))
+    return {"forward": close(got, want, tol), "backward_logits": close(ga[0], gw[0], tol),
+            "backward_messages": close(ga[1], gw[1], tol), "second_order_logits": close(h_got[0], h_want[0], tol),
+            "second_order_messages": close(h_got[1], h_want[1], tol)}
+
+
+def _basis_checks(rows, device, dtype, tol):
+    checks = {}
+    r = (torch.rand(rows, device=device, dtype=dtype) * 6 + 0.5).requires_grad_()
+    f = (torch.arange(1, 8, device=device, dtype=dtype) * math.pi).requires_grad_()
+    checks["bessel"] = close(B.bessel(r, f, 6.0, 8), B.bessel_reference(r, f, 6.0, 8), tol)
+    th = (torch.rand(rows, device=device, dtype=dtype) * 3).requires_grad_()
+    rho = torch.full_like(th, 1 / 6)
+    fac = torch.tensor(math.sqrt(2 / 216), dtype=torch.float32, device=device)
+    checks["sh"] = close(B.spherical(th, rho, fac, 4, 4), B.sh_reference(th, rho, fac.to(dtype), 4, 4), tol)
+    gt = torch.randn(rows, 16, device=device, dtype=dtype)
+    checks["sh_backward"] = close(torch.autograd.grad(B.spherical(th, rho, fac, 4, 4), th, gt)[0],
+                                  torch.autograd.grad(B.sh_reference(th, rho, fac.to(dtype), 4, 4), th, gt)[0], tol)
+    ff = (torch.arange(1, 4, device=device, dtype=dtype) + 0.1)
+    checks["fourier"] = close(B.fourier(th, ff), B.fourier_reference(th, ff), tol)
+    return checks
+
+
+def _parity(folder, device):
+    base = ROOT / "tests" / "fixtures" / "official-v0.9" / folder
+    ref = json.loads((base / "reference.json").read_text())
+    model = MatRIS.from_checkpoint(base / "checkpoint.pth.tar").to(device=device, dtype=torch.float64)
+    model.kernel_backend = "triton"
+    worst = {"energy_per_atom": 0.0, "forces": 0.0, "stress": 0.0}
+    pairs = list(zip(read_extxyz(base / "structures.extxyz"), ref["structures"]))
+    for system, r in pairs[:1] if SMOKE else pairs:  # the interpreter is slow: one structure in a dry run
+        o = model(graph_of(model, system, device, torch.float64))
+        worst["energy_per_atom"] = max(worst["energy_per_atom"], abs(o.energy_per_atom.item() - r["energy_per_atom"]))
+        worst["forces"] = max(worst["forces"], float(np.abs(o.forces.cpu().numpy() - r["forces"]).max()))
+        worst["stress"] = max(worst["stress"], float(np.abs(o.stress[0].cpu().numpy() - r["stress_GPa"]).max()))
+    ok = worst["energy_per_atom"] <= 1e-7 and worst["forces"] <= 1e-6 and worst["stress"] <= 1e-5
+    log(f"   parity {folder:22s} {'ok' if ok else 'FAIL'}  " + "  ".join(f"{k} {v:.1e}" for k, v in worst.items()))
+    return {"ok": ok, **worst}
+
+
+def _sync_free(device, smoke):
+    """The model's forward and force/stress backward under torch.cuda.set_sync_debug_mode("error")
+    (the graph and its CSR layouts are built first: graph construction may synchronise)."""
+    model = published_model(device, torch.float32, smoke)
+    g = graph_of(model, diamond_si(1 if smoke else 2), device, torch.float32)
+    g.segments()
+    model(g)  # warm-up: kernel compilation and autotuning read the device
+    sync(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = model(g)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ok = bool(torch.isfinite(out.forces).all())
+    log(f"   forward + forces + stress without a host synchronisation: {'ok' if ok else 'FAIL'}")
+    return {"ok": ok}
+
+
 @section("1. correctness on the device")
-def correctness(device, smoke):
-    out = {}
+def correctness(sec, device, smoke):
     torch.manual_seed(1)
     for dtype, tol in ((torch.float64, 1e-9), (torch.float32, 2e-4)):
+        tag = str(dtype)[6:]
         e, c, n = (300, 37, 41) if smoke else (200_003, 128, 6_007)
-        index = torch.randint(0, n - 3, (e,), device=device)
-        a = (torch.randn(e, c, device=device, dtype=dtype) * 4).requires_grad_()
-        m = torch.randn(e, c, device=device, dtype=dtype, requires_grad=True)
-        got = softmax_aggregate(a, m, index, n, backend="triton")
-        want = softmax_aggregate_reference(a, m, index, n)
-        g = torch.randn_like(want)
-        ga = torch.autograd.grad(got, (a, m), g)
-        gw = torch.autograd.grad(want, (a, m), g, create_graph=True)
-        g2 = torch.autograd.grad(softmax_aggregate(a, m, index, n, backend="triton"), (a, m), g, create_graph=True)
-        h_got = torch.autograd.grad(sum((x * x).sum() for x in g2), (a, m))
-        h_want = torch.autograd.grad(sum((x * x).sum() for x in gw), (a, m))
-        checks = {"forward": close(got, want, tol), "backward_logits": close(ga[0], gw[0], tol),
-                  "backward_messages": close(ga[1], gw[1], tol), "second_order_logits": close(h_got[0], h_want[0], tol),
-                  "second_order_messages": close(h_got[1], h_want[1], tol)}
-        r = (torch.rand(50_001 if not smoke else 99, device=device, dtype=dtype) * 6 + 0.5).requires_grad_()
-        f = (torch.arange(1, 8, device=device, dtype=dtype) * math.pi).requires_grad_()
-        checks["bessel"] = close(B.bessel(r, f, 6.0, 8), B.bessel_reference(r, f, 6.0, 8), tol)
-        th = (torch.rand(50_001 if not smoke else 99, device=device, dtype=dtype) * 3).requires_grad_()
-        rho = torch.full_like(th, 1 / 6)
-        fac = torch.tensor(math.sqrt(2 / 216), dtype=torch.float32, device=device)
-        checks["sh"] = close(B.spherical(th, rho, fac, 4, 4), B.sh_reference(th, rho, fac.to(dtype), 4, 4), tol)
-        ff = (torch.arange(1, 4, device=device, dtype=dtype) + 0.1)
-        checks["fourier"] = close(B.fourier(th, ff), B.fourier_reference(th, ff), tol)
         rows = 301 if smoke else 200_003
+        sec.check(f"{tag}/attention", lambda: _report(tag, _attention_checks(e, c, n, device, dtype, tol)))
+        sec.check(f"{tag}/bases", lambda: _report(tag, _basis_checks(99 if smoke else 50_001, device, dtype, tol)))
         for norm, act in (("rms", "silu"), ("layer", "gelu")):
-            checks.update(_epilogue_checks(rows, 128 if not smoke else 20, norm, act, device, dtype, tol))
-        checks.update(_gather_checks(rows, 256 if not smoke else 24, 997 if not smoke else 7, device, dtype, tol))
-        for k, (ok, err) in checks.items():
-            log(f"   {str(dtype)[6:]:8s} {k:24s} {'ok' if ok else 'FAIL'}  max|Δ| {err:.2e}")
-        out[str(dtype)[6:]] = {k: {"ok": ok, "max_abs_err": err} for k, (ok, err) in checks.items()}
-    # fixture parity through the Triton path, float64
-    parity = {}
+            sec.check(f"{tag}/epilogue_{norm}_{act}", lambda: _report(tag, _epilogue_checks(
+                rows, 128 if not smoke else 20, norm, act, device, dtype, tol)))
+        sec.check(f"{tag}/gathers", lambda: _report(tag, _gather_checks(
+            rows, 256 if not smoke else 24, 997 if not smoke else 7, device, dtype, tol)))
     for folder in ("small_sh_float64", "small_fourier_float64", "mixed_widths_float64"):
-        base = ROOT / "tests" / "fixtures" / "official-v0.9" / folder
-        ref = json.loads((base / "reference.json").read_text())
-        model = MatRIS.from_checkpoint(base / "checkpoint.pth.tar").to(device=device, dtype=torch.float64)
-        model.kernel_backend = "triton"
-        worst = {"energy_per_atom": 0.0, "forces": 0.0, "stress": 0.0}
-        for system, r in zip(read_extxyz(base / "structures.extxyz"), ref["structures"]):
-            o = model(graph_of(model, system, device, torch.float64))
-            worst["energy_per_atom"] = max(worst["energy_per_atom"], abs(o.energy_per_atom.item() - r["energy_per_atom"]))
-            worst["forces"] = max(worst["forces"], float(np.abs(o.forces.cpu().numpy() - r["forces"]).max()))
-            worst["stress"] = max(worst["stress"], float(np.abs(o.stress[0].cpu().numpy() - r["stress_GPa"]).max()))
-        ok = worst["energy_per_atom"] <= 1e-7 and worst["forces"] <= 1e-6 and worst["stress"] <= 1e-5
-        log(f"   parity {folder:22s} {'ok' if ok else 'FAIL'}  " + "  ".join(f"{k} {v:.1e}" for k, v in worst.items()))
-        parity[folder] = {"ok": ok, **worst}
-    out["parity_float64_triton"] = parity
-    return out
+        sec.check(f"parity_float64_triton/{folder}", _parity, folder, device)
+    if device.type == "cuda":
+        sec.check("no_host_sync", _sync_free, device, smoke)
 
 
 @section("2. kernels: time and bandwidth")
-def kernels(device, smoke):
-    out = {}
+def kernels(sec, device, smoke):
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    sec.results["device"] = name
     peak = next((v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
+
+    def with_bandwidth(res, moved):
+        return {**res, "bandwidth_GBs": moved / res["triton_s"] / 1e9,
+                "fraction_of_peak": moved / res["triton_s"] / peak if peak else None}
+
     e, c = (300, 32) if smoke else (2_000_000, 128)  # ≥ 1M angles
     n = e // 30
     index = torch.randint(0, n, (e,), device=device)
@@ -294,62 +402,51 @@ def kernels(device, smoke):
     a = torch.randn(e, c, device=device)
     m = torch.randn(e, c, device=device)
     g = torch.randn(n, c, device=device)
-    t_tri = median_time(lambda: softmax_aggregate(a, m, seg, backend="triton"), device)
-    t_ref = median_time(lambda: softmax_aggregate_reference(a, m, index, n), device)
-    moved = (2 * e * c + 2 * n * c) * 4 + e * 4 * 2  # logits, messages, out, lse, order + offsets
-    bw = moved / t_tri
-    out["attention_forward"] = {"edges": e, "channels": c, "triton_s": t_tri, "reference_s": t_ref,
-                                "speedup": t_ref / t_tri, "bandwidth_GBs": bw / 1e9,
-                                "fraction_of_peak": bw / peak if peak else None}
-    a.requires_grad_(True)
-    m.requires_grad_(True)
+    moved = (2 * e * c + 2 * n * c) * 4 + e * 8 * 2  # logits, messages, out, lse, order (int64) + offsets
+    sec.check("attention_forward", lambda: with_bandwidth(
+        {"edges": e, "channels": c, **_pair(lambda: softmax_aggregate(a, m, seg, backend="triton"),
+                                            lambda: softmax_aggregate_reference(a, m, index, n), device)}, moved))
+    a2, m2 = a.clone().requires_grad_(True), m.clone().requires_grad_(True)
 
     def fb(fn):
         def run():
-            o = fn()
-            torch.autograd.grad(o, (a, m), g)
+            torch.autograd.grad(fn(), (a2, m2), g)
         return run
 
-    t_tri_b = median_time(fb(lambda: softmax_aggregate(a, m, seg, backend="triton")), device)
-    t_ref_b = median_time(fb(lambda: softmax_aggregate_reference(a, m, index, n)), device)
     moved_b = moved + (2 * e * c + 2 * e * c + 2 * n * c) * 4  # backward reads a, m, gathers, writes 2 grads
-    out["attention_forward_backward"] = {"triton_s": t_tri_b, "reference_s": t_ref_b, "speedup": t_ref_b / t_tri_b,
-                                         "bandwidth_GBs": (moved + moved_b) / t_tri_b / 1e9,
-                                         "fraction_of_peak": (moved + moved_b) / t_tri_b / peak if peak else None}
+    sec.check("attention_forward_backward", lambda: with_bandwidth(
+        _pair(fb(lambda: softmax_aggregate(a2, m2, seg, backend="triton")),
+              fb(lambda: softmax_aggregate_reference(a2, m2, index, n)), device), moved + moved_b))
     nb = 200 if smoke else 1_000_000
     r = torch.rand(nb, device=device) * 6 + 0.5
     f = torch.arange(1, 8, device=device, dtype=torch.float32) * math.pi
-    out["bessel"] = _pair(lambda: B.bessel(r, f, 6.0, 8), lambda: B.bessel_reference(r, f, 6.0, 8), device)
+    sec.check("bessel", _pair, lambda: B.bessel(r, f, 6.0, 8), lambda: B.bessel_reference(r, f, 6.0, 8), device)
     th = torch.rand(2 * nb, device=device) * 3
     rho = torch.full_like(th, 1 / 6)
     fac = torch.tensor(math.sqrt(2 / 216), dtype=torch.float32, device=device)
-    out["sh"] = _pair(lambda: B.spherical(th, rho, fac, 4, 4), lambda: B.sh_reference(th, rho, fac, 4, 4), device)
+    sec.check("sh", _pair, lambda: B.spherical(th, rho, fac, 4, 4), lambda: B.sh_reference(th, rho, fac, 4, 4), device)
     ff = torch.arange(1, 4, device=device, dtype=torch.float32)
-    out["fourier"] = _pair(lambda: B.fourier(th, ff), lambda: B.fourier_reference(th, ff), device)
+    sec.check("fourier", _pair, lambda: B.fourier(th, ff), lambda: B.fourier_reference(th, ff), device)
     # the Φ epilogue at the size of a line-graph Φ with 2M angles, RMSNorm + SiLU, float32
     core = torch.randn(e, c, device=device)
     gate = torch.randn(e, c, device=device)
     w1, w2 = torch.rand(c, device=device) + 0.5, torch.rand(c, device=device) + 0.5
-    epi = _pair(lambda: gated_epilogue(core, gate, w1, None, w2, None, "rms", "silu", backend="triton"),
-                lambda: gated_epilogue_reference(core, gate, w1, None, w2, None, "rms", "silu"), device)
-    moved = 3 * e * c * 4  # read core and gate, write out
-    out["epilogue_forward"] = {**epi, "bandwidth_GBs": moved / epi["triton_s"] / 1e9,
-                               "fraction_of_peak": moved / epi["triton_s"] / peak if peak else None}
-    core.requires_grad_(True)
-    gate.requires_grad_(True)
+    sec.check("epilogue_forward", lambda: with_bandwidth(_pair(
+        lambda: gated_epilogue(core, gate, w1, None, w2, None, "rms", "silu", backend="triton"),
+        lambda: gated_epilogue_reference(core, gate, w1, None, w2, None, "rms", "silu"), device), 3 * e * c * 4))
+    core2, gate2 = core.clone().requires_grad_(True), gate.clone().requires_grad_(True)
     ge = torch.randn(e, c, device=device)
 
-    def epi_fb(backend):
+    def epi_fb(triton_path):
         def run():  # the force path: input gradients only, the norm weights are frozen
-            o = (gated_epilogue(core, gate, w1, None, w2, None, "rms", "silu", backend="triton") if backend else
-                 gated_epilogue_reference(core, gate, w1, None, w2, None, "rms", "silu"))
-            torch.autograd.grad(o, (core, gate), ge)
+            o = (gated_epilogue(core2, gate2, w1, None, w2, None, "rms", "silu", backend="triton") if triton_path else
+                 gated_epilogue_reference(core2, gate2, w1, None, w2, None, "rms", "silu"))
+            torch.autograd.grad(o, (core2, gate2), ge)
         return run
 
-    epi = _pair(epi_fb(True), epi_fb(False), device)
-    moved = (3 + 5) * e * c * 4  # forward, then backward: read core, gate, grad; write two grads
-    out["epilogue_forward_backward"] = {**epi, "bandwidth_GBs": moved / epi["triton_s"] / 1e9,
-                                        "fraction_of_peak": moved / epi["triton_s"] / peak if peak else None}
+    # forward, then backward: read core, gate, grad; write two grads
+    sec.check("epilogue_forward_backward", lambda: with_bandwidth(_pair(epi_fb(True), epi_fb(False), device),
+                                                                  (3 + 5) * e * c * 4))
     # the first-layer gathers of a line-graph refine Φ: one direct term, three gathered, H = 256
     h, nodes = 256, max(1, e // 15)
     direct = torch.randn(e, h, device=device)
@@ -357,18 +454,16 @@ def kernels(device, smoke):
     idx = [torch.randint(0, nodes, (e,), device=device) for _ in range(3)]
     bias = torch.randn(h, device=device)
     terms = [(direct, None)] + list(zip(projs, idx))
-    gat = _pair(lambda: gather_sum_activate(terms, bias, "silu", backend="triton"),
-                lambda: gather_sum_activate_reference(terms, bias, "silu"), device)
-    moved = (4 + 1) * e * h * 4 + 3 * e * 8  # four rows read, one written, three indices
-    out["gathers_forward"] = {**gat, "bandwidth_GBs": moved / gat["triton_s"] / 1e9,
-                              "fraction_of_peak": moved / gat["triton_s"] / peak if peak else None}
+    sec.check("gathers_forward", lambda: with_bandwidth(_pair(
+        lambda: gather_sum_activate(terms, bias, "silu", backend="triton"),
+        lambda: gather_sum_activate_reference(terms, bias, "silu"), device), (4 + 1) * e * h * 4 + 3 * e * 8))
     log(f"   {'kernel':28s} {'triton (ms)':>12s} {'reference (ms)':>15s} {'speedup':>8s} {'GB/s':>8s} {'of peak':>8s}")
-    for k, v in out.items():
+    for k, v in sec.results.items():
+        if not isinstance(v, dict) or "triton_s" not in v:
+            continue
         frac = v.get("fraction_of_peak")
         log(f"   {k:28s} {1e3 * v['triton_s']:12.3f} {1e3 * v['reference_s']:15.3f} {v['speedup']:8.2f} "
             f"{v.get('bandwidth_GBs', float('nan')):8.0f} {'' if frac is None else f'{100 * frac:7.1f}%'}")
-    out["device"] = name
-    return out
 
 
 def _pair(tri, ref, device):
@@ -376,43 +471,51 @@ def _pair(tri, ref, device):
     return {"triton_s": t, "reference_s": r, "speedup": r / t}
 
 
+def _efs_row(model, system, device):
+    g = graph_of(model, system, device, torch.float32)
+    row = {"structure": system.name, "atoms": system.num_atoms, "angles": g.num_angles}
+    for backend in ("triton", "torch"):
+        model.kernel_backend = backend
+        reset_peak(device)
+        try:
+            t = median_time(lambda: model(g), device, repeat=3)
+            row[backend] = {"s": t, "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
+        except torch.OutOfMemoryError:
+            row[backend] = {"s": None, "error": "out of memory"}
+    model.kernel_backend = None
+    tt, tr = row["triton"].get("s"), row["torch"].get("s")
+    row["speedup"] = tr / tt if tt and tr else None
+    row["us_per_atom_triton"] = 1e6 * tt / system.num_atoms if tt else None
+    log(f"   {system.name:10s} {system.num_atoms:6d} {g.num_angles:9d} {1e3 * (tt or float('nan')):12.1f} "
+        f"{1e3 * (tr or float('nan')):10.1f} {row['speedup'] or float('nan'):8.2f} "
+        f"{row['us_per_atom_triton'] or float('nan'):8.1f} {row['triton'].get('peak_gb', float('nan')):8.1f} "
+        f"{row['triton'].get('level', -1):4d}")
+    return row
+
+
 @section("3. energy+forces+stress, Triton vs reference")
-def efs(device, smoke):
+def efs(sec, device, smoke, quick=False):
     model = published_model(device, torch.float32, smoke)
-    systems = [diamond_si(1)] if smoke else [diamond_si(2), bcc_fe(4), bcc_fe(6), bcc_fe(8), bcc_fe(10), bcc_fe(13),
-                                             bcc_fe(16)]
-    rows = []
+    if smoke:
+        systems = [diamond_si(1)]
+    elif quick:
+        systems = [bcc_fe(8)]  # 1,024 atoms
+    else:
+        systems = [diamond_si(2), bcc_fe(4), bcc_fe(6), bcc_fe(8), bcc_fe(10), bcc_fe(13), bcc_fe(16)]
     log(f"   {'structure':10s} {'atoms':>6s} {'angles':>9s} {'triton (ms)':>12s} {'ref (ms)':>10s} {'speedup':>8s} "
         f"{'µs/atom':>8s} {'peak GB':>8s} {'ckpt':>4s}")
     for system in systems:
-        g = graph_of(model, system, device, torch.float32)
-        row = {"structure": system.name, "atoms": system.num_atoms, "angles": g.num_angles}
-        for backend in ("triton", "torch"):
-            model.kernel_backend = backend
-            reset_peak(device)
-            try:
-                t = median_time(lambda g=g: model(g), device, repeat=3)
-                row[backend] = {"s": t, "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
-            except torch.OutOfMemoryError:
-                row[backend] = {"s": None, "error": "out of memory"}
-        tt, tr = row["triton"].get("s"), row["torch"].get("s")
-        row["speedup"] = tr / tt if tt and tr else None
-        row["us_per_atom_triton"] = 1e6 * tt / system.num_atoms if tt else None
-        rows.append(row)
-        log(f"   {system.name:10s} {system.num_atoms:6d} {g.num_angles:9d} {1e3 * (tt or float('nan')):12.1f} "
-            f"{1e3 * (tr or float('nan')):10.1f} {row['speedup'] or float('nan'):8.2f} "
-            f"{row['us_per_atom_triton'] or float('nan'):8.1f} {row['triton'].get('peak_gb', float('nan')):8.1f} "
-            f"{row['triton'].get('level', -1):4d}")
-        del g
+        sec.check(system.name, _efs_row, model, system, device)
+    rows = [v for v in sec.results.values() if isinstance(v, dict) and "atoms" in v]
     per_atom = [r["us_per_atom_triton"] for r in rows if r["atoms"] >= 1000 and r["us_per_atom_triton"]]
     spread = (max(per_atom) / min(per_atom) - 1) if len(per_atom) > 1 else None
-    log(f"   time per atom from 1,000 atoms up: spread {100 * spread:.1f}%" if spread is not None else "")
-    model.kernel_backend = None
-    return {"rows": rows, "per_atom_spread_from_1000": spread}
+    if spread is not None:
+        log(f"   time per atom from 1,000 atoms up: spread {100 * spread:.1f}%")
+    sec.results["per_atom_spread_from_1000"] = spread
 
 
 @section("4. training step with force loss, Triton vs reference")
-def training(device, smoke):
+def training(sec, device, smoke):
     model = published_model(device, torch.float32, smoke).train()
     systems = [diamond_si(1, seed=s) for s in range(2)] if smoke else [diamond_si(2, seed=s) for s in range(4)]
     g = GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff, dtype=torch.float32, device=device)
@@ -440,11 +543,11 @@ def training(device, smoke):
 
 
 @section("5. largest cell that fits (E+F+S, Triton path)")
-def largest(device, smoke, budget_s):
+def largest(sec, device, smoke, budget_s):
     model = published_model(device, torch.float32, smoke)
     model.kernel_backend = "triton"
     t0, best, k = time.perf_counter(), None, (1 if smoke else 16)
-    while time.perf_counter() - t0 < budget_s:
+    while time.perf_counter() - t0 < min(budget_s, sec.budget_s):
         k = int(math.ceil(k * 1.25))
         system = bcc_fe(k)
         try:
@@ -467,24 +570,25 @@ def largest(device, smoke, budget_s):
 
 
 @section("6. training throughput, Lightning pipeline (tiny and 10M configs)")
-def train_throughput(device, smoke):
+def train_throughput(sec, device, smoke):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from train_throughput import run as run_training
 
     configs = ["tiny.yaml"] if smoke else ["tiny.yaml", "matris-10m.yaml"]
-    rows = []
-    for name in configs:
+    def one(name):
         r = run_training(ROOT / "examples" / "configs" / name, str(device), steps=3 if smoke else 30,
                          warmup=1 if smoke else 5, n_structures=32 if smoke else 512, atoms=(4, 32),
                          batch=4 if smoke else 32, precision="32")
-        rows.append(r)
         log(f"   {name:16s} {r['parameters']:11,d} params: {r['ms_per_step']:8.1f} ms/step, "
             f"{r['structures_per_s']:8.1f} structures/s, {r['atoms_per_s']:9.0f} atoms/s (model {100 * r['model_share']:.0f}%)")
-    return {"rows": rows}
+        return r
+
+    for name in configs:
+        sec.check(name, one, name)
 
 
 @section("7. batched relaxation (torch-sim) vs one-by-one ASE, structures/s")
-def simulate(device, smoke):
+def simulate(sec, device, smoke):
     import importlib.util
 
     missing = [m for m in ("ase", "torch_sim") if importlib.util.find_spec(m) is None]
@@ -496,45 +600,130 @@ def simulate(device, smoke):
 
     runs = [dict(n=4, repeat=1, steps=10)] if smoke else [dict(n=64, repeat=1), dict(n=256, repeat=2, ase=False),
                                                            dict(n=32, repeat=2)]
-    out = []
-    for kw in runs:
+    def one(kw):
         r = run_simulate(device=str(device), **kw)
         print_table(r)
-        out.append(r)
-    return {"runs": out}
+        return r
+
+    for k, kw in enumerate(runs):
+        sec.check(f"run{k}", one, kw)
+
+
+@section("8. MD of 64-atom Si on the device (velocity Verlet, graph rebuilt every step)")
+def md_on_device(sec, device, smoke):
+    from matris.graph.batch import device_builder_available
+
+    model = published_model(device, torch.float32, smoke)
+    system = diamond_si(1 if smoke else 2)
+    on_device = device_builder_available()
+    pos = torch.as_tensor(system.positions, dtype=torch.float32, device=device)
+    cell = torch.as_tensor(system.cell, dtype=torch.float32, device=device).unsqueeze(0)
+    pbc = torch.ones(3, dtype=torch.bool, device=device)
+    z = torch.as_tensor(system.atomic_numbers, device=device)
+    mass = torch.full((system.num_atoms, 1), 28.0855, device=device)
+    vel = torch.zeros_like(pos)
+    dt = 1.0 * 0.09822694788464063  # 1 fs in ASE time units (Å·sqrt(amu/eV))
+
+    def forces(p):
+        if on_device:
+            g = GraphBatch.from_tensors(p, cell, pbc, z, [system.num_atoms], model.cutoff, model.three_body_cutoff)
+        else:
+            g = graph_of(model, AtomicSystem(p.cpu().numpy(), system.cell, True, system.atomic_numbers), device,
+                         torch.float32)
+        return model(g, compute_stress=False).forces
+
+    def run(steps):
+        nonlocal pos, vel
+        f = forces(pos)
+        for _ in range(steps):
+            vel = vel + 0.5 * dt * f / mass
+            pos = pos + dt * vel
+            f = forces(pos)
+            vel = vel + 0.5 * dt * f / mass
+        sync(device)
+
+    def measure():
+        steps = 2 if smoke else 50
+        run(2)  # warm-up
+        t0 = time.perf_counter()
+        run(steps)
+        dt_s = (time.perf_counter() - t0) / steps
+        res = {"atoms": system.num_atoms, "graph_on_device": on_device, "s_per_step": dt_s,
+               "steps_per_s": 1 / dt_s, "ns_per_day": 86400 / dt_s * 1e-6}
+        log(f"   Si{system.num_atoms}: {res['steps_per_s']:.1f} steps/s, {res['ns_per_day']:.2f} ns/day at 1 fs "
+            f"(graph built on {'the device' if on_device else 'the host'})")
+        return res
+
+    for backend in ("triton", "torch"):
+        model.kernel_backend = backend
+        sec.check(backend, measure)
+    model.kernel_backend = None
+
+
+FULL_BUDGETS = {"1": 90, "2": 60, "3": 120, "4": 30, "5": 60, "6": 45, "7": 45, "8": 30}  # seconds: < 8 min
+QUICK_BUDGETS = {"1": 100, "3": 60}  # --quick: correctness and one E+F+S size, < 3 min
+
+
+def failures(node, path=""):
+    """Paths of every check that errored or reported ok: false."""
+    out = []
+    if isinstance(node, dict):
+        if "error" in node or node.get("ok") is False:
+            out.append(path or "/")
+        for k, v in node.items():
+            if k not in ("error", "where"):
+                out += failures(v, f"{path}/{k}")
+    return out
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", default="gpu.json", help="write all results here (default gpu.json)")
+    p.add_argument("--json", default="gpu.json", help="write all results here, after every check (default gpu.json)")
+    p.add_argument("--quick", action="store_true", help="correctness and one E+F+S size only (< 3 minutes)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and model, any device (a dry run)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--largest-budget", type=float, default=90.0, help="seconds for the largest-cell search")
-    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-7)")
+    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-8)")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time budget")
     args = p.parse_args(argv)
-    global SMOKE
+    global SMOKE, REPORT
     SMOKE = args.smoke
+    REPORT = Report(args.json)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and not args.smoke:
         p.error("no CUDA device: run with --smoke (and TRITON_INTERPRET=1) for a CPU dry run")
+    import subprocess
+
     import triton
 
+    budgets = QUICK_BUDGETS if args.quick else FULL_BUDGETS
+    BUDGETS.update({k: v * args.budget_scale * (20 if args.smoke else 1) for k, v in budgets.items()})
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
     RESULTS["meta"] = {"torch": torch.__version__, "triton": triton.__version__, "device": str(device),
                        "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                       "smoke": args.smoke}
+                       "smoke": args.smoke, "quick": args.quick, "commit": commit or None,
+                       "command": "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                       "budgets_s": BUDGETS, "finished": False}
+    REPORT.write()
     log(f"matris GPU benchmark: {RESULTS['meta']}")
     t0 = time.perf_counter()
     steps = {"1": lambda: correctness(device, args.smoke), "2": lambda: kernels(device, args.smoke),
-             "3": lambda: efs(device, args.smoke), "4": lambda: training(device, args.smoke),
+             "3": lambda: efs(device, args.smoke, quick=args.quick), "4": lambda: training(device, args.smoke),
              "5": lambda: largest(device, args.smoke, args.largest_budget),
-             "6": lambda: train_throughput(device, args.smoke), "7": lambda: simulate(device, args.smoke)}
+             "6": lambda: train_throughput(device, args.smoke), "7": lambda: simulate(device, args.smoke),
+             "8": lambda: md_on_device(device, args.smoke)}
     for key, fn in steps.items():
-        if key not in args.skip:
+        if key in budgets and key not in args.skip:
             fn()
     RESULTS["meta"]["total_s"] = time.perf_counter() - t0
-    Path(args.json).write_text(json.dumps(RESULTS, indent=1, default=str))
-    log(f"\nwrote {args.json} ({RESULTS['meta']['total_s']:.0f} s)")
-    failed = [k for k, v in RESULTS.items() if isinstance(v, dict) and "error" in v]
+    failed = failures({k: v for k, v in RESULTS.items() if k != "meta"})
+    RESULTS["meta"].update(finished=True, failed=failed)
+    REPORT.write()
+    log(f"\nwrote {args.json} ({RESULTS['meta']['total_s']:.0f} s)"
+        + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else "; every check passed"))
     return 1 if failed else 0
 
 

@@ -1,6 +1,7 @@
 """Atom graph and line graph (spec §2) against brute-force definitions."""
 
 import itertools
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from conftest import random_system
 from matris import AtomicSystem, GraphBatch
+from matris.errors import MatRISInputError
 
 
 def brute_force_edges(system: AtomicSystem, rc: float, nmax: int | None = None) -> set:
@@ -176,3 +178,73 @@ def test_graphs_build_without_vesin(monkeypatch):
     monkeypatch.setitem(sys.modules, "vesin", None)  # makes `import vesin` raise ImportError
     g = GraphBatch.from_systems([s], 6.0, 4.0)
     assert 2 * g.num_bonds == 78 and g.num_angles == 306
+
+
+def _device_build(systems, rc, r3, dtype=torch.float64):
+    """The device builder (GraphBatch.from_tensors) run on CPU tensors."""
+    return GraphBatch.from_tensors(
+        torch.from_numpy(np.concatenate([s.positions for s in systems])),
+        torch.from_numpy(np.stack([s.cell for s in systems])),
+        torch.from_numpy(np.stack([s.pbc for s in systems])),
+        torch.from_numpy(np.concatenate([s.atomic_numbers for s in systems])),
+        [s.num_atoms for s in systems], rc, r3, dtype=dtype, names=[s.name for s in systems])
+
+
+def _graph_cases():
+    rng = np.random.default_rng(11)
+    base = random_system(rng, n=6, a=4.0)
+    cases = {f"random{k}": [random_system(np.random.default_rng(k))] for k in range(3)}
+    cases["fcc-primitive"] = [AtomicSystem(np.zeros((1, 3)), [[0, 1.805, 1.805], [1.805, 0, 1.805],
+                                                               [1.805, 1.805, 0]], True, [29])]
+    for pbc in ([True, True, False], [False, False, True], [True, False, True]):
+        cases[f"mixed{pbc}"] = [AtomicSystem(base.positions, base.cell, pbc, base.atomic_numbers)]
+    cases["slab-no-vacuum-vector"] = [AtomicSystem(np.array([[0, 0, 0], [1.25, 1.25, 1.8], [0, 0, 3.6]]),
+                                                   np.array([[2.5, 0, 0], [0, 2.5, 0], [0, 0, 0]]),
+                                                   [True, True, False], [29, 29, 29])]
+    cases["molecule"] = [AtomicSystem(np.array([[0.0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]]), np.zeros((3, 3)),
+                                      False, [8, 1, 1])]
+    cases["isolated-atom"] = [AtomicSystem(np.zeros((1, 3)), np.eye(3) * 20, True, [26])]
+    cases["batch"] = [cases["random0"][0], cases["molecule"][0], cases["fcc-primitive"][0], cases["isolated-atom"][0]]
+    return cases
+
+
+@pytest.mark.parametrize("name", list(_graph_cases()))
+def test_device_builder_equals_host_builder(name):
+    """GraphBatch.from_tensors (the GPU path, here on CPU tensors) gives the host builder's
+    graph, edge for edge and angle for angle, in the same order."""
+    pytest.importorskip("vesin_torch")
+    systems = _graph_cases()[name]
+    host = GraphBatch.from_systems(systems, 5.0, 3.0, dtype=torch.float64)
+    dev = _device_build(systems, 5.0, 3.0)
+    for f in fields(GraphBatch):
+        a, b = getattr(host, f.name), getattr(dev, f.name)
+        assert a.dtype == b.dtype and torch.equal(a, b), f.name
+    assert host.num_angles == dev.num_angles and (name != "fcc-primitive" or dev.num_angles > 0)
+
+
+def test_device_builder_rejects_overlapping_atoms():
+    pytest.importorskip("vesin_torch")
+    s = AtomicSystem(np.array([[0.0, 0, 0], [0.05, 0, 0]]), np.eye(3) * 6, True, [14, 14], name="dup")
+    with pytest.raises(MatRISInputError, match=r"structure 0 \(dup\): atoms 0 and 1 are 0.0500 Å apart"):
+        _device_build([s], 5.0, 3.0)
+
+
+def test_torch_sim_model_builds_the_same_graph_from_device_tensors():
+    """MatRISModel's GPU path (graph from the state's tensors, positions never leave the
+    device) gives the host graph; run here on CPU tensors."""
+    pytest.importorskip("vesin_torch")
+    ts = pytest.importorskip("torch_sim")
+    from ase.build import bulk
+
+    from matris import MatRIS
+    from matris.simulate import MatRISModel
+
+    from conftest import RANDOM_TINY
+
+    model = MatRISModel(MatRIS.load(RANDOM_TINY, dtype=torch.float64), dtype="float64")
+    state = ts.io.atoms_to_state([bulk("Si", "diamond", a=5.43), bulk("Cu", "fcc", a=3.6).repeat(2)],
+                                 device=torch.device("cpu"), dtype=torch.float64)
+    host = model.graph(state)
+    dev = model._device_graph(lambda k, d=None: getattr(state, k, d))
+    for f in fields(GraphBatch):
+        assert torch.equal(getattr(host, f.name), getattr(dev, f.name)), f.name

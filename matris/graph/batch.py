@@ -15,8 +15,15 @@ import numpy as np
 import torch
 
 from ..errors import MatRISInputError
-from .neighbors import half_neighbor_list
+from .neighbors import device_half_neighbor_list, half_neighbor_list
 from .system import MIN_DISTANCE, AtomicSystem
+
+
+def device_builder_available() -> bool:
+    """Whether graphs can be built on a device (vesin's torch interface is installed)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vesin_torch") is not None
 
 
 @dataclass
@@ -133,6 +140,19 @@ class GraphBatch:
         """
         if len(systems) == 0:
             raise MatRISInputError("no structures given: pass at least one structure.")
+        if torch.device(device).type != "cpu" and device_builder_available():
+            # built where the model runs: no graph round trip through the host
+            for k, system in enumerate(systems, start=index_offset):
+                if validate:
+                    system.validate(k)
+            dev = torch.device(device)
+            return GraphBatch.from_tensors(
+                torch.from_numpy(np.concatenate([s.positions for s in systems])).to(dev),
+                torch.from_numpy(np.stack([s.cell for s in systems])).to(dev),
+                torch.from_numpy(np.stack([s.pbc for s in systems])).to(dev),
+                torch.from_numpy(np.concatenate([s.atomic_numbers for s in systems])).to(dev),
+                [s.num_atoms for s in systems], cutoff, three_body_cutoff, dtype=dtype, validate=validate,
+                index_offset=index_offset, names=[s.name for s in systems])
         atom_offset = 0
         parts: dict[str, list] = {k: [] for k in ("i", "j", "n", "d", "nb")}
         for k, system in enumerate(systems, start=index_offset):
@@ -184,6 +204,81 @@ class GraphBatch:
         return graph.to(device=device, dtype=dtype)
 
 
+    @staticmethod
+    def from_tensors(
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        pbc: torch.Tensor,
+        atomic_numbers: torch.Tensor,
+        n_atoms: list[int] | torch.Tensor,
+        cutoff: float,
+        three_body_cutoff: float,
+        dtype: torch.dtype | None = None,
+        validate: bool = True,
+        index_offset: int = 0,
+        names: list[str] | None = None,
+    ) -> "GraphBatch":
+        """Build the graphs on the device of ``positions`` (the GPU path: the neighbour list by
+        vesin's torch interface, the line graph by vectorised tensor ops), the same graphs as
+        :meth:`from_systems` builds on the host, edge for edge and angle for angle.
+
+        positions: ``[N, 3]`` Å; cell: ``[S, 3, 3]`` rows; pbc: ``[S, 3]``, ``[3]`` or ``[]`` bool;
+        atomic_numbers: ``[N]``; n_atoms: atoms per structure. ``dtype``: of the floating
+        tensors (default: that of ``positions``). With ``validate``, atoms closer than
+        0.1 Å raise :class:`MatRISInputError` (the other checks are on the structures).
+        """
+        dev = positions.device
+        dtype = dtype or positions.dtype
+        counts = [int(n) for n in (n_atoms.tolist() if isinstance(n_atoms, torch.Tensor) else n_atoms)]
+        n_struct = len(counts)
+        if n_struct == 0:
+            raise MatRISInputError("no structures given: pass at least one structure.")
+        cell = cell.reshape(n_struct, 3, 3)
+        pbc = pbc.to(torch.bool)
+        pbc = pbc.reshape(1, -1).expand(n_struct, 3) if pbc.dim() < 2 else pbc  # one flag, or one per direction
+        parts: dict[str, list] = {k: [] for k in ("i", "j", "n", "d")}
+        n_bonds, start = [], 0
+        for k, n in enumerate(counts):
+            i, j, img, d = device_half_neighbor_list(positions[start:start + n], cell[k], pbc[k], cutoff)
+            if validate and d.numel() and bool(d.min() < MIN_DISTANCE):
+                m = int(torch.argmin(d))
+                name = names[k] if names and names[k] else ""
+                who = f"structure {k + index_offset}" + (f" ({name})" if name else "")
+                raise MatRISInputError(
+                    f"{who}: atoms {int(i[m])} and {int(j[m])} are {float(d[m]):.4f} Å apart, closer than "
+                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix the positions.")
+            parts["i"].append(i + start)
+            parts["j"].append(j + start)
+            parts["n"].append(img)
+            parts["d"].append(d)
+            n_bonds.append(i.shape[0])
+            start += n
+        bond_target, bond_source = torch.cat(parts["i"]), torch.cat(parts["j"])
+        bond_length = torch.cat(parts["d"])
+        n_atoms_t = torch.tensor(counts, dtype=torch.int64, device=dev)
+        atom_batch = torch.repeat_interleave(torch.arange(n_struct, device=dev), n_atoms_t)
+        angle_atom, angle_target_edge, angle_source_edge = line_graph(
+            bond_target, bond_source, bond_length, three_body_cutoff, start)
+        n_angles = torch.zeros(n_struct, dtype=torch.int64, device=dev).index_add_(
+            0, atom_batch[angle_atom], torch.ones_like(angle_atom))
+        return GraphBatch(
+            atomic_numbers=atomic_numbers.to(device=dev, dtype=torch.int64),
+            positions=positions.to(dtype),
+            cell=cell.to(device=dev, dtype=dtype),
+            pbc=pbc.to(dev),
+            atom_batch=atom_batch,
+            n_atoms=n_atoms_t,
+            bond_target=bond_target,
+            bond_source=bond_source,
+            bond_image=torch.cat(parts["n"]).to(dtype).reshape(-1, 3),
+            n_bonds=torch.tensor(n_bonds, dtype=torch.int64, device=dev),
+            angle_atom=angle_atom,
+            angle_target_edge=angle_target_edge,
+            angle_source_edge=angle_source_edge,
+            n_angles=n_angles,
+        )
+
+
 def line_graph(
     bond_target: torch.Tensor,
     bond_source: torch.Tensor,
@@ -194,8 +289,9 @@ def line_graph(
     """Angles of spec §2: every ordered pair of distinct short directed edges sharing a target.
 
     A directed edge is short when its bond is no longer than r_3. Returns ``(atom c,
-    target directed edge d_c, source directed edge d')``, each ``[A]`` int64. Vectorised: edges
-    are grouped by target and each group of k short edges yields its k·(k−1) ordered pairs.
+    target directed edge d_c, source directed edge d')``, each ``[A]`` int64, on the device of
+    the bonds. Vectorised: edges are grouped by target and each group of k short edges yields
+    its k·(k−1) ordered pairs.
     """
     n_b = bond_target.shape[0]
     short = torch.nonzero(bond_length <= three_body_cutoff).squeeze(1)
@@ -203,13 +299,14 @@ def line_graph(
     targets = torch.cat([bond_target[short], bond_source[short]])
     targets, order = torch.sort(targets, stable=True)
     edges = edges[order]
-    counts = torch.bincount(targets, minlength=num_atoms)  # short edges per atom
+    dev = bond_target.device
+    counts = torch.zeros(num_atoms, dtype=torch.int64, device=dev).index_add_(0, targets, torch.ones_like(targets))
     start = torch.cumsum(counts, 0) - counts  # first position of each atom's group
     k = counts[targets]  # group size of each sorted edge
-    rows = torch.repeat_interleave(torch.arange(edges.shape[0]), k)
+    rows = torch.repeat_interleave(torch.arange(edges.shape[0], device=dev), k)
     # position of each pair inside its row, 0..k-1, gives the partner's position in the group
     row_start = torch.cumsum(k, 0) - k
-    local = torch.arange(rows.shape[0]) - torch.repeat_interleave(row_start, k)
+    local = torch.arange(rows.shape[0], device=dev) - torch.repeat_interleave(row_start, k)
     cols = start[targets[rows]] + local
     keep = rows != cols
     rows, cols = rows[keep], cols[keep]

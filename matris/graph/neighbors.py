@@ -77,3 +77,22 @@ def torch_half_neighbor_list(system: AtomicSystem, cutoff: float, device: str | 
     shifts = torch.cat(out_n).cpu().numpy().reshape(-1, 3)
     d = torch.cat(out_d).cpu().numpy()
     return i.astype(np.int64), j.astype(np.int64), shifts.astype(np.int64), d
+
+
+def device_half_neighbor_list(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, cutoff: float
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`half_neighbor_list` on tensors, computed on their device (vesin's torch interface,
+    which runs on CUDA tensors too): ``(i, j, n, d)`` as int64, int64 ``[B, 3]`` and float64
+    tensors on that device. positions: ``[N, 3]``; cell: ``[3, 3]`` rows; pbc: ``[3]`` bool.
+    Raises ``ImportError`` without ``vesin-torch``.
+    """
+    from vesin_torch import NeighborList
+
+    pos = positions.detach().to(torch.float64)
+    periodic = pbc.to(device=pos.device, dtype=torch.bool)
+    box = torch.where(periodic[:, None], cell.detach().to(device=pos.device, dtype=torch.float64),
+                      torch.zeros((), dtype=torch.float64, device=pos.device))
+    nl = NeighborList(cutoff=float(cutoff) * (1 + 1e-9) + 1e-12, full_list=False)  # as the host search
+    i, j, shifts, d = nl.compute(points=pos, box=box, periodic=periodic, quantities="ijSd")
+    keep = d <= cutoff
+    return i[keep].to(torch.int64), j[keep].to(torch.int64), shifts[keep].to(torch.int64), d[keep]

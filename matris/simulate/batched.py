@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..calculator import resolve_device, resolve_dtype
 from ..errors import MatRISInputError
 from ..graph import AtomicSystem, GraphBatch
+from ..graph.batch import device_builder_available
 from ..model import MatRIS
 from ..model.model import EV_PER_A3_TO_GPA
 from ..structures import like_input, to_atoms, to_system
@@ -92,8 +93,11 @@ class MatRISModel(ModelInterface):
         self._compute_forces = bool(value)
 
     def graph(self, state) -> GraphBatch:
-        """The :class:`GraphBatch` of a ``SimState`` (or a dict with the same keys)."""
+        """The :class:`GraphBatch` of a ``SimState`` (or a dict with the same keys). On a GPU it
+        is built there from the state's tensors: positions never leave the device between steps."""
         get = state.get if isinstance(state, dict) else lambda k, d=None: getattr(state, k, d)
+        if self._device.type != "cpu" and device_builder_available():
+            return self._device_graph(get)
         positions = get("positions").detach().to("cpu", torch.float64).numpy()
         cell = get("cell").detach().to("cpu", torch.float64)
         rows = cell.transpose(-2, -1).numpy()  # torch-sim stores lattice vectors as columns
@@ -112,6 +116,19 @@ class MatRISModel(ModelInterface):
             start += n
         return GraphBatch.from_systems(systems, self.model.cutoff, self.model.three_body_cutoff,
                                        dtype=self._dtype, device=self._device)
+
+    def _device_graph(self, get) -> GraphBatch:
+        positions = get("positions").detach().to(self._device)
+        cell = get("cell").detach().to(self._device).transpose(-2, -1)  # torch-sim: lattice vectors as columns
+        cell = cell.reshape(-1, 3, 3)
+        system_idx = get("system_idx")
+        if system_idx is None:
+            system_idx = torch.zeros(positions.shape[0], dtype=torch.long, device=self._device)
+        counts = torch.zeros(cell.shape[0], dtype=torch.long, device=self._device).index_add_(
+            0, system_idx.to(self._device), torch.ones_like(system_idx, device=self._device))
+        pbc = torch.as_tensor(get("pbc"), dtype=torch.bool, device=self._device)
+        return GraphBatch.from_tensors(positions, cell, pbc, get("atomic_numbers"), counts, self.model.cutoff,
+                                       self.model.three_body_cutoff, dtype=self._dtype)
 
     def forward(self, state, **kwargs: Any) -> dict[str, torch.Tensor]:
         out = self.model(self.graph(state), compute_forces=self._compute_forces,
