@@ -297,7 +297,8 @@ class MatRIS(nn.Module):
             if compute_forces:
                 out.forces = -grads[0]
             if compute_stress:
-                volume = torch.linalg.det(g.cell).abs()
+                # |a · (b × c)|: the triple product (a batched det may synchronise on some backends)
+                volume = torch.linalg.vecdot(g.cell[:, 0], torch.linalg.cross(g.cell[:, 1], g.cell[:, 2])).abs()
                 valid = g.pbc.any(dim=1) & (volume > 1e-8)
                 volume = torch.where(valid, volume, torch.ones_like(volume))
                 stress = grads[-1] / volume[:, None, None] * EV_PER_A3_TO_GPA
