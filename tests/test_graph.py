@@ -245,6 +245,9 @@ def test_torch_sim_model_builds_the_same_graph_from_device_tensors():
     state = ts.io.atoms_to_state([bulk("Si", "diamond", a=5.43), bulk("Cu", "fcc", a=3.6).repeat(2)],
                                  device=torch.device("cpu"), dtype=torch.float64)
     host = model.graph(state)
-    dev = model._device_graph(lambda k, d=None: getattr(state, k, d))
-    for f in fields(GraphBatch):
-        assert torch.equal(getattr(host, f.name), getattr(dev, f.name)), f.name
+    # repeated: one pbc flag for all directions once reached vesin as a stride-0 view, read as
+    # garbage now and then (fewer bonds in ~1 of 10 builds)
+    for _ in range(20):
+        dev = model._device_graph(lambda k, d=None: getattr(state, k, d))
+        for f in fields(GraphBatch):
+            assert torch.equal(getattr(host, f.name), getattr(dev, f.name)), f.name

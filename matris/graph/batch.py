@@ -9,6 +9,7 @@ source bonds are ``d_c mod B`` and ``d' mod B``. Indices are global over the bat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -19,6 +20,7 @@ from .neighbors import device_half_neighbor_list, half_neighbor_list
 from .system import MIN_DISTANCE, AtomicSystem
 
 
+@functools.lru_cache(maxsize=1)
 def device_builder_available() -> bool:
     """Whether graphs can be built on a device (vesin's torch interface is installed)."""
     import importlib.util
@@ -235,7 +237,7 @@ class GraphBatch:
             raise MatRISInputError("no structures given: pass at least one structure.")
         cell = cell.reshape(n_struct, 3, 3)
         pbc = pbc.to(torch.bool)
-        pbc = pbc.reshape(1, -1).expand(n_struct, 3) if pbc.dim() < 2 else pbc  # one flag, or one per direction
+        pbc = (pbc.reshape(1, -1).expand(n_struct, 3) if pbc.dim() < 2 else pbc).contiguous()  # one flag, or per direction
         parts: dict[str, list] = {k: [] for k in ("i", "j", "n", "d")}
         n_bonds, start = [], 0
         for k, n in enumerate(counts):

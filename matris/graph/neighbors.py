@@ -88,10 +88,11 @@ def device_half_neighbor_list(positions: torch.Tensor, cell: torch.Tensor, pbc: 
     """
     from vesin_torch import NeighborList
 
-    pos = positions.detach().to(torch.float64)
-    periodic = pbc.to(device=pos.device, dtype=torch.bool)
+    # vesin reads raw memory: every input contiguous (an expanded pbc view would be read as garbage)
+    pos = positions.detach().to(torch.float64).contiguous()
+    periodic = pbc.to(device=pos.device, dtype=torch.bool).reshape(3).contiguous()
     box = torch.where(periodic[:, None], cell.detach().to(device=pos.device, dtype=torch.float64),
-                      torch.zeros((), dtype=torch.float64, device=pos.device))
+                      torch.zeros((), dtype=torch.float64, device=pos.device)).contiguous()
     nl = NeighborList(cutoff=float(cutoff) * (1 + 1e-9) + 1e-12, full_list=False)  # as the host search
     i, j, shifts, d = nl.compute(points=pos, box=box, periodic=periodic, quantities="ijSd")
     keep = d <= cutoff
