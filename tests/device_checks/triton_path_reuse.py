@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
-from ase.build import bulk
+from ase.build import molecule
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,9 @@ def main() -> int:
     model = MatRIS.from_checkpoint(ROOT / "tests" / "fixtures" / "official-v0.9" / "small_sh_float64" /
                                    "checkpoint.pth.tar").double()
     model.kernel_backend = "triton"
-    atoms = bulk("Si", "diamond", a=5.43)
+    atoms = molecule("H2O")  # in a periodic box: bonds, angles and a stress, few of them (fast in the interpreter)
+    atoms.set_cell([7.0, 7.5, 8.0])
+    atoms.pbc = True
     atoms.rattle(0.05, seed=2)
     batch = GraphBatch.from_systems([to_system(atoms)], model.cutoff, model.three_body_cutoff, dtype=torch.float64)
     batch.segments()
