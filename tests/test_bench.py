@@ -111,7 +111,7 @@ def test_out_of_memory_and_time_limit_skip_larger_sizes(monkeypatch):
     (["--repeat", "0"], "repeat must be"),
     (["--md-steps", "-1"], "md_steps must be"),
     (["--structures", "missing.cif"], "no structure file"),
-    (["--structures", "garbage.xyz"], "cannot read it as a structure"),
+    (["--structures", "garbage.xyz"], "is not a valid"),
     (["--model", "nope.pth.tar"], "nope.pth.tar"),
 ])
 def test_bad_inputs_exit_2_with_message(argv, message, tmp_path, monkeypatch, capsys):

@@ -106,39 +106,16 @@ def read_structures(paths: Sequence[str | Path], index: str = "-1") -> list[Benc
     Files are read with ``ase.io.read`` (any format ASE knows); a file ASE cannot read is
     tried with pymatgen's ``Structure.from_file``.
     """
+    from ..structure_files import read_frames
+
     out = []
     for path in map(Path, paths):
-        if not path.is_file():
-            raise FileNotFoundError(f"no structure file {path}; give files ASE or pymatgen can read (CIF, POSCAR, "
-                                    "extxyz, ...)")
-        frames = _read(path, index)
+        frames = read_frames(path, index)
         for k, atoms in enumerate(frames):
             name = path.name + (f"[{k}]" if len(frames) > 1 else "")
             atoms.info["name"] = name
             out.append(BenchStructure(name, atoms, str(path)))
     return out
-
-
-def _read(path: Path, index: str) -> list:
-    from ase.io import read
-
-    try:
-        frames = read(path, index=index)
-    except Exception as ase_exc:  # noqa: BLE001 - any reader failure: try pymatgen, then report both
-        try:
-            from pymatgen.core import Structure
-            from pymatgen.io.ase import AseAtomsAdaptor
-
-            frames = AseAtomsAdaptor.get_atoms(Structure.from_file(path))
-        except Exception as pmg_exc:  # noqa: BLE001
-            raise MatRISInputError(
-                f"{path}: cannot read it as a structure (ASE: {ase_exc}; pymatgen: {pmg_exc}); give a file in a "
-                "format ASE reads (CIF, POSCAR, extxyz, ...) or name the format by the file's extension"
-            ) from None
-    frames = frames if isinstance(frames, list) else [frames]
-    if not frames or any(len(a) == 0 for a in frames):
-        raise MatRISInputError(f"{path}: index {index!r} selects no atoms; check the file and --index")
-    return frames
 
 
 def from_objects(objects: Sequence[Any]) -> list[BenchStructure]:

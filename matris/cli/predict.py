@@ -36,17 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_structures(files: list[str], index: str = ":"):
     """All frames of ``files`` as ASE Atoms (the bundled example when ``files`` is empty)."""
-    from ase.io import read
-
     from ..bundled import EXAMPLE_STRUCTURE
+    from ..structure_files import read_frames
 
     paths = [Path(f) for f in files] or [EXAMPLE_STRUCTURE]
     atoms = []
     for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"no structure file {path}")
-        frames = read(path, index=index)
-        frames = frames if isinstance(frames, list) else [frames]
+        frames = read_frames(path, index)  # a bad file: one clear error, exit status 2
         for k, frame in enumerate(frames):
             frame.info.setdefault("name", f"{path.name}" + (f"[{k}]" if len(frames) > 1 else ""))
         atoms.extend(frames)

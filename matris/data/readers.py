@@ -183,10 +183,12 @@ def iter_ase(path: str | os.PathLike, index: str | int = ":", **options: Any) ->
     keys, factor, tracker = _label_options(p, options)
     energy_key, forces_key, stress_key, magmoms_key, material_id_key = (keys[k] for k in _LABEL_KEYS)
 
-    def unreadable(e: Exception) -> MatRISInputError:
+    def unreadable(e: Exception, frame: int | None = None) -> MatRISInputError:
+        where = f"frame {frame} (counting from 0) of " if frame is not None else ""
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         return MatRISInputError(
-            f"{p}: ASE cannot read this file ({type(e).__name__}: {e}). Give a format ASE reads (extxyz, traj, "
-            "...), an ASE .db database, or an MPtrj .json."
+            f"{where}{p}: ASE cannot read it ({type(e).__name__}: {first}); the file may be truncated or in another "
+            "format. Give a format ASE reads (extxyz, traj, ...), an ASE .db database, or an MPtrj .json."
         )
 
     try:  # ase raises many exception types for unreadable files
@@ -200,7 +202,7 @@ def iter_ase(path: str | os.PathLike, index: str | int = ":", **options: Any) ->
         except StopIteration:
             break
         except Exception as e:
-            raise unreadable(e) from e
+            raise unreadable(e, n) from e
         yield _sample_from_atoms(atoms, p, n, factor, tracker, energy_key, forces_key, stress_key, magmoms_key,
                                  material_id_key)
         n += 1

@@ -201,13 +201,9 @@ def _json_source(path: Path, limit: int | None) -> StructureSource:
 
 
 def _ase_source(path: Path, limit: int | None) -> StructureSource:
-    from ase.io import read
+    from ..structure_files import read_frames
 
-    try:
-        frames = read(path, index=":" if limit is None else f":{limit}")
-    except Exception as exc:  # ase raises many kinds for unreadable files
-        raise MatRISInputError(f"cannot read structures from {path}: {exc}") from None
-    frames = frames if isinstance(frames, list) else [frames]
+    frames = read_frames(path, ":" if limit is None else f":{limit}")
     ids = [str(a.info.get(ID) or a.info.get("name") or f"structure-{k}") for k, a in enumerate(frames)]
     for a in frames:
         a.calc = None
