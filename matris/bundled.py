@@ -15,3 +15,31 @@ DEMO_CHECKPOINT = ASSETS / "matris-demo.pth.tar"
 MODEL_CARD = ASSETS / "matris-demo.md"
 EXAMPLE_STRUCTURE = ASSETS / "example_Si8.extxyz"
 BUNDLED_NAMES = ("demo", "matris-demo")
+
+DEFAULT_MODEL_NOTICE = (
+    "no model named: using the bundled demo model matris-demo, a small model distilled from CHGNet for demos "
+    "and tests, not for science (its errors are in its model card, matris/assets/matris-demo.md). Load a "
+    "published model with MatRIS.load('matris-10m-oam') or --model matris-10m-oam; 'matris models' lists them all."
+)
+_notice = {"shown": False, "stderr": False}
+
+
+def announce_default_model() -> None:
+    """Say once per process that the bundled demo model stands in for an unnamed one: a
+    ``UserWarning`` in Python, one plain line on stderr in the ``matris`` command."""
+    if _notice["shown"]:
+        return
+    _notice["shown"] = True
+    if _notice["stderr"]:
+        import sys
+
+        print(f"matris: note: {DEFAULT_MODEL_NOTICE}", file=sys.stderr, flush=True)
+    else:
+        import warnings
+
+        warnings.warn(DEFAULT_MODEL_NOTICE, UserWarning, stacklevel=3)
+
+
+def notices_to_stderr() -> None:
+    """The ``matris`` command prints notices as plain stderr lines instead of warnings."""
+    _notice["stderr"] = True

@@ -11,35 +11,10 @@ import torch
 from ase import units
 from ase.calculators.calculator import Calculator, all_changes
 
-from .errors import MatRISInputError
+from .devices import device_and_dtype, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from .graph import GraphBatch
 from .model import MatRIS
 from .structures import to_system
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, torch.float32: torch.float32, torch.float64: torch.float64}
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"``/None picks CUDA when available, else the CPU."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise MatRISInputError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise MatRISInputError(
-            f"device {device!r} was requested but this PyTorch build sees no CUDA GPU; use device='cpu' or 'auto'"
-        )
-    return dev
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    try:
-        return _DTYPES[dtype]
-    except (KeyError, TypeError):
-        raise MatRISInputError(f"dtype must be 'float32' or 'float64' (or the torch dtypes), got {dtype!r}") from None
-
 
 class MatRISCalculator(Calculator):
     """MatRIS as an ASE calculator.
@@ -50,9 +25,11 @@ class MatRISCalculator(Calculator):
     ``PropertyNotImplementedError``). The caller's Atoms are never modified.
 
     Args:
-        model: a :class:`MatRIS`, a checkpoint path, or None for the bundled demo model.
-        device: "cpu", "cuda", "cuda:1", or "auto".
-        dtype: "float32" (default) or "float64".
+        model: a :class:`MatRIS`, a model name (see ``matris models``), a checkpoint path or
+            URL, or None for the bundled demo model.
+        device: "cpu", "cuda", "cuda:1", or "auto" (CUDA when present). dtype: "float32" or
+            "float64". Not given: a :class:`MatRIS` keeps its own device and dtype (it is used
+            as is, never converted in place); a name or path runs on the CPU in float32.
         compute_stress: set False to skip the stress (a little faster in MD at fixed cell).
     """
 
@@ -61,12 +38,13 @@ class MatRISCalculator(Calculator):
     def __init__(
         self,
         model: MatRIS | str | os.PathLike | None = None,
-        device: str | torch.device = "cpu",
-        dtype: str | torch.dtype = "float32",
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
         compute_stress: bool = True,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        device, dtype = device_and_dtype(model, device, dtype)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         if isinstance(model, MatRIS):

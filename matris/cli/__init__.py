@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from ..errors import CheckpointError, MatRISInputError
 
+    from ..bundled import notices_to_stderr
+
+    notices_to_stderr()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:

@@ -373,7 +373,7 @@ class MatRIS(nn.Module):
 
     @classmethod
     def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-             dtype: torch.dtype = torch.float32, *, targets: str | None = None,
+             dtype: str | torch.dtype = torch.float32, *, targets: str | None = None,
              progress: bool | None = None) -> "MatRIS":
         """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
 
@@ -384,8 +384,17 @@ class MatRIS(nn.Module):
         cached and verified the same way. ``targets``: override what the model is taken to
         predict (``"efs"``: no magnetic moments); by default the checkpoint's own, then the
         registry's. ``progress``: show a download bar (``None``: when stderr is a terminal).
+        ``device``: "cpu", "cuda", "cuda:N" or "auto" (CUDA when present); ``dtype``: float32
+        or float64 (or their names). Without ``model`` the bundled demo model is loaded, and
+        the first such load in a process says so (a ``UserWarning``; one stderr line in the CLI).
         """
+        from ..bundled import announce_default_model
+        from ..devices import resolve_device, resolve_dtype
         from ..pretrained import REGISTRY, resolve
+
+        device, dtype = resolve_device(device), resolve_dtype(dtype)
+        if model is None:
+            announce_default_model()
 
         path = resolve(model, progress=progress)
         entry = REGISTRY.find(str(model)) if isinstance(model, str) else None

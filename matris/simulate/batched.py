@@ -36,7 +36,8 @@ from ..model import MatRIS
 from ..model.model import EV_PER_A3_TO_GPA
 from ..structures import like_input, to_atoms, to_system
 from .dynamics import thermalize
-from .inputs import check_positive, device_and_dtype
+from ..devices import device_and_dtype
+from .inputs import check_positive
 from .progress import Progress
 from .relaxation import RelaxResult
 from .trajectory import snapshot

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..calculator import MatRISCalculator
+from ..devices import device_and_dtype
 from ..errors import MatRISInputError
 from ..model import MatRIS
 from ..structures import to_atoms, to_system
@@ -25,13 +26,6 @@ def calculator(model: ModelLike = None, device: str | torch.device | None = None
         return model
     device, dtype = device_and_dtype(model, device, dtype)
     return MatRISCalculator(model, device=device, dtype=dtype, compute_stress=compute_stress)
-
-
-def device_and_dtype(model: Any, device, dtype):
-    """Unset device/dtype: a :class:`MatRIS`'s own, else "cpu" and float32."""
-    if isinstance(model, MatRIS):
-        return device if device is not None else model.device, dtype if dtype is not None else model.dtype
-    return device if device is not None else "cpu", dtype if dtype is not None else "float32"
 
 
 def prepare(structure: Any, model: ModelLike = None, device: str | torch.device | None = None,

@@ -1,0 +1,51 @@
+"""Where and in what precision a model runs: one rule for every entry point.
+
+``device``: "cpu", "cuda", "cuda:N", a ``torch.device``, or "auto" (CUDA when present, else
+the CPU). ``dtype``: "float32", "float64" or the torch dtypes. Not given (None): a
+:class:`MatRIS` object keeps its own device and dtype; a model named by name, path or URL
+runs on the CPU in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import MatRISInputError
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, torch.float32: torch.float32, torch.float64: torch.float64}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/None picks CUDA when available, else the CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise MatRISInputError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise MatRISInputError(
+            f"device {device!r} was requested but this PyTorch build sees no CUDA GPU; use device='cpu' or 'auto'"
+        )
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    try:
+        return _DTYPES[dtype]
+    except (KeyError, TypeError):
+        raise MatRISInputError(f"dtype must be 'float32' or 'float64' (or the torch dtypes), got {dtype!r}") from None
+
+
+def device_and_dtype(model: Any, device, dtype):
+    """The rule above: unset device/dtype are a :class:`MatRIS`'s own, else "cpu" and float32."""
+    from .model import MatRIS
+
+    if isinstance(model, MatRIS):
+        return device if device is not None else model.device, dtype if dtype is not None else model.dtype
+    return device if device is not None else "cpu", dtype if dtype is not None else "float32"
+
+
+__all__ = ["resolve_device", "resolve_dtype", "device_and_dtype"]

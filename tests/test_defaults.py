@@ -1,0 +1,69 @@
+"""Defaults a user can see: the bundled model announces itself when no model is named, and one
+device/dtype rule for every entry point (a MatRIS keeps its own; "auto" picks CUDA when present)."""
+
+import warnings
+
+import pytest
+import torch
+from ase.build import bulk
+
+from matris import MatRIS, MatRISCalculator
+from matris import bundled
+from matris.cli import main
+from matris.devices import device_and_dtype, resolve_device
+
+
+@pytest.fixture
+def fresh_notice(monkeypatch):
+    monkeypatch.setattr(bundled, "_notice", {"shown": False, "stderr": False})
+
+
+def test_unnamed_model_warns_once_per_process(fresh_notice):
+    with pytest.warns(UserWarning, match="bundled demo model matris-demo.*matris-10m-oam"):
+        MatRIS.load()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MatRIS.load()  # once per process
+        MatRISCalculator()
+
+
+def test_a_named_model_says_nothing(fresh_notice):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MatRIS.load("demo")
+        MatRIS.load("matris-demo", device="auto", dtype="float64")
+    assert not bundled._notice["shown"]
+
+
+def test_cli_prints_one_plain_note(fresh_notice, capsys, tmp_path):
+    assert main(["predict", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("matris: note: no model named") == 1 and "UserWarning" not in err
+    assert main(["predict", "--quiet", "--model", "demo"]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
+def test_calculator_keeps_a_models_device_and_dtype():
+    model = MatRIS.load("demo", dtype=torch.float64)
+    calc = MatRISCalculator(model)
+    assert calc.model is model and calc.dtype == torch.float64  # used as is, not a float32 copy
+    atoms = bulk("Si", "diamond", a=5.43)
+    atoms.calc = calc
+    e64 = atoms.get_potential_energy()
+    calc32 = MatRISCalculator(model, dtype="float32")
+    assert calc32.model is not model and calc32.dtype == torch.float32 and model.dtype == torch.float64
+    atoms.calc = calc32
+    assert atoms.get_potential_energy() == pytest.approx(e64, abs=1e-3)
+    named = MatRISCalculator("demo")
+    assert named.dtype == torch.float32 and named.device.type == "cpu"
+
+
+def test_one_rule_everywhere():
+    model = MatRIS.load("demo", dtype=torch.float64)
+    assert device_and_dtype(model, None, None) == (model.device, torch.float64)
+    assert device_and_dtype("demo", None, None) == ("cpu", "float32")
+    assert device_and_dtype(model, "cpu", "float32") == ("cpu", "float32")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert MatRIS.load("demo", device="auto").device.type == expected
+    assert MatRISCalculator("demo", device="auto").device.type == expected
