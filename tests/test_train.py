@@ -283,7 +283,7 @@ def test_finetuning_beats_scratch_and_the_starting_model(emt, tmp_path):
     print(f"energy meV/atom: start {e_start:.1f} fine-tuned {e_ft:.1f} scratch {e_sc:.1f}; "
           f"forces meV/Å: start {f_start:.1f} fine-tuned {f_ft:.1f} scratch {f_sc:.1f}")
     assert e_ft < e_start and e_ft < e_sc
-    assert f_ft < f_sc
+    assert f_ft < f_sc and f_ft < f_start  # forces too, not only the refitted energy offsets
 
 
 def test_finetune_freezing(emt, tmp_path):
