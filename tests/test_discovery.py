@@ -201,6 +201,47 @@ def test_same_folder_other_settings_or_same_shard_twice_is_refused(tmp_path):
             relax_shard(src, out, shard=Shard(1, 2), relaxer=fake_relaxer([]))
 
 
+def test_only_per_structure_failures_are_recorded(tmp_path, monkeypatch, one_thread):
+    """A structure MatRIS cannot take, non-finite results or out of memory are recorded as that
+    structure's failure and the run goes on; any other exception (a bug) stops the run."""
+    import matris.simulate as simulate
+    from matris.discovery import RelaxProtocol
+    from matris.discovery.relax import RelaxationDiverged, is_structure_failure
+
+    real = simulate.relax
+    src = write_structures(tmp_path / "in.extxyz", 4)
+
+    def flaky(atoms, **kwargs):
+        mid = atoms.info["material_id"]
+        if mid == "wbm-0":
+            raise MatRISInputError("wbm-0: atoms 0 and 1 are 0.05 Å apart (simulated)")
+        if mid == "wbm-1":
+            r = real(atoms, **kwargs)
+            r.energy = float("nan")
+            return r
+        if mid == "wbm-2":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(atoms, **kwargs)
+
+    monkeypatch.setattr(simulate, "relax", flaky)
+    report = relax_shard(src, tmp_path / "run", engine="ase", device="cpu", protocol=RelaxProtocol(steps=2),
+                         model_name="demo")
+    merged = merge_results(tmp_path / "run")
+    assert report.relaxed == 4 and merged.failed == ["wbm-0", "wbm-1", "wbm-2"] and merged.missing == []
+    assert "RelaxationDiverged" in merged.records["wbm-1"].error
+
+    def buggy(atoms, **kwargs):
+        raise TypeError("relax() got an unexpected keyword argument (a bug, simulated)")
+
+    monkeypatch.setattr(simulate, "relax", buggy)
+    with pytest.raises(TypeError, match="a bug"):
+        relax_shard(src, tmp_path / "run-bug", engine="ase", device="cpu", protocol=RelaxProtocol(steps=2),
+                    model_name="demo")
+    assert merge_results(tmp_path / "run-bug").failed == []  # nothing recorded as failed
+    assert is_structure_failure(RelaxationDiverged("x")) and is_structure_failure(MemoryError())
+    assert not is_structure_failure(KeyError("x")) and not is_structure_failure(RuntimeError("shape mismatch"))
+
+
 def test_batched_engine_and_failing_batches_are_split(tmp_path, monkeypatch, one_thread):
     """torch-sim's batched FIRE (the GPU engine), here on the CPU; a batch that fails is split
     until the structure that fails is alone, and only that one is recorded as failed."""
@@ -228,6 +269,14 @@ def test_batched_engine_and_failing_batches_are_split(tmp_path, monkeypatch, one
     merged = merge_results(tmp_path / "run2")
     assert report.relaxed == 5 and merged.failed == ["wbm-2"] and merged.missing == []
     assert "out of memory" in merged.records["wbm-2"].error
+
+    def bug(atoms_list, **kwargs):
+        raise ValueError("a bug, simulated")
+
+    monkeypatch.setattr(batched, "relax_batch", bug)
+    with pytest.raises(ValueError, match="a bug"):  # not bisected into failed records
+        relax_shard(src, tmp_path / "run3", engine="torch-sim", device="cpu", batch_size=5,
+                    protocol=RelaxProtocol(steps=2), model_name="demo")
 
 
 # ------------------------------------------------------------------ matbench-discovery equality

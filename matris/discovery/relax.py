@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import MatRISInputError
@@ -84,6 +85,29 @@ def choose_engine(engine: str, device: torch.device) -> str:
     return engine
 
 
+class RelaxationDiverged(RuntimeError):
+    """A relaxation that ended with a non-finite energy, position or cell."""
+
+
+def is_structure_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` belongs to one structure, so that the run records it and goes on: a
+    structure MatRIS cannot take (:class:`MatRISInputError`), out of memory, non-finite
+    results, or an optimizer that diverged (a singular cell). Anything else is a bug or a
+    broken setup, and stops the run instead of turning every structure into a failed record."""
+    if isinstance(exc, (MatRISInputError, MemoryError, RelaxationDiverged, np.linalg.LinAlgError)):
+        return True
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def _check_finite(mid: str, energy, atoms) -> None:
+    values = [energy, *np.asarray(atoms.get_positions()).ravel(), *np.asarray(atoms.cell[:]).ravel()]
+    if energy is None or not np.isfinite(np.asarray(values, dtype=float)).all():
+        raise RelaxationDiverged(f"{mid}: the relaxation ended with a non-finite energy, position or cell "
+                                 f"(energy {energy})")
+
+
 def ase_relaxer(model, protocol: RelaxProtocol, device, dtype) -> Relaxer:
     """One structure at a time with :func:`matris.simulate.relax` (ASE optimizer + cell filter)."""
     from ..simulate import relax
@@ -99,9 +123,10 @@ def ase_relaxer(model, protocol: RelaxProtocol, device, dtype) -> Relaxer:
             try:
                 r = relax(atoms, fmax=protocol.fmax, steps=protocol.steps, optimizer=protocol.optimizer,
                           cell_filter=protocol.cell_filter, model=calc)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as exc:  # recorded: one bad structure must not stop a 250k-structure run
+                _check_finite(mid, r.energy, r.atoms)
+            except Exception as exc:
+                if not is_structure_failure(exc):
+                    raise  # a bug: stop, rather than record 257k failed structures
                 records.append(_failed(mid, atoms, exc, "ase", time.perf_counter() - start))
                 continue
             records.append(RelaxRecord.from_atoms(mid, r.atoms, r.energy, fmax=r.fmax, steps=r.steps,
@@ -114,8 +139,10 @@ def ase_relaxer(model, protocol: RelaxProtocol, device, dtype) -> Relaxer:
 
 def batched_relaxer(model, protocol: RelaxProtocol, device, dtype, max_atoms: int | None = None) -> Relaxer:
     """Many structures at once with torch-sim's batched FIRE on a Fréchet cell filter
-    (:func:`matris.simulate.relax_batch`). A batch that fails (e.g. out of memory) is split in
-    halves and retried; a single structure that fails is recorded as failed."""
+    (:func:`matris.simulate.relax_batch`). A batch that fails for a reason that belongs to a
+    structure (:func:`is_structure_failure`: out of memory, non-finite results, ...) is split in
+    halves and retried; a single structure that fails so is recorded as failed. Other errors
+    stop the run."""
     if protocol.optimizer != "FIRE" or protocol.cell_filter != "FrechetCellFilter":
         raise MatRISInputError("the torch-sim engine runs FIRE + FrechetCellFilter only; use --engine ase for "
                                f"{protocol.optimizer} + {protocol.cell_filter}")
@@ -130,9 +157,11 @@ def batched_relaxer(model, protocol: RelaxProtocol, device, dtype, max_atoms: in
         try:
             results = relax_batch(atoms_list, fmax=protocol.fmax, steps=protocol.steps, model=ts_model,
                                   max_atoms=max_atoms)
-        except (KeyboardInterrupt, SystemExit):
-            raise
+            for a, r in zip(atoms_list, results):
+                _check_finite(a.info["material_id"], r.energy, r.atoms)
         except Exception as exc:
+            if not is_structure_failure(exc):
+                raise  # a bug: stop, rather than bisect it into failed records
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             if len(atoms_list) == 1:
