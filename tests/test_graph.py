@@ -251,3 +251,28 @@ def test_torch_sim_model_builds_the_same_graph_from_device_tensors():
         dev = model._device_graph(lambda k, d=None: getattr(state, k, d))
         for f in fields(GraphBatch):
             assert torch.equal(getattr(host, f.name), getattr(dev, f.name)), f.name
+
+
+def test_device_builder_that_cannot_run_falls_back_to_the_host(monkeypatch):
+    """A vesin build that fails on the device (say, one without CUDA support) costs a warning,
+    once; the graphs are then built on the host and moved, and the model still runs."""
+    pytest.importorskip("vesin_torch")
+    import matris.graph.batch as batch_module
+
+    monkeypatch.setattr(batch_module, "_DEVICE_BUILDER", {"failed": None})
+
+    def no_gpu_support(*args, **kwargs):
+        raise RuntimeError("vesin was compiled without support for this device (simulated)")
+
+    monkeypatch.setattr(batch_module, "device_half_neighbor_list", no_gpu_support)
+    systems = [random_system(np.random.default_rng(5))]
+    host = GraphBatch.from_systems(systems, 5.0, 3.0, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="built on the host from now on"):
+        g = GraphBatch.from_systems(systems, 5.0, 3.0, dtype=torch.float64, device="meta")  # a non-CPU device
+    assert g.positions.device.type == "meta" and g.num_angles == host.num_angles
+    assert not batch_module.device_builder_available()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GraphBatch.from_systems(systems, 5.0, 3.0, device="meta")  # said once; the host builds

@@ -20,12 +20,32 @@ from .neighbors import device_half_neighbor_list, half_neighbor_list
 from .system import MIN_DISTANCE, AtomicSystem
 
 
+_DEVICE_BUILDER = {"failed": None}
+
+
 @functools.lru_cache(maxsize=1)
-def device_builder_available() -> bool:
-    """Whether graphs can be built on a device (vesin's torch interface is installed)."""
+def _vesin_torch_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vesin_torch") is not None
+
+
+def device_builder_available() -> bool:
+    """Whether graphs can be built on a device: vesin's torch interface is installed and has
+    not failed on this process's device (then the host builds, as on the CPU)."""
+    return _DEVICE_BUILDER["failed"] is None and _vesin_torch_installed()
+
+
+def device_builder_failed(exc: BaseException) -> None:
+    """Fall back to building graphs on the host for the rest of the process, saying why once."""
+    import warnings
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        raise exc  # out of memory is no reason to stop building on the device
+    _DEVICE_BUILDER["failed"] = f"{type(exc).__name__}: {exc}"
+    warnings.warn(f"building graphs on the device failed ({str(exc)[:300]}); they are built on the host from now on "
+                  "(correct, a little slower). Update vesin-torch to build them on the GPU.", RuntimeWarning,
+                  stacklevel=3)
 
 
 @dataclass
@@ -148,13 +168,16 @@ class GraphBatch:
                 if validate:
                     system.validate(k)
             dev = torch.device(device)
-            return GraphBatch.from_tensors(
-                torch.from_numpy(np.concatenate([s.positions for s in systems])).to(dev),
-                torch.from_numpy(np.stack([s.cell for s in systems])).to(dev),
-                torch.from_numpy(np.stack([s.pbc for s in systems])).to(dev),
-                torch.from_numpy(np.concatenate([s.atomic_numbers for s in systems])).to(dev),
-                [s.num_atoms for s in systems], cutoff, three_body_cutoff, dtype=dtype, validate=validate,
-                index_offset=index_offset, names=[s.name for s in systems])
+            try:
+                return GraphBatch.from_tensors(
+                    torch.from_numpy(np.concatenate([s.positions for s in systems])).to(dev),
+                    torch.from_numpy(np.stack([s.cell for s in systems])).to(dev),
+                    torch.from_numpy(np.stack([s.pbc for s in systems])).to(dev),
+                    torch.from_numpy(np.concatenate([s.atomic_numbers for s in systems])).to(dev),
+                    [s.num_atoms for s in systems], cutoff, three_body_cutoff, dtype=dtype, validate=validate,
+                    index_offset=index_offset, names=[s.name for s in systems])
+            except RuntimeError as exc:  # a vesin build that cannot run on this device: the host builds
+                device_builder_failed(exc)
         atom_offset = 0
         parts: dict[str, list] = {k: [] for k in ("i", "j", "n", "d", "nb")}
         for k, system in enumerate(systems, start=index_offset):

@@ -94,6 +94,12 @@ def device_half_neighbor_list(positions: torch.Tensor, cell: torch.Tensor, pbc: 
     box = torch.where(periodic[:, None], cell.detach().to(device=pos.device, dtype=torch.float64),
                       torch.zeros((), dtype=torch.float64, device=pos.device)).contiguous()
     nl = NeighborList(cutoff=float(cutoff) * (1 + 1e-9) + 1e-12, full_list=False)  # as the host search
-    i, j, shifts, d = nl.compute(points=pos, box=box, periodic=periodic, quantities="ijSd")
+    try:
+        i, j, shifts, d = nl.compute(points=pos, box=box, periodic=periodic, quantities="ijSd")
+    except RuntimeError:
+        if periodic.device.type == "cpu":
+            raise
+        # builds that want the three flags on the host
+        i, j, shifts, d = nl.compute(points=pos, box=box, periodic=periodic.cpu(), quantities="ijSd")
     keep = d <= cutoff
     return i[keep].to(torch.int64), j[keep].to(torch.int64), shifts[keep].to(torch.int64), d[keep]

@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..calculator import resolve_device, resolve_dtype
 from ..errors import MatRISInputError
 from ..graph import AtomicSystem, GraphBatch
-from ..graph.batch import device_builder_available
+from ..graph.batch import device_builder_available, device_builder_failed
 from ..model import MatRIS
 from ..model.model import EV_PER_A3_TO_GPA
 from ..structures import like_input, to_atoms, to_system
@@ -98,7 +98,10 @@ class MatRISModel(ModelInterface):
         is built there from the state's tensors: positions never leave the device between steps."""
         get = state.get if isinstance(state, dict) else lambda k, d=None: getattr(state, k, d)
         if self._device.type != "cpu" and device_builder_available():
-            return self._device_graph(get)
+            try:
+                return self._device_graph(get)
+            except RuntimeError as exc:  # the host builds instead (said once)
+                device_builder_failed(exc)
         positions = get("positions").detach().to("cpu", torch.float64).numpy()
         cell = get("cell").detach().to("cpu", torch.float64)
         rows = cell.transpose(-2, -1).numpy()  # torch-sim stores lattice vectors as columns
