@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import provenance  # noqa: E402
 from matris.data.cache import build_or_load  # noqa: E402
 
 
@@ -66,11 +65,7 @@ def main(argv=None) -> int:
                          "kB_per_structure": size / len(ds) / 1e3})
             print(f"cache_angles={str(store_angles):5s}: {len(ds)} structures in {seconds:6.1f} s = "
                   f"{len(ds) / seconds:6.0f} structures/s (one core), {size / len(ds) / 1e3:6.1f} kB per structure")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    result = {"meta": {"commit": commit, "command": "python benchmarks/cache_build.py " + " ".join(argv or sys.argv[1:]),
-                       "machine": platform.machine(), "processor": platform.processor(), "threads": 1,
-                       "torch": torch.__version__, "python": platform.python_version()},
-              "rows": rows}
+    result = {"meta": {**provenance(argv), "threads": 1}, "rows": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

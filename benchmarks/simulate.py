@@ -110,6 +110,10 @@ def main(argv=None):
             ase=not args.no_ase)
     print_table(r)
     if args.json:
+        from benchmarks.provenance import provenance
+        from matris.bundled import DEMO_CHECKPOINT
+
+        r["meta"] = provenance(argv, "matris-demo", DEMO_CHECKPOINT)
         Path(args.json).write_text(json.dumps(r, indent=1))
     return 0
 

@@ -1,0 +1,45 @@
+"""What every results JSON records about its run: commit, command, machine, versions, model."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def provenance(argv: list[str] | None = None, model_name: str | None = None, model_path: str | os.PathLike | None = None
+               ) -> dict:
+    """``{"commit", "dirty", "command", "machine", "python", "torch", "model", "model_sha256"}``
+    for a result file: the numbers can be traced back to the code, the model and the call."""
+    import torch
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(ROOT)
+    except ValueError:
+        pass
+    out = {
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "command": " ".join(["python", str(script), *(sys.argv[1:] if argv is None else argv)]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    if model_name or model_path:
+        out["model"] = model_name or str(model_path)
+    if model_path:
+        digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
+        out["model_sha256"] = digest
+    return out
