@@ -67,6 +67,10 @@ def main(argv=None):
     print(f"  cutoff crossings        {r['crossings']} steps, sum {r['crossing_energy']:+.4f} meV/atom, "
           f"largest {r['max_crossing_jump']:.4f} meV/atom")
     if args.json:
+        from benchmarks.provenance import provenance
+        from matris.bundled import DEMO_CHECKPOINT
+
+        r["meta"] = provenance(argv, "matris-demo", DEMO_CHECKPOINT)
         Path(args.json).write_text(json.dumps(r, indent=1))
     return 0
 
