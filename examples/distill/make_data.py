@@ -397,6 +397,10 @@ def main() -> None:
         "seconds": round(time.time() - t0, 1),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    # the split itself, committed next to this script (tests/test_bundled.py checks the held-out fixture against it)
+    split = {"seed": args.seed, "test_families": sorted(test_fams),
+             "train_families": sorted({a.info["family"] for a in train})}
+    (Path(__file__).resolve().parent / "split.json").write_text(json.dumps(split, indent=0) + "\n")
     print(json.dumps(summary))
 
 
