@@ -18,6 +18,7 @@ from matris.bundled import DEMO_CHECKPOINT, MODEL_CARD
 from matris.pretrained import get_entry
 
 HELD_OUT = Path(__file__).parent / "fixtures" / "chgnet_heldout.extxyz"
+DISTILL = Path(__file__).parents[1] / "examples" / "distill"
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,25 @@ def test_bundled_file_is_small_and_documented(model):
     entry = get_entry("demo")
     assert entry.name == "matris-demo" and entry.bundled
     assert sum(p.numel() for p in model.parameters()) < 1.25e6  # float32 < 5 MB
+
+
+def test_held_out_split_shares_no_prototype_family_with_training():
+    """The split make_data.py wrote (examples/distill/split.json): test and train families are
+    disjoint, the anchors are in training, no held-out family was in the previous model's
+    training data, and every structure of the held-out fixture is from a held-out family."""
+    import json
+
+    split = json.loads((DISTILL / "split.json").read_text())
+    test, train = set(split["test_families"]), set(split["train_families"])
+    assert test and train and not test & train
+    assert {"Si-diamond", "Cu-fcc", "NiO-rocksalt"} <= train
+    previous = {ln.strip() for ln in (DISTILL / "previous_families.txt").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")}
+    assert len(previous) > 500 and not test & previous
+    frames = read(HELD_OUT, ":")
+    assert {a.info["family"] for a in frames} <= test
+    # MD snapshots and strained/substituted supercells carry their prototype's family (no "md-" families)
+    assert not any(f.startswith("md-") for f in test | train)
 
 
 def test_held_out_error_against_teacher(model):
