@@ -31,7 +31,8 @@ def provenance(argv: list[str] | None = None, model_name: str | None = None, mod
         pass
     out = {
         "commit": git("rev-parse", "HEAD") or None,
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # result files (benchmarks/results/, written while the run goes on) do not make the code dirty
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")),
         "command": " ".join(["python", str(script), *(sys.argv[1:] if argv is None else argv)]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "python": platform.python_version(),
