@@ -57,6 +57,12 @@ def test_json_csv_plot_agree(result, tmp_path):
     plot(result, tmp_path / "b.png")
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["meta"]["memory"] and data["meta"]["repeat"] == 2 and len(data["rows"]) == 2
+    # provenance: which model (by content) and which code made the numbers
+    from matris.bundled import DEMO_CHECKPOINT
+    from matris.pretrained.cache import sha256_file
+
+    assert data["meta"]["model"] == "matris-demo" and data["meta"]["model_sha256"] == sha256_file(DEMO_CHECKPOINT)
+    assert data["meta"]["command"] and "commit" in data["meta"]
     with open(tmp_path / "b.csv") as fh:
         lines = list(csv.DictReader(fh))
     for row, line, obj in zip(data["rows"], lines, result.rows):

@@ -264,7 +264,38 @@ def _meta(config: BenchConfig, device: torch.device, memory: PeakMemory) -> dict
         "temperature_K": config.temperature_K, "max_seconds": config.max_seconds,
         "memory": memory.kind, "memory_unit": "GiB", "time_unit": "s",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.argv[0]) or "python", *sys.argv[1:]]),
+        "commit": _git_commit(), **_model_identity(config.model),
     }
+
+
+def _git_commit() -> str | None:
+    """The commit of the matris source tree the run used (None outside a git checkout)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _model_identity(model: Any) -> dict[str, Any]:
+    """``{"model", "model_sha256"}`` of the MatRIS model benchmarked (a file or name; an
+    in-memory MatRIS object has no file to hash)."""
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        return {"model": type(model).__name__, "model_sha256": None}
+    from ..pretrained.cache import resolve, sha256_file
+
+    try:
+        path = resolve(model)
+    except Exception:  # the runner reports an unloadable model itself
+        return {"model": str(model), "model_sha256": None}
+    return {"model": "matris-demo" if model is None else str(model), "model_sha256": sha256_file(path)}
 
 
 def _progress_line(row: BenchRow) -> str:
