@@ -225,7 +225,9 @@ def test_cli_md_eos_phonons(tmp_path, monkeypatch, capsys):
                  "--trajectory", "md.traj", "--quiet"]) == 2  # another run's restart file: refused
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main(["eos", "POSCAR", "--points", "7", "--range", "0.04", "--no-relax-positions",
+        # the CLI uses the bundled model, whose Si minimum (a = 5.45 Å) is 1.4 % below this cell's:
+        # ±8 % in volume brackets it
+        assert main(["eos", "POSCAR", "--points", "7", "--range", "0.08", "--no-relax-positions",
                      "--out-dir", "eos"]) == 0
         assert main(["phonons", "POSCAR", "--supercell", "2", "--mesh", "4", "--tmax", "300",
                      "--out-dir", "ph"]) == 0
