@@ -23,9 +23,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-EV_A3_PER_GPA = 1 / 160.21766
-
-
 def nvt(model) -> dict:
     from ase.build import bulk
 
@@ -41,6 +38,7 @@ def nvt(model) -> dict:
 
 def relaxation(model) -> dict:
     from ase.build import bulk
+    from ase.units import GPa  # eV/Å³ per GPa
 
     from matris.simulate import relax
 
@@ -50,7 +48,7 @@ def relaxation(model) -> dict:
     r = relax(atoms, dtype="float64", model=model)
     return {"atoms": 8, "converged": bool(r.converged), "steps": int(len(r.energies) - 1),
             "energy_drop_eV": float(r.energies[0] - r.energy), "fmax_eV_A": float(r.fmax),
-            "stress_times_volume_per_atom_eV": float(np.abs(r.stress).max() * EV_A3_PER_GPA
+            "stress_times_volume_per_atom_eV": float(np.abs(r.stress).max() * GPa
                                                      * r.atoms.get_volume() / len(atoms))}
 
 

@@ -236,7 +236,7 @@ def md_snapshots(atoms: Atoms, label: Labeller, temperature: float, steps: int, 
 
 def stage(path: Path, make) -> list[Atoms]:
     """The labelled frames of one stage: read from ``path`` if an earlier run finished it, else
-    made, labelled and written (to a temporary name first, so a kill leaves no half file)."""
+    made, labelled and written (see :func:`write_frames`)."""
     from ase.io import read
 
     if path.exists():
@@ -244,10 +244,15 @@ def stage(path: Path, make) -> list[Atoms]:
         print(f"  reusing {path.name}: {len(frames)} structures", flush=True)
         return frames
     frames = make()
+    write_frames(path, frames)
+    return frames
+
+
+def write_frames(path: Path, frames: list[Atoms]) -> None:
+    """Extended XYZ written to a temporary name and renamed: a kill never leaves a half file."""
     tmp = path.with_name(path.name + ".tmp")
     write(tmp, frames, format="extxyz")
     tmp.replace(path)
-    return frames
 
 
 def tag(frames: list[Atoms], kind: str) -> list[Atoms]:
@@ -381,9 +386,7 @@ def main() -> None:
     order = split_rng.permutation(len(train))
     train = [train[i] for i in order]
     for name, frames in (("train", train), ("test", test)):
-        tmp = args.out / f"{name}.extxyz.tmp"
-        write(tmp, frames, format="extxyz")
-        tmp.replace(args.out / f"{name}.extxyz")
+        write_frames(args.out / f"{name}.extxyz", frames)
     summary = {
         "teacher": "CHGNet 0.3.0 (chgnet package, CHGNet.load(model_name='0.3.0'))",
         "structures": {"train": len(train), "test": len(test)},
