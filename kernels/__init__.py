@@ -4,11 +4,14 @@ Each operation has a PyTorch reference (used on every device and by the tests as
 truth); GPU kernels written in Triton live beside their reference and are selected on CUDA.
 """
 
-from .backend import triton_available, use_triton
+from .backend import triton_available, use_chunked, use_triton
 from .segment import scatter_sum, segment_softmax
-from .aggregate import Segments, softmax_aggregate, softmax_aggregate_reference
+from .aggregate import (Segments, attention_pair, attention_pair_reference, softmax_aggregate,
+                        softmax_aggregate_reference)
 from .epilogue import gated_epilogue, gated_epilogue_reference
 from .gather import gather_sum_activate, gather_sum_activate_reference
+from .phi import gated_phi, gated_phi_reference
+from .refine import refine_edges, refine_edges_reference
 
 __all__ = [
     "scatter_sum",
@@ -16,10 +19,17 @@ __all__ = [
     "Segments",
     "softmax_aggregate",
     "softmax_aggregate_reference",
+    "attention_pair",
+    "attention_pair_reference",
+    "gated_phi",
+    "gated_phi_reference",
+    "refine_edges",
+    "refine_edges_reference",
     "gated_epilogue",
     "gated_epilogue_reference",
     "gather_sum_activate",
     "gather_sum_activate_reference",
     "triton_available",
     "use_triton",
+    "use_chunked",
 ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import check_dtype, triton_available, use_triton
+from .backend import check_dtype, recompute_backward, triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
 
 
@@ -201,3 +201,134 @@ def _backward_triton(logits, messages, out, lse, grad_out, grad_lse, index):
     softmax_aggregate_bwd_kernel[grid](logits, messages, index, out, lse, grad_out, grad_lse, grad_logits,
                                        grad_messages, e, c, BLOCK_E=BWD_BLOCK_E, BLOCK_C=BWD_BLOCK_C)
     return grad_logits, grad_messages
+
+
+# ---------------------------------------------------------------------------- CPU, chunked
+def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, row_index: torch.Tensor | None,
+                             messages: torch.Tensor, target: torch.Tensor, source: torch.Tensor,
+                             num_segments: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch reference of both aggregations of one separable attention → (T, S) ``[n, C]``.
+
+    Logits ``α = [α_s ‖ α_t]`` ``[E, 2C]`` are ``rows·weightᵀ`` (rows ``[E, d]``, weight
+    ``[2C, d]``) or, with ``row_index``, ``rows[row_index]`` (rows already projected, ``[B, 2C]``).
+    ``T = softmax_aggregate(α_t, m, target)``, ``S = softmax_aggregate(α_s, m, source)``.
+    """
+    alpha = rows @ weight.T if row_index is None else rows.index_select(0, row_index)
+    c = messages.shape[1]
+    return (softmax_aggregate_reference(alpha[:, c:], messages, target, num_segments),
+            softmax_aggregate_reference(alpha[:, :c], messages, source, num_segments))
+
+
+def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
+                   chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention_pair_reference`, chunked for the CPU (``chunk`` rows at a time).
+
+    Two passes over the edges: the logits and the per-segment maxima, then the exponentials
+    and the sums. The backward recomputes ``p = exp(α − lse)`` per chunk from the saved logits
+    and log-sum-exp (the formulas of the module docstring) and never builds an edge-sized
+    tensor beyond the gradients it returns. With ``create_graph`` or weight gradients it
+    recomputes the reference under autograd (exact second order).
+    """
+    n_edges = messages.shape[0]
+    if n_edges == 0:
+        return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments)
+    if chunk is None:
+        chunk = max(64, (4 << 20) // (2 * messages.shape[1] * messages.element_size()))
+    return _AttentionPair.apply(rows, weight, row_index, messages, target, source, num_segments, int(chunk))
+
+
+def _exp_minus(alpha: torch.Tensor, ref: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``exp(alpha − ref[index])`` written into ``out`` (``[c, C]``)."""
+    torch.index_select(ref, 0, index, out=out)
+    return torch.sub(alpha, out, out=out).exp_()
+
+
+class _AttentionPair(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, weight, row_index, m, target, source, n, chunk):
+        e, c = m.shape
+        like = dict(dtype=m.dtype, device=m.device)
+        alpha = torch.empty(e, 2 * c, **like)
+        max_s = torch.full((n, c), float("-inf"), **like)
+        max_t = torch.full((n, c), float("-inf"), **like)
+        for s in range(0, e, chunk):
+            a = alpha[s : s + chunk]
+            if row_index is None:
+                torch.mm(rows[s : s + chunk], weight.T, out=a)
+            else:
+                torch.index_select(rows, 0, row_index[s : s + chunk], out=a)
+            for mx, index, half in ((max_s, source, a[:, :c]), (max_t, target, a[:, c:])):
+                mx.scatter_reduce_(0, index[s : s + chunk, None].expand_as(half), half, "amax")
+        # empty segments keep −inf maxima: shift by 0 there (nothing is read from them)
+        max_s.nan_to_num_(neginf=0.0)
+        max_t.nan_to_num_(neginf=0.0)
+        sums = [torch.zeros(n, c, **like) for _ in range(4)]  # Σp_s, Σp_s·m, Σp_t, Σp_t·m
+        p = torch.empty(min(chunk, e), c, **like)
+        pm = torch.empty_like(p)
+        for s in range(0, e, chunk):
+            a, mm_, k = alpha[s : s + chunk], m[s : s + chunk], min(chunk, e - s)
+            for half, ref, index, den, num in ((a[:, :c], max_s, source, sums[0], sums[1]),
+                                                (a[:, c:], max_t, target, sums[2], sums[3])):
+                idx = index[s : s + chunk]
+                q = _exp_minus(half, ref, idx, p[:k])
+                den.index_add_(0, idx, q)
+                num.index_add_(0, idx, torch.mul(q, mm_, out=pm[:k]))
+        outs, lses = [], []
+        for den, num, mx in ((sums[0], sums[1], max_s), (sums[2], sums[3], max_t)):
+            safe = torch.where(den > 0, den, torch.ones_like(den))
+            outs.append(num.div_(safe))
+            lses.append(safe.log_().add_(mx))
+        out_s, out_t = outs
+        ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, *lses)
+        ctx.n, ctx.chunk = n, chunk
+        return out_t, out_s
+
+    @staticmethod
+    def backward(ctx, g_t, g_s):
+        rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if torch.is_grad_enabled() or (needs[1] and row_index is None):
+            def ref(r, w, msg):
+                return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n)
+
+            w = weight if weight is not None else rows.new_zeros(0)
+            g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
+            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None
+        e, c = m.shape
+        chunk = ctx.chunk
+        g_t = torch.zeros_like(out_t) if g_t is None else g_t.contiguous()
+        g_s = torch.zeros_like(out_s) if g_s is None else g_s.contiguous()
+        g_m = torch.empty_like(m) if needs[3] else None
+        g_rows = None
+        if needs[0]:
+            g_rows = torch.empty_like(rows) if row_index is None else torch.zeros_like(rows)
+        like = dict(dtype=m.dtype, device=m.device)
+        k0 = min(chunk, e)
+        p, gi, tmp = torch.empty(k0, c, **like), torch.empty(k0, c, **like), torch.empty(k0, c, **like)
+        g_alpha = torch.empty(k0, 2 * c, **like)
+        for s in range(0, e, chunk):
+            a, mm_, k = alpha[s : s + chunk], m[s : s + chunk], min(chunk, e - s)
+            ga = g_alpha[:k]
+            gm = g_m[s : s + chunk] if g_m is not None else tmp[:k].clone()
+            first = True
+            for half, lse, out, grad, index, cols in ((a[:, :c], lse_s, out_s, g_s, source, slice(0, c)),
+                                                      (a[:, c:], lse_t, out_t, g_t, target, slice(c, 2 * c))):
+                idx = index[s : s + chunk]
+                q = _exp_minus(half, lse, idx, p[:k])
+                gg = torch.index_select(grad, 0, idx, out=gi[:k])
+                # ∂L/∂m += p·G[idx]
+                if first:
+                    torch.mul(q, gg, out=gm)
+                else:
+                    gm.addcmul_(q, gg)
+                first = False
+                # ∂L/∂α = p·(m − out[idx])·G[idx]
+                o = torch.index_select(out, 0, idx, out=tmp[:k])
+                torch.sub(mm_, o, out=o).mul_(gg)
+                torch.mul(o, q, out=ga[:, cols])
+            if g_rows is not None:
+                if row_index is None:
+                    torch.mm(ga, weight, out=g_rows[s : s + chunk])
+                else:
+                    g_rows.index_add_(0, row_index[s : s + chunk], ga)
+        return g_rows, None, None, g_m, None, None, None, None

@@ -1,7 +1,10 @@
-"""Which implementation a kernel uses: Triton on CUDA, the PyTorch reference elsewhere.
+"""Which implementation a kernel uses: Triton on CUDA, chunked PyTorch on the CPU.
 
-Override per call with ``backend="triton"|"torch"``, or for the whole process with the
-environment variable ``MATRIS_KERNELS=triton|torch|auto``. Triton kernels also run on
+``"triton"``: the fused GPU kernels. ``"chunked"``: the same fused formulas written in PyTorch
+ops and run over cache-sized chunks of rows (:mod:`.phi`, :func:`.aggregate.attention_pair`),
+the fast path on a CPU. ``"torch"``: the composed PyTorch reference. ``"auto"`` (default)
+picks Triton on CUDA and chunked elsewhere. Override per call with ``backend=...``, or for the
+whole process with the environment variable ``MATRIS_KERNELS``. Triton kernels also run on
 CPU tensors under ``TRITON_INTERPRET=1`` (slow; used by the CPU checks).
 """
 
@@ -12,7 +15,7 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "triton", "torch")
+BACKENDS = ("auto", "triton", "chunked", "torch")
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,7 +37,7 @@ def use_triton(device: torch.device, backend: str | None = None) -> bool:
     choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
     if choice not in BACKENDS:
         raise ValueError(f"unknown kernel backend {choice!r}; use one of {BACKENDS} (argument or MATRIS_KERNELS)")
-    if choice == "torch":
+    if choice in ("torch", "chunked"):
         return False
     runnable = triton_available() and (device.type == "cuda" or interpreting())
     if choice == "triton":
@@ -45,6 +48,12 @@ def use_triton(device: torch.device, backend: str | None = None) -> bool:
             )
         return True
     return runnable and device.type == "cuda"
+
+
+def use_chunked(device: torch.device, backend: str | None = None) -> bool:
+    """Whether the chunked PyTorch forms run on ``device`` (see the module docstring)."""
+    choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
+    return choice == "chunked" or (choice == "auto" and not use_triton(device, backend))
 
 
 def recompute_backward(fn, inputs, grad):

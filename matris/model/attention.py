@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import Segments, softmax_aggregate, softmax_aggregate_reference
+from ..kernels import Segments, attention_pair, softmax_aggregate, softmax_aggregate_reference
 from .layers import apply_phi, call_phi, phi
 
 
@@ -46,13 +46,14 @@ class SeparableAttention(nn.Module):
         rewrite: bool = True,
         recompute_phi: bool = False,
         segments: tuple[Segments, Segments] | None = None,
-        fused: bool = False,
+        fused: bool | str = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
         ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
         ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
         ``segments`` (by target, by source) selects the fused Triton aggregation and ``fused``
-        the fused Triton kernels of Φ (first-layer gathers, gated epilogue)."""
+        the fused Triton kernels of Φ (first-layer gathers, gated epilogue); ``fused="chunked"``
+        selects the chunked CPU forms of Φ and of both aggregations (:mod:`matris.kernels`)."""
         n = x.shape[0]
         directed = d2u is not None
         if rewrite:
@@ -62,7 +63,14 @@ class SeparableAttention(nn.Module):
             m = apply_phi(self.edge_nonlinear_update,
                           torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1), fused)
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
-        alpha = y @ torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight]).T
+        w_st = torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
+        if fused == "chunked" and segments is None:
+            if directed:
+                t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n)
+            else:
+                t_agg, s_agg = attention_pair(y, w_st, None, m, tgt, src, n)
+            return self._update(x, y, m, t_agg, s_agg, directed, fused)
+        alpha = y @ w_st.T
         if directed:
             alpha = alpha.index_select(0, d2u)
         alpha_s, alpha_t = alpha.split(y.shape[-1], dim=-1)
@@ -72,6 +80,9 @@ class SeparableAttention(nn.Module):
         else:
             t_agg = softmax_aggregate_reference(alpha_t, m, tgt, n)
             s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
+        return self._update(x, y, m, t_agg, s_agg, directed, fused)
+
+    def _update(self, x, y, m, t_agg, s_agg, directed, fused):
         x_new = apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused) \
             + self.node_res_weight * x
         y_new = (pool_directed(m) if directed else m) + self.edge_res_weight * y

@@ -28,6 +28,8 @@ class BlockGraph:
     atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`
     when the fused Triton aggregation is used; None for the PyTorch reference.
     fused_phi: run Φ's first-layer gathers and the gated epilogue as fused Triton kernels.
+    chunked: run Φ and the attention aggregations in their chunked PyTorch forms (the CPU fast
+    path, :mod:`matris.kernels.phi`); ignored where ``fused_phi`` or the segments are set.
     """
 
     edge_target: torch.Tensor
@@ -44,6 +46,7 @@ class BlockGraph:
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
     fused_phi: bool = False
+    chunked: bool = False
 
     @property
     def has_angles(self) -> bool:
@@ -67,7 +70,7 @@ class InteractionBlock(nn.Module):
         self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         step = _checkpointed if g.checkpoint else _direct
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=g.fused_phi)
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused="chunked" if g.chunked and not g.fused_phi else g.fused_phi)
         if g.has_angles:
             e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond,
                             segments=g.line_segments, **opts)

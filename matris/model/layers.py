@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..kernels import gated_epilogue, gather_sum_activate, gather_sum_activate_reference
+from ..kernels import gated_epilogue, gated_phi, gather_sum_activate, gather_sum_activate_reference
 
 
 def activation(name: str) -> nn.Module:
@@ -98,12 +98,41 @@ class GatedMLP(nn.Module):
     def forward(self, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
         return self._epilogue(self.mlp_core(z), self.mlp_gate(z), fused)
 
-    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
-        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation."""
+    @property
+    def chunkable(self) -> bool:
+        """Whether :func:`matris.kernels.gated_phi` computes this Φ: the published form
+        (SiLU, RMSNorm) and no active dropout."""
+        return (self.act_name == "silu" and self.norm_type == "rms" and self.mlp_core.layers[0].bias is not None
+                and not (self.training and self.mlp_core.layers[2].p > 0))
+
+    def forward_terms(self, terms: list[Term], fused: bool | str = False) -> torch.Tensor:
+        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation.
+        ``fused``: False (composed PyTorch ops), True (Triton kernels) or ``"chunked"`` (the
+        whole Φ as :func:`matris.kernels.gated_phi`, for the CPU)."""
         core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
+        if fused == "chunked" and self.chunkable:
+            return self._chunked(terms)
+        fused = fused is True
         hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, fused))
         h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
         return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate), fused)
+
+    def _chunked(self, terms: list[Term]) -> torch.Tensor:
+        c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
+        c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
+        weight = torch.cat([c0.weight, g0.weight])
+        rows = row_weight = None
+        gathered, col = [], 0
+        for feat, index in terms:
+            w = weight[:, col : col + feat.shape[-1]]
+            col += feat.shape[-1]
+            if index is None:  # per-row term: multiplied chunk by chunk inside the kernel
+                rows, row_weight = feat, w
+            else:
+                gathered.append((feat @ w.T, index))
+        eps = self.core_norm.eps if self.core_norm.eps is not None else torch.finfo(weight.dtype).eps
+        return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,
+                         g3.bias, self.core_norm.weight, self.gate_norm.weight, eps)
 
     def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, fused: bool) -> torch.Tensor:
         """``[n, d_out]`` MLP outputs → ``act(Norm_c(core)) ⊙ σ(Norm_g(gate))``."""
@@ -117,8 +146,9 @@ class GatedMLP(nn.Module):
 class NormedMLP(nn.Sequential):
     """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``."""
 
-    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
-        # no gate: ``fused`` fuses the first layer's gathers only
+    def forward_terms(self, terms: list[Term], fused: bool | str = False) -> torch.Tensor:
+        # no gate: ``fused`` fuses the first layer's gathers only (Triton; nothing is chunked)
+        fused = fused is True
         layers = self[0].layers
         hidden = layers[2](first_layer([layers[0]], self[0].act_name, terms, fused))
         return self[1](layers[3](hidden))
@@ -137,7 +167,7 @@ def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
     )
 
 
-def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fused: bool = False) -> torch.Tensor:
+def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fused: bool | str = False) -> torch.Tensor:
     """``module.forward_terms(terms)``, optionally recomputed in the backward pass (checkpoint);
     ``fused`` selects the fused Triton kernels (first-layer gathers, gated epilogue)."""
     if not recompute:
@@ -145,9 +175,9 @@ def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fuse
     return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, fused, use_reentrant=False)
 
 
-def apply_phi(module: nn.Module, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
-    """``module(z)`` on the concatenated input, with the fused epilogue where asked and gated."""
-    return module(z, fused=True) if fused and isinstance(module, GatedMLP) else module(z)
+def apply_phi(module: nn.Module, z: torch.Tensor, fused: bool | str = False) -> torch.Tensor:
+    """``module(z)`` on the concatenated input, with the fused (Triton) epilogue where asked and gated."""
+    return module(z, fused=True) if fused is True and isinstance(module, GatedMLP) else module(z)
 
 
 def ffn(d_in: int, d_out: int, bias: bool, dropout: float) -> MLP:

@@ -15,7 +15,7 @@ from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..targets import DEFAULT_TARGETS, normalize_targets
-from ..kernels import scatter_sum, use_triton
+from ..kernels import scatter_sum, use_chunked, use_triton
 from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
@@ -266,6 +266,9 @@ class MatRIS(nn.Module):
         if use_triton(h.device, self.kernel_backend):
             bg.fused_phi = True
             bg.atom_segments, bg.line_segments = g.segments()
+        elif not create_graph and use_chunked(h.device, self.kernel_backend):
+            # training keeps the composed ops: the chunked backwards give input gradients only
+            bg.chunked = True
         features = {"embedding": h} if return_node_features else {}
         for k, block in enumerate(self.interaction_block):
             h, e, a = block(h, e, a, bg)

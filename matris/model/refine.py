@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import scatter_sum
+from ..kernels import refine_edges, scatter_sum
 from .attention import pool_directed
 from .layers import apply_phi, call_phi, ffn, phi
 
@@ -40,22 +40,29 @@ class Refine(nn.Module):
         d2u: torch.Tensor | None = None,
         rewrite: bool = True,
         recompute_phi: bool = False,
-        fused: bool = False,
+        fused: bool | str = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
         extra: ``(h, angle_atom)``, the atom term of the line graph. ``recompute_phi``
         recomputes Φ in the backward pass instead of storing its activations; ``fused`` selects
-        the fused Triton kernels of Φ (first-layer gathers, gated epilogue)."""
+        the fused Triton kernels of Φ (first-layer gathers, gated epilogue); ``fused="chunked"``
+        the chunked CPU forms of Φ and, on the line graph, of the edge side
+        (:func:`matris.kernels.refine_edges`)."""
         directed = d2u is not None
         q = self.learnable_envelope(basis)
-        g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
         if rewrite:
             u = call_phi(self.edge_nonlinear_update, terms, recompute_phi, fused)
         else:
             u = apply_phi(self.edge_nonlinear_update,
                           torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], dim=-1), fused)
+        ffn = self.edge_FFN.layers
+        if fused == "chunked" and not directed and not (self.training and ffn[2].p > 0):
+            agg, y_new = refine_edges(u, q, src, tgt, x.shape[0], y, self.edge_res_weight, ffn[0].weight, ffn[0].bias,
+                                      ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)
+            return self.node_FFN(agg) + self.node_res_weight * x, y_new
+        g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
         u_g = u * g
         x_new = self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])) + self.node_res_weight * x
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)

@@ -1,0 +1,192 @@
+"""CPU speed of the published architecture against CHGNet, measured side by side in one process.
+
+    python benchmarks/cpu_speed.py                      # Si 8/64/216, MD of Si64, op shares
+    python benchmarks/cpu_speed.py --json benchmarks/results/cpu_speed.json
+    python benchmarks/cpu_speed.py --sizes 8 64 --rounds 3 --variants chunked torch
+
+Model: the 10-block width-128 architecture of MatRIS-10M (r_c 6 Å, r_3 4.5 Å), random
+weights (speed does not depend on their values), float32. Every call is an ASE calculator
+call for energy, forces and stress on a freshly rattled diamond-Si cell (``matris.bench``'s
+standard structures), graph construction included, as a user's script sees it.
+
+Variants of our model (``--variants``): ``chunked`` (the default CPU path, fused formulas run
+over cache-sized chunks, :mod:`matris.kernels`), ``torch`` (the composed PyTorch reference ops),
+``compiled`` (``model.compile()``: Inductor, dynamic shapes; its compile time is reported
+apart). CHGNet 0.3.0 runs in the same process when installed. The machine is shared and
+noisy, so the variants and CHGNet are timed in interleaved rounds (one call each per round)
+and the table reports medians over rounds and the ratio of medians; ``ratio`` is
+ours / CHGNet (lower is better).
+
+The op table is torch.profiler's self CPU time of one Si64 call of the default variant,
+grouped by family, so the next person sees where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import provenance  # noqa: E402
+from matris import MatRIS, MatRISCalculator, MatRISConfig  # noqa: E402
+from matris.atomic import write_json  # noqa: E402
+from matris.bench.measure import md_speed  # noqa: E402
+from matris.bench.structures import standard_structure  # noqa: E402
+
+FAMILIES = {
+    "GEMM": ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm"),
+    "gather/scatter": ("index_select", "index_add", "index_add_", "scatter_add_", "scatter_reduce_", "scatter_reduce",
+                       "scatter_add", "gather", "index", "index_put_", "index_reduce_", "embedding"),
+    "copy/alloc": ("cat", "copy_", "fill_", "zero_", "zeros", "empty", "empty_like", "zeros_like", "clone", "stack",
+                   "contiguous", "full", "new_zeros", "to", "_to_copy"),
+}
+
+
+def family(op: str) -> str:
+    name = op.removeprefix("aten::")
+    for fam, names in FAMILIES.items():
+        if name in names:
+            return fam
+    return "elementwise/other"
+
+
+def op_shares(calc, atoms) -> dict:
+    """Self CPU time (ms) per op family and the top ops of one E+F+S call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        calc.reset()
+        calc.calculate(atoms, ["energy", "forces", "stress"])
+    per_family: dict[str, float] = {}
+    ops = []
+    for ev in prof.key_averages():
+        if not ev.key.startswith("aten::"):
+            continue
+        ms = ev.self_cpu_time_total / 1e3
+        per_family[family(ev.key)] = per_family.get(family(ev.key), 0.0) + ms
+        ops.append((ev.key, ms, ev.count))
+    total = sum(per_family.values())
+    return {"total_ms": total,
+            "families": {k: {"ms": v, "share": v / total} for k, v in sorted(per_family.items(), key=lambda x: -x[1])},
+            "top_ops": [{"op": k, "ms": ms, "calls": n} for k, ms, n in sorted(ops, key=lambda x: -x[1])[:12]]}
+
+
+def build_model(variant: str, base: MatRIS) -> tuple[MatRIS, float | None]:
+    import copy
+
+    model = copy.deepcopy(base)
+    compile_s = None
+    if variant == "torch":
+        model.kernel_backend = "torch"
+    elif variant == "compiled":
+        model.compile()
+    elif variant != "chunked":
+        raise SystemExit(f"unknown variant {variant!r}; use chunked, torch or compiled")
+    return model, compile_s
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216], help="Si cells (multiples of 8 atoms)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (median reported)")
+    p.add_argument("--variants", nargs="*", default=["chunked", "torch"], help="chunked, torch, compiled")
+    p.add_argument("--md-steps", type=int, default=5, help="VelocityVerlet steps of Si64 per variant (0: skip)")
+    p.add_argument("--no-chgnet", action="store_true", help="do not compare with CHGNet")
+    p.add_argument("--no-profile", action="store_true", help="skip the op-family table")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    base = MatRIS(MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj")).eval()
+    calcs = {}
+    compile_times = {}
+    for v in args.variants:
+        model, _ = build_model(v, base)
+        calcs[v] = MatRISCalculator(model, device="cpu", dtype=torch.float32)
+    chgnet = None
+    if not args.no_chgnet:
+        try:
+            from matris.bench.runners import CHGNetRunner, NotAvailable
+
+            runner = CHGNetRunner()
+            runner.load(torch.device("cpu"), "float32")
+            chgnet = runner.calculator()
+        except (ImportError, NotAvailable) as exc:
+            print(f"CHGNet not compared: {exc}", file=sys.stderr)
+    names = list(calcs) + (["CHGNet"] if chgnet is not None else [])
+    allcalcs = dict(calcs, **({"CHGNet": chgnet} if chgnet is not None else {}))
+
+    print(f"MatRIS 10-block width-128 ({base.num_parameters():,} parameters), float32, CPU, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; {args.rounds} interleaved rounds, medians")
+    rows = []
+    for n in args.sizes:
+        atoms = standard_structure("si", n).atoms
+        times = {k: [] for k in names}
+        for k in names:  # warm-up; the first call of "compiled" is its compile
+            t0 = time.perf_counter()
+            allcalcs[k].reset()
+            allcalcs[k].calculate(atoms, ["energy", "forces", "stress"])
+            if k == "compiled" and n == args.sizes[0]:
+                compile_times[k] = time.perf_counter() - t0
+        for _ in range(args.rounds):
+            for k in names:
+                c = allcalcs[k]
+                c.reset()
+                t0 = time.perf_counter()
+                c.calculate(atoms, ["energy", "forces", "stress"])
+                times[k].append(time.perf_counter() - t0)
+        row = {"structure": f"Si{n}", "atoms": n, "kind": "E+F+S",
+               "seconds": {k: statistics.median(v) for k, v in times.items()}, "all_seconds": times}
+        rows.append(row)
+    if args.md_steps > 0:
+        atoms = standard_structure("si", 64).atoms
+        times = {k: [] for k in names}
+        for _ in range(max(1, args.rounds // 2)):
+            for k in names:
+                calc = allcalcs[k]
+                if k in calcs:  # MD asks for forces only, as `matris md` does
+                    calc = MatRISCalculator(calcs[k].model, device="cpu", dtype=torch.float32, compute_stress=False)
+                times[k].append(md_speed(atoms, calc, args.md_steps).seconds / args.md_steps)
+        rows.append({"structure": "Si64", "atoms": 64, "kind": "MD step",
+                     "seconds": {k: statistics.median(v) for k, v in times.items()}, "all_seconds": times})
+
+    head = f"{'structure':10s} {'call':8s}" + "".join(f"{k + ' (s)':>15s}" for k in names)
+    if chgnet is not None:
+        head += "".join(f"{k + '/CHGNet':>17s}" for k in calcs)
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        s = row["seconds"]
+        line = f"{row['structure']:10s} {row['kind']:8s}" + "".join(f"{s[k]:15.4f}" for k in names)
+        if chgnet is not None:
+            row["ratio_vs_chgnet"] = {k: s[k] / s["CHGNet"] for k in calcs}
+            line += "".join(f"{row['ratio_vs_chgnet'][k]:16.1f}×" for k in calcs)
+        print(line)
+    for k, t in compile_times.items():
+        print(f"{k}: first call (compile included) {t:.1f} s")
+
+    shares = None
+    if not args.no_profile:
+        default = args.variants[0]
+        shares = op_shares(calcs[default], standard_structure("si", 64).atoms)
+        print(f"\nwhere the time goes: one Si64 E+F+S call, variant {default!r}, torch.profiler self CPU time "
+              f"(profiler overhead included: {shares['total_ms']:.0f} ms)")
+        for fam, v in shares["families"].items():
+            print(f"  {fam:20s} {v['ms']:9.1f} ms  {100 * v['share']:5.1f} %")
+        print("  top ops: " + ", ".join(f"{o['op'].removeprefix('aten::')} {o['ms']:.0f} ms" for o in shares["top_ops"]))
+
+    if args.json:
+        write_json(args.json, {"meta": provenance(argv, model_name="MatRIS 10-block width-128, random weights"),
+                               "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
+                               "compile_seconds": compile_times, "op_shares": shares})
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The edge side of Refine on the line graph (spec §5), chunked for the CPU.
+
+    g     = q[src] ⊙ q[tgt]                        [E, C]   q = W_env·basis per bond [B, C]
+    u_g   = u ⊙ g
+    R[n]  = Σ_{tgt = n} u_g                          [n, C]   (goes to the node FFN)
+    y'    = FFN(u_g if smooth else u) + w ⊙ y       [E, C]   FFN = Lin → SiLU → Lin
+
+``u`` is Φ's output. The composed PyTorch ops write about eight edge-sized tensors in the
+forward pass and more in the backward; here each chunk of rows goes through every step in
+cache. The forward keeps the FFN's pre-activation ``[E, C]``; the backward recomputes
+``g`` per chunk:
+
+    G_h  = silu'(h) ⊙ (G_y'·W₂),   G_in = G_h·W₁,   G_y = w ⊙ G_y'
+    G_ug = G_R[tgt] (+ G_in if smooth),   G_u = G_ug ⊙ g (+ G_in if not smooth)
+    G_q  = index_add(src, G_ug ⊙ u ⊙ q[tgt]) + index_add(tgt, G_ug ⊙ u ⊙ q[src])
+
+Input gradients only (weights are frozen at inference); with weight gradients or a graph of
+the backward wanted, the reference is recomputed under autograd (exact second order).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .backend import recompute_backward
+from .segment import scatter_sum
+
+_aten = torch.ops.aten
+CHUNK_BYTES = 2 << 20  # rows per chunk: 4,096 float32 rows of C = 128
+
+
+def refine_edges_reference(u, q, src, tgt, num_segments: int, y, res_weight, w1, b1, w2, b2,
+                           smooth: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch reference of the formulas above → ``(R [n, C], y' [E, C])``.
+
+    u, y: ``[E, C]``; q: ``[B, C]``; src, tgt: ``[E]``; res_weight: ``[1, C]``; w1, w2:
+    ``[C, C]`` with biases ``[C]`` or None.
+    """
+    u_g = u * (q.index_select(0, src) * q.index_select(0, tgt))
+    delta = F.linear(F.silu(F.linear(u_g if smooth else u, w1, b1)), w2, b2)
+    return scatter_sum(u_g, tgt, num_segments), delta + res_weight * y
+
+
+def refine_edges(u, q, src, tgt, num_segments: int, y, res_weight, w1, b1, w2, b2, smooth: bool,
+                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`refine_edges_reference`, chunked (``chunk`` rows at a time)."""
+    if u.shape[0] == 0:
+        return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
+    if chunk is None:
+        chunk = max(64, CHUNK_BYTES // (u.shape[1] * u.element_size()))
+    return _RefineEdges.apply(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, bool(smooth), int(chunk))
+
+
+class _RefineEdges(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u, q, src, tgt, n, y, res_weight, w1, b1, w2, b2, smooth, chunk):
+        e, c = u.shape
+        like = dict(dtype=u.dtype, device=u.device)
+        agg = torch.zeros(n, c, **like)
+        h = torch.empty(e, w1.shape[0], **like)
+        y_new = torch.empty(e, w2.shape[0], **like)
+        k0 = min(chunk, e)
+        ta, tb = torch.empty(k0, c, **like), torch.empty(k0, c, **like)
+        act = torch.empty(k0, w1.shape[0], **like)
+        for s in range(0, e, chunk):
+            k = min(chunk, e - s)
+            idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
+            g = torch.index_select(q, 0, idx_s, out=ta[:k]).mul_(torch.index_select(q, 0, idx_t, out=tb[:k]))
+            u_g = g.mul_(u[s : s + chunk])
+            agg.index_add_(0, idx_t, u_g)
+            hs = h[s : s + chunk]
+            torch.mm(u_g if smooth else u[s : s + chunk], w1.T, out=hs)
+            if b1 is not None:
+                hs.add_(b1)
+            a = _aten.silu.out(hs, out=act[:k])
+            yn = torch.mm(a, w2.T, out=y_new[s : s + chunk])
+            if b2 is not None:
+                yn.add_(b2)
+            yn.addcmul_(y[s : s + chunk], res_weight)
+        ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h)
+        ctx.n, ctx.smooth, ctx.chunk = n, smooth, chunk
+        return agg, y_new
+
+    @staticmethod
+    def backward(ctx, g_agg, g_ynew):
+        u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        n, smooth, chunk = ctx.n, ctx.smooth, ctx.chunk
+        if torch.is_grad_enabled() or any(needs[6:11]):
+            def ref(u_, q_, y_, rw, w1_, w2_, *biases):
+                bb = list(biases)
+                b1_ = bb.pop(0) if b1 is not None else None
+                b2_ = bb.pop(0) if b2 is not None else None
+                return refine_edges_reference(u_, q_, src, tgt, n, y_, rw, w1_, b1_, w2_, b2_, smooth)
+
+            inputs = (u, q, y, res_weight, w1, w2) + tuple(b for b in (b1, b2) if b is not None)
+            g = recompute_backward(ref, inputs, (g_agg, g_ynew))
+            rest = list(g[6:])
+            gb1 = rest.pop(0) if b1 is not None else None
+            gb2 = rest.pop(0) if b2 is not None else None
+            return g[0], g[1], None, None, None, g[2], g[3], g[4], gb1, g[5], gb2, None, None
+        e, c = u.shape
+        like = dict(dtype=u.dtype, device=u.device)
+        g_agg = torch.zeros(n, c, **like) if g_agg is None else g_agg.contiguous()
+        g_ynew = torch.zeros(e, c, **like) if g_ynew is None else g_ynew.contiguous()
+        g_u = torch.empty_like(u) if needs[0] else None
+        g_q = torch.zeros_like(q) if needs[1] else None
+        g_y = torch.mul(g_ynew, res_weight) if needs[5] else None
+        k0 = min(chunk, e)
+        qs, qt, gug, tmp = (torch.empty(k0, c, **like) for _ in range(4))
+        gh = torch.empty(k0, w1.shape[0], **like)
+        for s in range(0, e, chunk):
+            k = min(chunk, e - s)
+            idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
+            us = u[s : s + chunk]
+            torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
+            g_h = _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k])
+            g_in = torch.mm(g_h, w1, out=tmp[:k])
+            g_ug = torch.index_select(g_agg, 0, idx_t, out=gug[:k])
+            if smooth:
+                g_ug.add_(g_in)
+            q_s = torch.index_select(q, 0, idx_s, out=qs[:k])
+            q_t = torch.index_select(q, 0, idx_t, out=qt[:k])
+            if g_u is not None:
+                gu = torch.mul(q_s, q_t, out=g_u[s : s + chunk]).mul_(g_ug)
+                if not smooth:
+                    gu.add_(g_in)
+            if g_q is not None:
+                g_g = g_ug.mul_(us)  # ∂L/∂g = G_ug ⊙ u
+                g_q.index_add_(0, idx_s, q_t.mul_(g_g))
+                g_q.index_add_(0, idx_t, q_s.mul_(g_g))
+        return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
