@@ -19,6 +19,12 @@ ours / CHGNet (lower is better).
 
 The op table is torch.profiler's self CPU time of one Si64 call of the default variant,
 grouped by family, so the next person sees where the time goes.
+
+``--train`` also times one training step (energy, force, stress and magmom loss with
+``create_graph``, backward) of Si64 for the tiny config (examples/configs/tiny.yaml) and the
+10M architecture, the default kernels against the composed ops (``torch``). Training calls
+run the composed ops in both (the chunked backwards give first derivatives only), so the two
+columns measure the same code: the row shows that the CPU fast path leaves training as it was.
 """
 
 from __future__ import annotations
@@ -90,6 +96,46 @@ def build_model(variant: str, base: MatRIS) -> tuple[MatRIS, float | None]:
     return model, compile_s
 
 
+def train_steps(rounds: int) -> list[dict]:
+    """One optimizer step of E+F+S+magmom loss on Si64, default kernels vs composed ops, interleaved."""
+    from matris import GraphBatch
+    from matris.structures import to_system
+    from matris.train import TrainConfig
+
+    tiny = TrainConfig.from_yaml(Path(__file__).resolve().parents[1] / "examples" / "configs" / "tiny.yaml").model
+    configs = {"tiny": tiny, "10M": MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj")}
+    system = to_system(standard_structure("si", 64).atoms)
+    out = []
+    print(f"\ntraining step, Si64, E+F+S+magmom loss (create_graph + backward + AdamW), {rounds} interleaved rounds")
+    for name, cfg in configs.items():
+        torch.manual_seed(0)
+        model = MatRIS(cfg).train()
+        g = GraphBatch.from_systems([system], model.cutoff, model.three_body_cutoff)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            o = model(g, compute_magmoms=True, create_graph=True)
+            loss = (o.energy_per_atom ** 2).mean() + (o.forces ** 2).mean() + (o.stress ** 2).mean() \
+                + (o.magmoms ** 2).mean()
+            loss.backward()
+            opt.step()
+
+        times = {"default": [], "torch": []}
+        for r in range(rounds + 1):
+            for backend in times:
+                model.kernel_backend = None if backend == "default" else "torch"
+                t0 = time.perf_counter()
+                step()
+                if r:  # the first round warms up
+                    times[backend].append(time.perf_counter() - t0)
+        row = {"config": name, "atoms": 64, "angles": g.num_angles,
+               "seconds": {k: statistics.median(v) for k, v in times.items()}}
+        print(f"  {name:5s} default {row['seconds']['default']:.3f} s, composed ops {row['seconds']['torch']:.3f} s")
+        out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216], help="Si cells (multiples of 8 atoms)")
@@ -98,6 +144,7 @@ def main(argv=None) -> int:
     p.add_argument("--md-steps", type=int, default=5, help="VelocityVerlet steps of Si64 per variant (0: skip)")
     p.add_argument("--no-chgnet", action="store_true", help="do not compare with CHGNet")
     p.add_argument("--no-profile", action="store_true", help="skip the op-family table")
+    p.add_argument("--train", action="store_true", help="also time a training step (tiny and 10M configs)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = p.parse_args(argv)
 
@@ -170,6 +217,8 @@ def main(argv=None) -> int:
     for k, t in compile_times.items():
         print(f"{k}: first call (compile included) {t:.1f} s")
 
+    train_rows = train_steps(args.rounds) if args.train else []
+
     shares = None
     if not args.no_profile:
         default = args.variants[0]
@@ -183,7 +232,7 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, {"meta": provenance(argv, model_name="MatRIS 10-block width-128, random weights"),
                                "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
-                               "compile_seconds": compile_times, "op_shares": shares})
+                               "compile_seconds": compile_times, "op_shares": shares, "train_steps": train_rows})
         print(f"wrote {args.json}")
     return 0
 

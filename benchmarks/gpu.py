@@ -1,7 +1,7 @@
 """GPU check and benchmark of the Triton path against the PyTorch reference path, in one call.
 
     python benchmarks/gpu.py --quick --json gpu-quick.json   # correctness + one E+F+S size, < 3 min
-    python benchmarks/gpu.py --json gpu.json                 # everything, < 8 min on one H200
+    python benchmarks/gpu.py --json gpu.json                 # everything, < 10 min on one H200
     TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke      # CPU dry run of every code path (tiny sizes)
 
 A run always reports: the JSON is rewritten (atomically) after every check, each check
@@ -27,7 +27,11 @@ Sections (each check fails on its own, with the error recorded, without stopping
    (benchmarks/simulate.py; needs ase and torch-sim-atomistic, so without them it is
    skipped with the reason recorded);
 8. MD steps/s of 64-atom Si, positions kept on the device and the graph rebuilt there
-   every step (GraphBatch.from_tensors; on the host when vesin-torch is missing).
+   every step (GraphBatch.from_tensors; on the host when vesin-torch is missing);
+9. model.compile() and TF32: E+F+S of the 10M model at 1k-8k atoms eager vs compiled vs
+   compiled+TF32 (compile time apart; dynamic shapes, so one compilation serves every size),
+   and the accuracy cost of TF32: float32 energy and force errors against the float64
+   fixture references with and without it.
 """
 
 from __future__ import annotations
@@ -660,7 +664,66 @@ def md_on_device(sec, device, smoke):
     model.kernel_backend = None
 
 
-FULL_BUDGETS = {"1": 90, "2": 60, "3": 120, "4": 30, "5": 60, "6": 45, "7": 45, "8": 30}  # seconds: < 8 min
+@section("9. compiled and TF32 variants")
+def compiled_variants(sec, device, smoke):
+    import copy
+
+    eager = published_model(device, torch.float32, smoke)
+    # a dry run on the CPU checks the code path without code generation (minutes in the interpreter)
+    options = {"backend": "aot_eager"} if smoke else {}
+    compiled = copy.deepcopy(eager).compile(**options)
+    compiled_tf32 = copy.deepcopy(eager).compile(**options)
+    compiled_tf32.tf32 = True
+    systems = [diamond_si(1)] if smoke else [bcc_fe(8), bcc_fe(13), bcc_fe(16)]  # 1,024 / 4,394 / 8,192 atoms
+
+    def first_call():
+        g = graph_of(compiled, systems[0], device, torch.float32)
+        t0 = time.perf_counter()
+        compiled(g)
+        compiled_tf32(g)
+        sync(device)
+        return {"compile_s_both": time.perf_counter() - t0}
+
+    sec.check("compile", first_call)
+    log(f"   {'structure':10s} {'atoms':>6s} {'eager (ms)':>11s} {'compiled':>10s} {'+TF32':>10s} {'speedup':>8s}")
+
+    def row(system):
+        g = graph_of(eager, system, device, torch.float32)
+        out = {"atoms": system.num_atoms}
+        for name, m in (("eager", eager), ("compiled", compiled), ("compiled_tf32", compiled_tf32)):
+            out[name + "_s"] = median_time(lambda: m(g), device, repeat=3)
+        ref, c = eager(g), compiled(g)
+        out["compiled_force_rel_err"] = ((c.forces - ref.forces).abs().max() / ref.forces.abs().max()).item()
+        out["speedup_compiled"] = out["eager_s"] / out["compiled_s"]
+        out["speedup_compiled_tf32"] = out["eager_s"] / out["compiled_tf32_s"]
+        log(f"   {system.name:10s} {system.num_atoms:6d} {1e3 * out['eager_s']:11.1f} {1e3 * out['compiled_s']:10.1f} "
+            f"{1e3 * out['compiled_tf32_s']:10.1f} {out['speedup_compiled_tf32']:7.2f}×")
+        return out
+
+    for system in systems:
+        sec.check(system.name, row, system)
+
+    def tf32_accuracy():
+        """float32 errors against the float64 fixture references, without and with TF32."""
+        base = ROOT / "tests" / "fixtures" / "official-v0.9" / "small_sh_float64"
+        ref = json.loads((base / "reference.json").read_text())
+        model = MatRIS.from_checkpoint(base / "checkpoint.pth.tar").to(device=device, dtype=torch.float32)
+        out = {}
+        for tf32 in (False, True):
+            model.tf32 = tf32
+            e_err = f_err = 0.0
+            for system, r in zip(read_extxyz(base / "structures.extxyz"), ref["structures"]):
+                o = model(graph_of(model, system, device, torch.float32))
+                e_err = max(e_err, abs(o.energy_per_atom.item() - r["energy_per_atom"]))
+                f_err = max(f_err, float(np.abs(o.forces.cpu().numpy() - r["forces"]).max()))
+            out["tf32" if tf32 else "fp32"] = {"energy_per_atom_max_err_eV": e_err, "force_max_err_eV_A": f_err}
+            log(f"   {'TF32' if tf32 else 'FP32'}: max |ΔE| {1e3 * e_err:.4f} meV/atom, max |ΔF| {1e3 * f_err:.4f} meV/Å")
+        return out
+
+    sec.check("tf32_accuracy", tf32_accuracy)
+
+
+FULL_BUDGETS = {"1": 90, "2": 60, "3": 100, "4": 30, "5": 45, "6": 45, "7": 45, "8": 30, "9": 120}  # s: < 10 min
 QUICK_BUDGETS = {"1": 100, "3": 60}  # --quick: correctness and one E+F+S size, < 3 min
 
 
@@ -683,7 +746,7 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny sizes and model, any device (a dry run)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--largest-budget", type=float, default=90.0, help="seconds for the largest-cell search")
-    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-8)")
+    p.add_argument("--skip", nargs="*", default=[], help="section numbers to skip (1-9)")
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time budget")
     args = p.parse_args(argv)
     global SMOKE, REPORT
@@ -714,7 +777,7 @@ def main(argv=None):
              "3": lambda: efs(device, args.smoke, quick=args.quick), "4": lambda: training(device, args.smoke),
              "5": lambda: largest(device, args.smoke, args.largest_budget),
              "6": lambda: train_throughput(device, args.smoke), "7": lambda: simulate(device, args.smoke),
-             "8": lambda: md_on_device(device, args.smoke)}
+             "8": lambda: md_on_device(device, args.smoke), "9": lambda: compiled_variants(device, args.smoke)}
     for key, fn in steps.items():
         if key in budgets and key not in args.skip:
             fn()

@@ -84,35 +84,63 @@ def softmax_aggregate(logits: torch.Tensor, messages: torch.Tensor, segments: Se
     check_dtype(logits, messages)
     if isinstance(segments, torch.Tensor):
         segments = Segments.from_index(index, num_segments)
-    out, _ = _SoftmaxAggregate.apply(logits, messages, segments)
+    out, _ = softmax_aggregate_op(logits, messages, segments.index, segments.order, segments.offsets)
     return out
 
 
-class _SoftmaxAggregate(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, messages, segments):
-        out, lse = _forward_triton(logits.contiguous(), messages.contiguous(), segments)
-        ctx.segments = segments
-        ctx.save_for_backward(logits, messages, out, lse)
-        return out, lse
+# Registered as custom ops (torch.library) with their autograd formula, so torch.compile keeps
+# them as single nodes in one graph (no graph break) and eager calls go through the same code.
+@torch.library.custom_op("matris::softmax_aggregate", mutates_args=())
+def softmax_aggregate_op(logits: torch.Tensor, messages: torch.Tensor, index: torch.Tensor, order: torch.Tensor,
+                         offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton forward: ``(out, lse)`` ``[n, C]`` for the segments given in CSR form."""
+    seg = Segments(index, offsets.shape[0] - 1, order, offsets)
+    return _forward_triton(logits.contiguous(), messages.contiguous(), seg)
 
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        logits, messages, out, lse = ctx.saved_tensors
-        seg = ctx.segments
-        if grad_lse is None:
-            grad_lse = torch.zeros_like(lse)
-        if torch.is_grad_enabled():  # create_graph: differentiable formulas for second order
-            idx = seg.index
-            p = torch.exp(logits - lse[idx])
-            g = grad_out[idx]
-            grad_messages = p * g
-            grad_logits = p * ((messages - out[idx]) * g + grad_lse[idx])
-            return grad_logits, grad_messages, None
-        grad_logits, grad_messages = _backward_triton(
-            logits.contiguous(), messages.contiguous(), out, lse, grad_out.contiguous(), grad_lse.contiguous(),
-            seg.index)
-        return grad_logits, grad_messages, None
+
+@softmax_aggregate_op.register_fake
+def _(logits, messages, index, order, offsets):
+    shape = (offsets.shape[0] - 1, logits.shape[1])
+    return logits.new_empty(shape), logits.new_empty(shape)
+
+
+@torch.library.custom_op("matris::softmax_aggregate_backward", mutates_args=())
+def softmax_aggregate_backward_op(logits: torch.Tensor, messages: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                                  grad_out: torch.Tensor, grad_lse: torch.Tensor,
+                                  index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton backward: ``(∂L/∂logits, ∂L/∂messages)``."""
+    return _backward_triton(logits.contiguous(), messages.contiguous(), out, lse, grad_out.contiguous(),
+                            grad_lse.contiguous(), index)
+
+
+@softmax_aggregate_backward_op.register_fake
+def _(logits, messages, out, lse, grad_out, grad_lse, index):
+    return torch.empty_like(logits), torch.empty_like(messages)
+
+
+def _setup_context(ctx, inputs, output):
+    logits, messages, index, _, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(logits, messages, index, out, lse)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    logits, messages, idx, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    if grad_lse is None:
+        grad_lse = torch.zeros_like(lse)
+    if torch.is_grad_enabled():  # create_graph: differentiable formulas for second order
+        p = torch.exp(logits - lse[idx])
+        g = grad_out[idx]
+        grad_messages = p * g
+        grad_logits = p * ((messages - out[idx]) * g + grad_lse[idx])
+        return grad_logits, grad_messages, None, None, None
+    grad_logits, grad_messages = softmax_aggregate_backward_op(logits, messages, out, lse, grad_out, grad_lse, idx)
+    return grad_logits, grad_messages, None, None, None
+
+
+softmax_aggregate_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------- Triton

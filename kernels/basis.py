@@ -57,73 +57,142 @@ SH_NORMS = (0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqr
             math.sqrt(7 / (16 * math.pi)))
 
 
-# ---------------------------------------------------------------------------- autograd
-class _Bessel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, r, frequencies, cutoff, p):
-        ctx.save_for_backward(r, frequencies)
-        ctx.cutoff, ctx.p = cutoff, p
-        return _launch_bessel(r.contiguous(), frequencies.contiguous(), cutoff, p, None)
-
-    @staticmethod
-    def backward(ctx, grad):
-        r, freq = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            return (*recompute_backward(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad), None, None)
-        want_f = ctx.needs_input_grad[1]  # frozen frequencies (inference): no per-element sums
-        grad_r, grad_f = _launch_bessel(r.contiguous(), freq.contiguous(), ctx.cutoff, ctx.p, grad.contiguous(), want_f)
-        return grad_r, grad_f.sum(0) if want_f else None, None, None
+# ---------------------------------------------------------------------------- custom ops
+# Registered with torch.library with their autograd formulas: single nodes under torch.compile.
+@torch.library.custom_op("matris::bessel", mutates_args=())
+def bessel_op(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: int) -> torch.Tensor:
+    return _launch_bessel(r.contiguous(), frequencies.contiguous(), cutoff, p, None)
 
 
-class _Fourier(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, theta, frequencies):
-        ctx.save_for_backward(theta, frequencies)
-        return _launch_fourier(theta.contiguous(), frequencies.contiguous(), None)
-
-    @staticmethod
-    def backward(ctx, grad):
-        theta, freq = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            return recompute_backward(fourier_reference, (theta, freq), grad)
-        want_f = ctx.needs_input_grad[1]
-        grad_t, grad_f = _launch_fourier(theta.contiguous(), freq.contiguous(), grad.contiguous(), want_f)
-        return grad_t, grad_f.sum(0) if want_f else None
+@bessel_op.register_fake
+def _(r, frequencies, cutoff, p):
+    return r.new_empty((r.shape[0], frequencies.shape[0]))
 
 
-class _SH(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, theta, rho, factor, max_l, max_n):
-        ctx.save_for_backward(theta, rho, factor)
-        ctx.max_l, ctx.max_n = max_l, max_n
-        return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, None)
+@torch.library.custom_op("matris::bessel_backward", mutates_args=())
+def bessel_backward_op(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: int, grad: torch.Tensor,
+                       freq_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(∂L/∂r [B], ∂L/∂frequencies [K])`` (the second empty without ``freq_grad``)."""
+    g_r, g_f = _launch_bessel(r.contiguous(), frequencies.contiguous(), cutoff, p, grad.contiguous(), freq_grad)
+    return g_r, g_f.sum(0) if freq_grad else frequencies.new_empty(0)
 
-    @staticmethod
-    def backward(ctx, grad):
-        theta, rho, factor = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            g_t, g_r = recompute_backward(lambda a, b: sh_reference(a, b, factor, ctx.max_l, ctx.max_n), (theta, rho), grad)
-            return g_t, g_r, None, None, None
-        g_t, g_r = _launch_sh(theta.contiguous(), rho.contiguous(), factor, ctx.max_l, ctx.max_n, grad.contiguous())
+
+@bessel_backward_op.register_fake
+def _(r, frequencies, cutoff, p, grad, freq_grad):
+    return torch.empty_like(r), frequencies.new_empty(frequencies.shape if freq_grad else (0,))
+
+
+def _bessel_setup(ctx, inputs, output):
+    r, freq, cutoff, p = inputs
+    ctx.save_for_backward(r, freq)
+    ctx.cutoff, ctx.p = cutoff, p
+
+
+def _bessel_backward(ctx, grad):
+    r, freq = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        return (*recompute_backward(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad), None, None)
+    want_f = ctx.needs_input_grad[1]  # frozen frequencies (inference): no per-element sums
+    g_r, g_f = bessel_backward_op(r, freq, ctx.cutoff, ctx.p, grad, want_f)
+    return g_r, g_f if want_f else None, None, None
+
+
+bessel_op.register_autograd(_bessel_backward, setup_context=_bessel_setup)
+
+
+@torch.library.custom_op("matris::fourier", mutates_args=())
+def fourier_op(theta: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+    return _launch_fourier(theta.contiguous(), frequencies.contiguous(), None)
+
+
+@fourier_op.register_fake
+def _(theta, frequencies):
+    return theta.new_empty((theta.shape[0], 2 * frequencies.shape[0] + 1))
+
+
+@torch.library.custom_op("matris::fourier_backward", mutates_args=())
+def fourier_backward_op(theta: torch.Tensor, frequencies: torch.Tensor, grad: torch.Tensor,
+                        freq_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    g_t, g_f = _launch_fourier(theta.contiguous(), frequencies.contiguous(), grad.contiguous(), freq_grad)
+    return g_t, g_f.sum(0) if freq_grad else frequencies.new_empty(0)
+
+
+@fourier_backward_op.register_fake
+def _(theta, frequencies, grad, freq_grad):
+    return torch.empty_like(theta), frequencies.new_empty(frequencies.shape if freq_grad else (0,))
+
+
+def _fourier_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _fourier_backward(ctx, grad):
+    theta, freq = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        return recompute_backward(fourier_reference, (theta, freq), grad)
+    want_f = ctx.needs_input_grad[1]
+    g_t, g_f = fourier_backward_op(theta, freq, grad, want_f)
+    return g_t, g_f if want_f else None
+
+
+fourier_op.register_autograd(_fourier_backward, setup_context=_fourier_setup)
+
+
+@torch.library.custom_op("matris::spherical", mutates_args=())
+def spherical_op(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int) -> torch.Tensor:
+    return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, None)
+
+
+@spherical_op.register_fake
+def _(theta, rho, factor, max_l, max_n):
+    return theta.new_empty((theta.shape[0], max_l * max_n))
+
+
+@torch.library.custom_op("matris::spherical_backward", mutates_args=())
+def spherical_backward_op(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int,
+                          grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, grad.contiguous())
+
+
+@spherical_backward_op.register_fake
+def _(theta, rho, factor, max_l, max_n, grad):
+    return torch.empty_like(theta), torch.empty_like(rho)
+
+
+def _sh_setup(ctx, inputs, output):
+    theta, rho, factor, max_l, max_n = inputs
+    ctx.save_for_backward(theta, rho, factor)
+    ctx.max_l, ctx.max_n = max_l, max_n
+
+
+def _sh_backward(ctx, grad):
+    theta, rho, factor = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        g_t, g_r = recompute_backward(lambda a, b: sh_reference(a, b, factor, ctx.max_l, ctx.max_n), (theta, rho), grad)
         return g_t, g_r, None, None, None
+    g_t, g_r = spherical_backward_op(theta, rho, factor, ctx.max_l, ctx.max_n, grad)
+    return g_t, g_r, None, None, None
+
+
+spherical_op.register_autograd(_sh_backward, setup_context=_sh_setup)
 
 
 def bessel(r, frequencies, cutoff: float, p: int):
     """``[B]`` → ``[B, K]`` Bessel × envelope (fused)."""
     check_dtype(r)
-    return _Bessel.apply(r, frequencies, float(cutoff), int(p))
+    return bessel_op(r, frequencies, float(cutoff), int(p))
 
 
 def fourier(theta, frequencies):
     """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (fused)."""
     check_dtype(theta)
-    return _Fourier.apply(theta, frequencies)
+    return fourier_op(theta, frequencies)
 
 
 def spherical(theta, rho, factor, max_l: int, max_n: int):
     """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (fused)."""
     check_dtype(theta, rho)
-    return _SH.apply(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
+    return spherical_op(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
 
 
 # ---------------------------------------------------------------------------- Triton

@@ -77,37 +77,67 @@ def gated_epilogue(core, gate, core_weight, core_bias, gate_weight, gate_bias, n
         eps = torch.finfo(core.dtype).eps if norm == "rms" else 1e-5
     if norm == "rms":  # one kernel signature for both norms: zero biases are never read
         core_bias = gate_bias = None
-    return _GatedEpilogue.apply(core, gate, core_weight, core_bias, gate_weight, gate_bias, norm, act, float(eps))
+    return gated_epilogue_op(core, gate, core_weight, core_bias, gate_weight, gate_bias, norm, act, float(eps))
 
 
-class _GatedEpilogue(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, core, gate, wc, bc, wg, bg, norm, act, eps):
-        ctx.save_for_backward(core, gate, wc, bc, wg, bg)
-        ctx.norm, ctx.act, ctx.eps = norm, act, eps
-        return _launch(core.contiguous(), gate.contiguous(), wc, bc, wg, bg, norm, act, eps, None, False)
+# Custom ops (torch.library) with their autograd formula: single nodes under torch.compile.
+@torch.library.custom_op("matris::gated_epilogue", mutates_args=())
+def gated_epilogue_op(core: torch.Tensor, gate: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor | None,
+                      wg: torch.Tensor, bg: torch.Tensor | None, norm: str, act: str, eps: float) -> torch.Tensor:
+    """Triton forward of :func:`gated_epilogue` → ``[n_rows, d]``."""
+    return _launch(core.contiguous(), gate.contiguous(), wc, bc, wg, bg, norm, act, eps, None, False)
 
-    @staticmethod
-    def backward(ctx, grad):
-        core, gate, wc, bc, wg, bg = ctx.saved_tensors
-        norm, act, eps = ctx.norm, ctx.act, ctx.eps
-        if torch.is_grad_enabled():  # create_graph: backward through the reference, exact second order
-            if norm == "rms":
-                g = recompute_backward(lambda c, s, a, b: gated_epilogue_reference(c, s, a, None, b, None, norm, act, eps),
-                               (core, gate, wc, wg), grad)
-                return g[0], g[1], g[2], None, g[3], None, None, None, None
-            g = recompute_backward(lambda *t: gated_epilogue_reference(*t, norm, act, eps), (core, gate, wc, bc, wg, bg), grad)
-            return (*g, None, None, None)
-        weight_grad = any(ctx.needs_input_grad[2:6])
-        gc, gg, parts = _launch(core.contiguous(), gate.contiguous(), wc, bc, wg, bg, norm, act, eps,
-                                grad.contiguous(), weight_grad)
-        gwc = gbc = gwg = gbg = None
-        if weight_grad:
-            sums = parts.sum(0)  # [4, d]: per-program partial sums of the weight gradients
-            gwc, gbc, gwg, gbg = sums[0], sums[1], sums[2], sums[3]
-            if norm == "rms":
-                gbc = gbg = None
-        return gc, gg, gwc, gbc, gwg, gbg, None, None, None
+
+@gated_epilogue_op.register_fake
+def _(core, gate, wc, bc, wg, bg, norm, act, eps):
+    return torch.empty_like(core)
+
+
+@torch.library.custom_op("matris::gated_epilogue_backward", mutates_args=())
+def gated_epilogue_backward_op(core: torch.Tensor, gate: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor | None,
+                               wg: torch.Tensor, bg: torch.Tensor | None, norm: str, act: str, eps: float,
+                               grad: torch.Tensor, weight_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton backward: ``(∂L/∂core, ∂L/∂gate, weight sums [4, d])`` (the sums are empty
+    without ``weight_grad``)."""
+    gc, gg, parts = _launch(core.contiguous(), gate.contiguous(), wc, bc, wg, bg, norm, act, eps, grad.contiguous(),
+                            weight_grad)
+    return gc, gg, parts.sum(0) if weight_grad else core.new_empty(0)
+
+
+@gated_epilogue_backward_op.register_fake
+def _(core, gate, wc, bc, wg, bg, norm, act, eps, grad, weight_grad):
+    return (torch.empty_like(core), torch.empty_like(gate),
+            core.new_empty((4, core.shape[1]) if weight_grad else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    core, gate, wc, bc, wg, bg, norm, act, eps = inputs
+    ctx.save_for_backward(core, gate, wc, bc, wg, bg)
+    ctx.norm, ctx.act, ctx.eps = norm, act, eps
+
+
+def _backward(ctx, grad):
+    core, gate, wc, bc, wg, bg = ctx.saved_tensors
+    norm, act, eps = ctx.norm, ctx.act, ctx.eps
+    if torch.is_grad_enabled():  # create_graph: backward through the reference, exact second order
+        if norm == "rms":
+            g = recompute_backward(lambda c, s, a, b: gated_epilogue_reference(c, s, a, None, b, None, norm, act, eps),
+                                   (core, gate, wc, wg), grad)
+            return g[0], g[1], g[2], None, g[3], None, None, None, None
+        g = recompute_backward(lambda *t: gated_epilogue_reference(*t, norm, act, eps), (core, gate, wc, bc, wg, bg),
+                               grad)
+        return (*g, None, None, None)
+    weight_grad = any(ctx.needs_input_grad[2:6])
+    gc, gg, sums = gated_epilogue_backward_op(core, gate, wc, bc, wg, bg, norm, act, eps, grad, weight_grad)
+    gwc = gbc = gwg = gbg = None
+    if weight_grad:  # [4, d]: the weight gradients
+        gwc, gbc, gwg, gbg = sums[0], sums[1], sums[2], sums[3]
+        if norm == "rms":
+            gbc = gbg = None
+    return gc, gg, gwc, gbc, gwg, gbg, None, None, None
+
+
+gated_epilogue_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------- Triton

@@ -57,48 +57,82 @@ def gather_sum_activate(terms: list[Term], bias: torch.Tensor | None, act: str,
     if not use_triton(first.device, backend) or n_rows == 0:
         return gather_sum_activate_reference(terms, bias, act)
     check_dtype(*(p for p, _ in terms))
-    flat = [t for term in terms for t in term]
-    return _GatherSumActivate.apply(bias, act, len(terms), n_rows, *flat)
+    # an index of no elements stands for None (the op schema takes a plain list of tensors)
+    return gather_sum_activate_op([p for p, _ in terms], [_NO_INDEX if i is None else i for _, i in terms], bias, act,
+                                  n_rows)
 
 
-class _GatherSumActivate(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, bias, act, n_terms, n_rows, *flat):
-        projs, indices = list(flat[0::2]), list(flat[1::2])
-        ctx.save_for_backward(bias, *projs, *[i for i in indices if i is not None])
-        ctx.act, ctx.n_terms, ctx.indexed = act, n_terms, [i is not None for i in indices]
-        ctx.n_rows = n_rows
-        return _launch([p.contiguous() for p in projs], indices, bias, act, n_rows, None)
+_NO_INDEX = torch.empty(0, dtype=torch.int64)
 
-    @staticmethod
-    def backward(ctx, grad):
-        saved = ctx.saved_tensors
-        bias, projs = saved[0], list(saved[1 : 1 + ctx.n_terms])
-        it = iter(saved[1 + ctx.n_terms :])
-        indices = [next(it) if flag else None for flag in ctx.indexed]
-        if torch.is_grad_enabled():  # create_graph: backward through the reference, exact second order
-            tensors = projs + ([bias] if bias is not None else [])
 
-            def ref(*t):
-                b = t[len(projs)] if bias is not None else None
-                return gather_sum_activate_reference(list(zip(t[: len(projs)], indices)), b, ctx.act)
+def _indices(indices: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    return [None if i.numel() == 0 else i for i in indices]
 
-            grads = recompute_backward(ref, tensors, grad)
-            g_bias = grads[len(projs)] if bias is not None else None
-            flat = [x for k in range(len(projs)) for x in (grads[k], None)]
-            return (g_bias, None, None, None, *flat)
-        d_pre = _launch([p.contiguous() for p in projs], indices, bias, ctx.act, ctx.n_rows, grad.contiguous())
-        flat = []
-        for k, (proj, index) in enumerate(zip(projs, indices)):
-            if not ctx.needs_input_grad[4 + 2 * k]:
-                g = None
-            elif index is None:
-                g = d_pre
-            else:  # the backward of a gather
-                g = torch.zeros_like(proj).index_add_(0, index, d_pre)
-            flat += [g, None]
-        g_bias = d_pre.sum(0) if bias is not None and ctx.needs_input_grad[0] else None
-        return (g_bias, None, None, None, *flat)
+
+# Custom ops (torch.library) with their autograd formula: single nodes under torch.compile.
+@torch.library.custom_op("matris::gather_sum_activate", mutates_args=())
+def gather_sum_activate_op(projs: list[torch.Tensor], indices: list[torch.Tensor], bias: torch.Tensor | None,
+                           act: str, n_rows: int) -> torch.Tensor:
+    """Triton forward of :func:`gather_sum_activate` → ``[n_rows, H]`` (an empty index: rows as they are)."""
+    return _launch([p.contiguous() for p in projs], _indices(indices), bias, act, n_rows, None)
+
+
+@gather_sum_activate_op.register_fake
+def _(projs, indices, bias, act, n_rows):
+    return projs[0].new_empty((n_rows, projs[0].shape[1]))
+
+
+@torch.library.custom_op("matris::gather_sum_activate_backward", mutates_args=())
+def gather_sum_activate_backward_op(projs: list[torch.Tensor], indices: list[torch.Tensor],
+                                    bias: torch.Tensor | None, act: str, n_rows: int,
+                                    grad: torch.Tensor) -> torch.Tensor:
+    """Triton backward: ``∂L/∂pre = G ⊙ act'(pre)`` ``[n_rows, H]``."""
+    return _launch([p.contiguous() for p in projs], _indices(indices), bias, act, n_rows, grad.contiguous())
+
+
+@gather_sum_activate_backward_op.register_fake
+def _(projs, indices, bias, act, n_rows, grad):
+    return torch.empty_like(grad)
+
+
+def _setup_context(ctx, inputs, output):
+    projs, indices, bias, act, n_rows = inputs
+    ctx.save_for_backward(bias, *projs, *indices)
+    ctx.act, ctx.n_terms, ctx.n_rows = act, len(projs), n_rows
+
+
+def _backward(ctx, grad):
+    saved = ctx.saved_tensors
+    bias, projs = saved[0], list(saved[1 : 1 + ctx.n_terms])
+    raw = list(saved[1 + ctx.n_terms :])
+    indices = _indices(raw)
+    proj_needs = ctx.needs_input_grad[0]
+    proj_needs = list(proj_needs) if isinstance(proj_needs, (list, tuple)) else [proj_needs] * len(projs)
+    bias_needs = ctx.needs_input_grad[2]
+    if torch.is_grad_enabled():  # create_graph: backward through the reference, exact second order
+        tensors = projs + ([bias] if bias is not None else [])
+
+        def ref(*t):
+            b = t[len(projs)] if bias is not None else None
+            return gather_sum_activate_reference(list(zip(t[: len(projs)], indices)), b, ctx.act)
+
+        grads = recompute_backward(ref, tensors, grad)
+        return (list(grads[: len(projs)]), [None] * len(indices), grads[len(projs)] if bias is not None else None,
+                None, None)
+    d_pre = gather_sum_activate_backward_op(projs, raw, bias, ctx.act, ctx.n_rows, grad)
+    g_projs = []
+    for need, proj, index in zip(proj_needs, projs, indices):
+        if not need:
+            g_projs.append(None)
+        elif index is None:
+            g_projs.append(d_pre)
+        else:  # the backward of a gather
+            g_projs.append(torch.zeros_like(proj).index_add_(0, index, d_pre))
+    g_bias = d_pre.sum(0) if bias is not None and bias_needs else None
+    return g_projs, [None] * len(indices), g_bias, None, None
+
+
+gather_sum_activate_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------- Triton

@@ -31,6 +31,11 @@ class MatRISCalculator(Calculator):
             "float64". Not given: a :class:`MatRIS` keeps its own device and dtype (it is used
             as is, never converted in place); a name or path runs on the CPU in float32.
         compute_stress: set False to skip the stress (a little faster in MD at fixed cell).
+        compile: compile the model's energy function (:meth:`MatRIS.compile`, dynamic shapes;
+            the first call takes tens of seconds; opt-in: measure it on your machine, see
+            ``benchmarks/cpu_speed.py``). tf32: TF32 matmuls on CUDA for this calculator's
+            calls (faster, less exact; see :attr:`MatRIS.tf32`). A :class:`MatRIS` passed in
+            is copied before either is changed.
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress", "magmoms"]
@@ -41,6 +46,8 @@ class MatRISCalculator(Calculator):
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         compute_stress: bool = True,
+        compile: bool = False,
+        tf32: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -48,11 +55,15 @@ class MatRISCalculator(Calculator):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         if isinstance(model, MatRIS):
-            if model.dtype != self.dtype or model.device != self.device:
+            changes = (compile and not model.compiled) or tf32 != model.tf32
+            if model.dtype != self.dtype or model.device != self.device or changes:
                 model = copy.deepcopy(model)  # Module.to() works in place: leave the caller's model alone
             self.model = model.to(device=self.device, dtype=self.dtype).eval()
         else:
             self.model = MatRIS.load(model, device=self.device, dtype=self.dtype).eval()
+        if compile and not self.model.compiled:
+            self.model.compile()
+        self.model.tf32 = tf32
         self.compute_stress = compute_stress
         # a model trained without magnetic moments (targets "efs") does not offer them
         self.implemented_properties = [p for p in type(self).implemented_properties

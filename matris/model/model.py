@@ -100,6 +100,11 @@ class MatRIS(nn.Module):
         self.kernel_backend: str | None = None
         self.targets: str = DEFAULT_TARGETS
         self.name: str = "MatRIS"
+        # see compile(): torch.compile options (None: eager) and the compiled energy function
+        self._compile_options: dict | None = None
+        self._compiled = None
+        # TF32 for the float32 GEMMs on CUDA (faster, less exact; see _tf32_context). Off by default.
+        self.tf32: bool = False
 
     # ------------------------------------------------------------------ properties
     @property
@@ -186,7 +191,8 @@ class MatRIS(nn.Module):
         with torch.enable_grad() if (compute_forces or compute_stress) else contextlib.nullcontext():
             # Without create_graph the outputs are detached, so no weight gradient can ever be
             # asked for: freezing the weights for the call lets the fused backwards skip them.
-            with contextlib.nullcontext() if create_graph else self._frozen_weights():
+            frozen = contextlib.nullcontext() if create_graph else self._frozen_weights()
+            with frozen, self._tf32_context(g.positions.device):
                 return self._forward(g, compute_forces, compute_stress, compute_magmoms, create_graph,
                                      return_node_features)
 
@@ -219,65 +225,26 @@ class MatRIS(nn.Module):
 
     def _forward(self, g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features):
         n_struct = g.num_structures
-        positions, cell = g.positions, g.cell
+        positions = g.positions
         if compute_forces:
             positions = positions.detach().requires_grad_(True)
         strain = None
         if compute_stress:
             # zero symmetric strain ε = ½(s + sᵀ) per structure; ∂E/∂s gives the virial
             strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
-            eps = (strain + strain.transpose(1, 2)) / 2
-            positions = positions + torch.einsum("ni,nij->nj", positions, eps[g.atom_batch])
-            cell = cell + torch.bmm(cell, eps)
-
-        # bond vectors v = x_i − (x_j + n·L) of the forward edges; reverse edges are −v
-        bond_batch = g.bond_batch
-        shift = torch.einsum("bi,bij->bj", g.bond_image, cell[bond_batch])
-        v = positions[g.bond_target] - positions[g.bond_source] - shift
-        r = torch.linalg.vector_norm(v, dim=-1)
-        u_fwd = v / r.unsqueeze(-1)
-        unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]
-
-        n_b = g.num_bonds
-        h = self.atom_embedding(g.atomic_numbers)
-        e, rbf_pair, rbf_3b = self.edge_embedding(r, self.kernel_backend)
-        u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
-        theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
-        # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
-        rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
-        a = self.three_body_embedding(theta, rho, self.kernel_backend)
-
-        # bonds of structures that have angles: the line-graph steps leave the others alone
-        # (applied whatever the batch holds: deciding would read a tensor back to the host)
-        line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1) if g.num_angles > 0 else None
-        bg = BlockGraph(
-            edge_target=g.edge_target,
-            edge_source=g.edge_source,
-            edge_bond=torch.arange(n_b, device=h.device).repeat(2),
-            angle_atom=g.angle_atom,
-            angle_target_bond=g.angle_target_edge % n_b if n_b else g.angle_target_edge,
-            angle_source_bond=g.angle_source_edge % n_b if n_b else g.angle_source_edge,
-            line_mask=line_mask,
-            rbf_pair=rbf_pair,
-            rbf_3b=rbf_3b,
-            rewrite=self.projection_rewrite,
-            checkpoint=self.checkpoint_level(g, h.dtype, create_graph),
-        )
-        if use_triton(h.device, self.kernel_backend):
-            bg.fused_phi = True
-            bg.atom_segments, bg.line_segments = g.segments()
-        elif not create_graph and use_chunked(h.device, self.kernel_backend):
-            # training keeps the composed ops: the chunked backwards give input gradients only
-            bg.chunked = True
-        features = {"embedding": h} if return_node_features else {}
-        for k, block in enumerate(self.interaction_block):
-            h, e, a = block(h, e, a, bg)
-            if return_node_features:
-                features[f"block_{k}"] = h
-
-        h_norm = self.readout_norm(h)
-        atomic_energy = self.energy_head(h_norm)
-        e_model = scatter_sum(atomic_energy.unsqueeze(-1), g.atom_batch, n_struct).squeeze(-1)  # [S], eV
+        # decided on the host, outside the (possibly compiled) energy function
+        level = self.checkpoint_level(g, positions.dtype, create_graph)
+        if self._compile_options is not None and not create_graph and not return_node_features:
+            kernels = "triton" if use_triton(positions.device, self.kernel_backend) else "torch"
+            if self._compiled is None:
+                self._compiled = torch.compile(self._energy, **self._compile_options)
+            energy_fn = self._compiled
+        else:
+            kernels = ("triton" if use_triton(positions.device, self.kernel_backend) else
+                       "chunked" if not create_graph and use_chunked(positions.device, self.kernel_backend) else
+                       "torch")
+            energy_fn = self._energy
+        e_model, h_norm, features = energy_fn(g, positions, strain, level, kernels, return_node_features)
         n_atoms = g.n_atoms.to(e_model.dtype)
         ref = (
             self.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms)
@@ -313,6 +280,121 @@ class MatRIS(nn.Module):
             if not create_graph:
                 out.magmoms = out.magmoms.detach()
         return out
+
+    def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
+                return_node_features: bool = False):
+        """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
+        features ``[N, d_n]`` and the per-block features, as differentiable functions of
+        ``positions`` ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None). ``kernels``: "torch",
+        "chunked" or "triton". This is the region :meth:`compile` compiles."""
+        cell = g.cell
+        if strain is not None:
+            eps = (strain + strain.transpose(1, 2)) / 2
+            positions = positions + torch.einsum("ni,nij->nj", positions, eps[g.atom_batch])
+            cell = cell + torch.bmm(cell, eps)
+
+        # bond vectors v = x_i − (x_j + n·L) of the forward edges; reverse edges are −v
+        bond_batch = g.bond_batch
+        shift = torch.einsum("bi,bij->bj", g.bond_image, cell[bond_batch])
+        v = positions[g.bond_target] - positions[g.bond_source] - shift
+        r = torch.linalg.vector_norm(v, dim=-1)
+        u_fwd = v / r.unsqueeze(-1)
+        unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]
+
+        n_b = g.num_bonds
+        basis_backend = "triton" if kernels == "triton" else "torch"
+        h = self.atom_embedding(g.atomic_numbers)
+        e, rbf_pair, rbf_3b = self.edge_embedding(r, basis_backend)
+        u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
+        theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
+        # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
+        rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
+        a = self.three_body_embedding(theta, rho, basis_backend)
+
+        # bonds of structures that have angles: the line-graph steps leave the others alone
+        # (applied whatever the batch holds: deciding would read a tensor back to the host)
+        line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1) if g.num_angles > 0 else None
+        bg = BlockGraph(
+            edge_target=g.edge_target,
+            edge_source=g.edge_source,
+            edge_bond=torch.arange(n_b, device=h.device).repeat(2),
+            angle_atom=g.angle_atom,
+            angle_target_bond=g.angle_target_edge % n_b if n_b else g.angle_target_edge,
+            angle_source_bond=g.angle_source_edge % n_b if n_b else g.angle_source_edge,
+            line_mask=line_mask,
+            rbf_pair=rbf_pair,
+            rbf_3b=rbf_3b,
+            rewrite=self.projection_rewrite,
+            checkpoint=level,
+        )
+        if kernels == "triton":
+            bg.fused_phi = True
+            bg.atom_segments, bg.line_segments = g.segments()
+        bg.chunked = kernels == "chunked"
+        features = {"embedding": h} if return_node_features else {}
+        for k, block in enumerate(self.interaction_block):
+            h, e, a = block(h, e, a, bg)
+            if return_node_features:
+                features[f"block_{k}"] = h
+
+        h_norm = self.readout_norm(h)
+        atomic_energy = self.energy_head(h_norm)
+        # [S], eV. One spare slot: with a single structure Inductor's CPU code generator (torch
+        # 2.13) folds the index of a size-1 scatter to a constant and fails; the sum is the same.
+        s_pad = g.num_structures + 1
+        e_model = atomic_energy.new_zeros(s_pad).index_add(0, g.atom_batch, atomic_energy)[: g.num_structures]
+        return e_model, h_norm, features
+
+    # ------------------------------------------------------------------ compilation and TF32
+    def compile(self, dynamic: bool = True, fullgraph: bool = False, **kwargs: Any) -> "MatRIS":
+        """Compile the energy computation with ``torch.compile`` (in place; returns ``self``).
+
+        Dynamic shapes (``dynamic=True``) let MD steps with changing numbers of atoms, bonds and
+        angles reuse one compiled graph (a new graph is made at most for the first resizes).
+        The compiled region is :meth:`_energy` (structure tensors → energy); forces and stress
+        are its derivatives, computed by the compiled backward. It runs the composed PyTorch
+        ops (which Inductor fuses) or, on CUDA, the Triton kernels, which are registered as
+        custom ops so the graph does not break around them. Used for inference only: calls
+        that keep the graph of the forces (training) run eagerly, since compiled graphs do not
+        support double backward. Extra ``kwargs`` go to ``torch.compile`` (``backend``,
+        ``mode``...). Compilation happens on the first call and takes tens of seconds.
+        """
+        self._compile_options = dict(dynamic=dynamic, fullgraph=fullgraph, **kwargs)
+        self._compiled = None  # made on the next call
+        return self
+
+    def uncompile(self) -> "MatRIS":
+        """Drop the compiled energy function: calls run eagerly again."""
+        self._compile_options = self._compiled = None
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        """Whether :meth:`compile` is in effect."""
+        return self._compile_options is not None
+
+    def __getstate__(self):
+        # copies and pickles keep the compile options, not the compiled function (made again on use)
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["_compiled"] = None
+        return state
+
+    @contextlib.contextmanager
+    def _tf32_context(self, device: torch.device):
+        """TF32 matmuls for the duration of a call when ``self.tf32`` is set and the model
+        runs on CUDA; the global setting is restored afterwards (never changed elsewhere)."""
+        if not (self.tf32 and device.type == "cuda"):
+            yield
+            return
+        matmul = torch.backends.cuda.matmul
+        name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+        before = getattr(matmul, name)
+        setattr(matmul, name, "tf32" if name == "fp32_precision" else True)
+        try:
+            yield
+        finally:
+            setattr(matmul, name, before)
 
     def estimated_activation_bytes(self, graph: GraphBatch, level: int = 0, dtype: torch.dtype | None = None) -> int:
         """Rough peak memory of the activations of one energy+forces+stress call.

@@ -1,0 +1,117 @@
+"""model.compile(): one graph for MD-like steps of changing sizes, no graph breaks (fullgraph),
+the same numbers as eager, and the Triton kernels as custom ops (torch.library).
+
+Compilation is slow on this CPU, so these tests use the ``aot_eager`` backend (Dynamo capture and
+AOTAutograd's joint forward/backward graph, without code generation): recompilations and graph
+breaks are decided there, not by the code generator. ``benchmarks/cpu_speed.py --variants
+compiled`` and ``benchmarks/gpu.py`` measure the Inductor backend.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+
+from conftest import evaluate, load_fixture_model
+from matris.structures import to_system
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rattled_si(k: int, rng):
+    """Cells of 8 to 48 atoms: every step changes the numbers of atoms, bonds and angles."""
+    a = bulk("Si", "diamond", a=5.43, cubic=True).repeat((1 + k % 3, 1 + (k // 3) % 2, 1))
+    a.positions += rng.normal(scale=0.1, size=a.positions.shape)
+    return to_system(a)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_compiled_model_recompiles_at_most_twice_and_matches_eager(dtype, rtol):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = load_fixture_model("small_sh_float64", dtype).compile(fullgraph=True, backend="aot_eager")
+    eager = load_fixture_model("small_sh_float64", dtype)
+    assert model.compiled and not eager.compiled
+    torch._dynamo.utils.counters.clear()
+    rng = np.random.default_rng(0)
+    steps = 20 if dtype == torch.float64 else 2  # float32: the numbers; float64: also the recompilations
+    for k in range(steps):
+        s = [rattled_si(k, rng)]
+        got, _ = evaluate(model, s)
+        want, _ = evaluate(eager, s)
+        for key in ("energy", "forces", "stress"):
+            a, b = getattr(got, key), getattr(want, key)
+            assert (a - b).abs().max() <= rtol * b.abs().max(), key
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert 1 <= graphs <= 2, f"{graphs} graphs compiled over {steps} steps of changing sizes"
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+
+
+def test_compiled_model_trains_eagerly_and_copies():
+    """Training calls (create_graph) run eagerly; copies keep the setting, not the compiled function."""
+    import copy
+
+    model = load_fixture_model("small_sh_float64", torch.float64).compile(backend="aot_eager")
+    clone = copy.deepcopy(model)
+    assert clone.compiled and clone._compiled is None
+    model.train()
+    out, _ = evaluate(model, [rattled_si(0, np.random.default_rng(1))], create_graph=True)
+    (out.forces ** 2).sum().backward()  # double backward: would fail in a compiled graph
+    assert model.uncompile().compiled is False
+
+
+def test_triton_kernels_are_custom_ops_without_graph_breaks():
+    """Under TRITON_INTERPRET=1 the model on the Triton path compiles with fullgraph=True: the
+    kernels are torch.library custom ops (opcheck'd) with registered autograd formulas."""
+    code = r"""
+import sys, numpy as np, torch
+sys.path.insert(0, "tests")
+from conftest import evaluate, load_fixture_model
+from test_compile import rattled_si
+import matris.kernels.aggregate, matris.kernels.epilogue, matris.kernels.gather, matris.kernels.basis
+for name in ("softmax_aggregate", "gated_epilogue", "gather_sum_activate", "bessel", "fourier", "spherical"):
+    assert hasattr(torch.ops.matris, name), name
+g = torch.Generator().manual_seed(0)
+logits, msg = torch.randn(9, 4, generator=g, dtype=torch.float64), torch.randn(9, 4, generator=g, dtype=torch.float64)
+seg = matris.kernels.Segments.from_index(torch.tensor([0, 0, 1, 2, 2, 2, 3, 3, 3]), 5)
+torch.library.opcheck(torch.ops.matris.softmax_aggregate.default,
+                      (logits.requires_grad_(), msg.requires_grad_(), seg.index, seg.order, seg.offsets))
+model = load_fixture_model("small_sh_float64", torch.float64)
+eager = load_fixture_model("small_sh_float64", torch.float64)
+model.compile(fullgraph=True, backend="aot_eager")
+s = [rattled_si(1, np.random.default_rng(0))]
+got, _ = evaluate(model, s)
+want, _ = evaluate(eager, s)
+assert torch.allclose(got.forces, want.forces, rtol=0, atol=1e-12 * want.forces.abs().max())
+print("compiled through custom ops: ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MATRIS_KERNELS")}
+    env.update(TRITON_INTERPRET="1", MATRIS_KERNELS="triton")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1200,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "compiled through custom ops: ok" in res.stdout
+
+
+def test_tf32_switch_is_scoped_to_the_call():
+    """model.tf32 turns TF32 matmuls on for CUDA calls only and restores the global setting."""
+    model = load_fixture_model("small_sh_float64", torch.float32)
+    matmul = torch.backends.cuda.matmul
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    before = getattr(matmul, name)
+    with model._tf32_context(torch.device("cuda")):  # off by default: nothing changes
+        assert getattr(matmul, name) == before
+    model.tf32 = True
+    with model._tf32_context(torch.device("cpu")):
+        assert getattr(matmul, name) == before
+    with model._tf32_context(torch.device("cuda")):
+        assert getattr(matmul, name) in ("tf32", True)
+    assert getattr(matmul, name) == before
+    out, _ = evaluate(model, [rattled_si(0, np.random.default_rng(0))])  # a CPU call is unaffected
+    assert torch.isfinite(out.forces).all() and getattr(matmul, name) == before
