@@ -3,6 +3,7 @@
     python benchmarks/cpu_speed.py                      # Si 8/64/216, MD of Si64, op shares
     python benchmarks/cpu_speed.py --json benchmarks/results/cpu_speed.json
     python benchmarks/cpu_speed.py --sizes 8 64 --rounds 3 --variants chunked torch
+    python benchmarks/cpu_speed.py --markdown benchmarks/results/cpu_speed.json   # README table
 
 Model: the 10-block width-128 architecture of MatRIS-10M (r_c 6 Å, r_3 4.5 Å), random
 weights (speed does not depend on their values), float32. Every call is an ASE calculator
@@ -136,8 +137,32 @@ def train_steps(rounds: int) -> list[dict]:
     return out
 
 
+def markdown(path: str) -> str:
+    """The README's table from a results file (so the numbers are never retyped)."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    names = list(rows[0]["seconds"])
+    ours = [k for k in names if k != "CHGNet"]
+    head = "| structure | call | " + " | ".join(f"{k} (s)" for k in names) + " | " + \
+        " | ".join(f"{k} / CHGNet" for k in ours if "CHGNet" in names) + " |"
+    lines = [head, "|" + "---|" * 2 + "---:|" * (head.count("|") - 3)]
+    for r in rows:
+        ratios = [f"{r['ratio_vs_chgnet'][k]:.1f}×" for k in ours] if "ratio_vs_chgnet" in r else []
+        lines.append(f"| {r['structure']} | {r['kind']} | " + " | ".join(f"{r['seconds'][k]:.3g}" for k in names)
+                     + " | " + " | ".join(ratios) + " |")
+    meta = data["meta"]
+    lines.append(f"\n`{meta['command']}` at commit `{(meta['commit'] or '')[:10]}`, {data['threads']} threads, "
+                 f"{data['rounds']} interleaved rounds (medians).")
+    for k, t in (data.get("compile_seconds") or {}).items():
+        lines.append(f"First call of `{k}` (compilation included): {t:.0f} s.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--markdown", default=None, metavar="JSON", help="print the README table of a results file and exit")
     p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216], help="Si cells (multiples of 8 atoms)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (median reported)")
     p.add_argument("--variants", nargs="*", default=["chunked", "torch"], help="chunked, torch, compiled")
@@ -147,11 +172,15 @@ def main(argv=None) -> int:
     p.add_argument("--train", action="store_true", help="also time a training step (tiny and 10M configs)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown(args.markdown))
+        return 0
 
     torch.manual_seed(0)
     base = MatRIS(MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj")).eval()
     calcs = {}
     compile_times = {}
+    compile_errors = {}
     for v in args.variants:
         model, _ = build_model(v, base)
         calcs[v] = MatRISCalculator(model, device="cpu", dtype=torch.float32)
@@ -173,13 +202,22 @@ def main(argv=None) -> int:
     rows = []
     for n in args.sizes:
         atoms = standard_structure("si", n).atoms
-        times = {k: [] for k in names}
-        for k in names:  # warm-up; the first call of "compiled" is its compile
+        for k in list(names):  # warm-up; the first call of "compiled" is its compile
             t0 = time.perf_counter()
             allcalcs[k].reset()
-            allcalcs[k].calculate(atoms, ["energy", "forces", "stress"])
+            try:
+                allcalcs[k].calculate(atoms, ["energy", "forces", "stress"])
+            except Exception as exc:  # noqa: BLE001 - a compiler failure is a result, not the end of the run
+                if k != "compiled":
+                    raise
+                print(f"compiled variant dropped: {type(exc).__name__}: {str(exc)[:300]}")
+                compile_errors[k] = f"{type(exc).__name__}: {str(exc)[:1000]}"
+                names.remove(k)
+                del calcs[k]
+                continue
             if k == "compiled" and n == args.sizes[0]:
                 compile_times[k] = time.perf_counter() - t0
+        times = {k: [] for k in names}
         for _ in range(args.rounds):
             for k in names:
                 c = allcalcs[k]
@@ -232,7 +270,7 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, {"meta": provenance(argv, model_name="MatRIS 10-block width-128, random weights"),
                                "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
-                               "compile_seconds": compile_times, "op_shares": shares, "train_steps": train_rows})
+                               "compile_seconds": compile_times, "compile_errors": compile_errors, "op_shares": shares, "train_steps": train_rows})
         print(f"wrote {args.json}")
     return 0
 
