@@ -22,7 +22,7 @@ The op table is torch.profiler's self CPU time of one Si64 call of the default v
 grouped by family, so the next person sees where the time goes.
 
 ``--train`` also times one training step (energy, force, stress and magmom loss with
-``create_graph``, backward) of Si64 for the tiny config (examples/configs/tiny.yaml) and the
+``create_graph``, backward) of Si8 (Si64 needs more than 24 GB with the 10M config) for the tiny config (examples/configs/tiny.yaml) and the
 10M architecture, the default kernels against the composed ops (``torch``). Training calls
 run the composed ops in both (the chunked backwards give first derivatives only), so the two
 columns measure the same code: the row shows that the CPU fast path leaves training as it was.
@@ -98,16 +98,16 @@ def build_model(variant: str, base: MatRIS) -> tuple[MatRIS, float | None]:
 
 
 def train_steps(rounds: int) -> list[dict]:
-    """One optimizer step of E+F+S+magmom loss on Si64, default kernels vs composed ops, interleaved."""
+    """One optimizer step of E+F+S+magmom loss on Si8, default kernels vs composed ops, interleaved."""
     from matris import GraphBatch
     from matris.structures import to_system
     from matris.train import TrainConfig
 
     tiny = TrainConfig.from_yaml(Path(__file__).resolve().parents[1] / "examples" / "configs" / "tiny.yaml").model
     configs = {"tiny": tiny, "10M": MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj")}
-    system = to_system(standard_structure("si", 64).atoms)
+    system = to_system(standard_structure("si", 8).atoms)  # Si64 needs > 24 GB for the 10M config
     out = []
-    print(f"\ntraining step, Si64, E+F+S+magmom loss (create_graph + backward + AdamW), {rounds} interleaved rounds")
+    print(f"\ntraining step, Si8, E+F+S+magmom loss (create_graph + backward + AdamW), {rounds} interleaved rounds")
     for name, cfg in configs.items():
         torch.manual_seed(0)
         model = MatRIS(cfg).train()
@@ -130,7 +130,7 @@ def train_steps(rounds: int) -> list[dict]:
                 step()
                 if r:  # the first round warms up
                     times[backend].append(time.perf_counter() - t0)
-        row = {"config": name, "atoms": 64, "angles": g.num_angles,
+        row = {"config": name, "atoms": 8, "angles": g.num_angles,
                "seconds": {k: statistics.median(v) for k, v in times.items()}}
         print(f"  {name:5s} default {row['seconds']['default']:.3f} s, composed ops {row['seconds']['torch']:.3f} s")
         out.append(row)
@@ -152,6 +152,14 @@ def markdown(path: str) -> str:
         ratios = [f"{r['ratio_vs_chgnet'][k]:.1f}×" for k in ours] if "ratio_vs_chgnet" in r else []
         lines.append(f"| {r['structure']} | {r['kind']} | " + " | ".join(f"{r['seconds'][k]:.3g}" for k in names)
                      + " | " + " | ".join(ratios) + " |")
+    if data.get("train_steps"):
+        lines += ["", "| training step, Si8 | default kernels (s) | composed ops (s) |", "|---|---:|---:|"]
+        lines += [f"| {r['config']} config | {r['seconds']['default']:.3g} | {r['seconds']['torch']:.3g} |"
+                  for r in data["train_steps"]]
+    if data.get("op_shares"):
+        fams = data["op_shares"]["families"]
+        lines.append("\nOne Si64 call of the default path, torch.profiler self CPU time: " + ", ".join(
+            f"{k} {100 * v['share']:.0f} %" for k, v in fams.items()) + ".")
     meta = data["meta"]
     lines.append(f"\n`{meta['command']}` at commit `{(meta['commit'] or '')[:10]}`, {data['threads']} threads, "
                  f"{data['rounds']} interleaved rounds (medians).")
@@ -255,6 +263,14 @@ def main(argv=None) -> int:
     for k, t in compile_times.items():
         print(f"{k}: first call (compile included) {t:.1f} s")
 
+    def save(train_rows, shares):
+        if args.json:
+            write_json(args.json, {"meta": provenance(argv, model_name="MatRIS 10-block width-128, random weights"),
+                                   "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
+                                   "compile_seconds": compile_times, "compile_errors": compile_errors,
+                                   "op_shares": shares, "train_steps": train_rows})
+
+    save([], None)  # what is measured so far survives a later failure
     train_rows = train_steps(args.rounds) if args.train else []
 
     shares = None
@@ -267,10 +283,8 @@ def main(argv=None) -> int:
             print(f"  {fam:20s} {v['ms']:9.1f} ms  {100 * v['share']:5.1f} %")
         print("  top ops: " + ", ".join(f"{o['op'].removeprefix('aten::')} {o['ms']:.0f} ms" for o in shares["top_ops"]))
 
+    save(train_rows, shares)
     if args.json:
-        write_json(args.json, {"meta": provenance(argv, model_name="MatRIS 10-block width-128, random weights"),
-                               "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
-                               "compile_seconds": compile_times, "compile_errors": compile_errors, "op_shares": shares, "train_steps": train_rows})
         print(f"wrote {args.json}")
     return 0
 

@@ -233,16 +233,14 @@ class MatRIS(nn.Module):
             # zero symmetric strain ε = ½(s + sᵀ) per structure; ∂E/∂s gives the virial
             strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
         # decided on the host, outside the (possibly compiled) energy function
-        level = self.checkpoint_level(g, positions.dtype, create_graph)
-        if self._compile_options is not None and not create_graph and not return_node_features:
-            kernels = "triton" if use_triton(positions.device, self.kernel_backend) else "torch"
+        compiled = self._compile_options is not None and not create_graph and not return_node_features
+        kernels = self.kernels_for(positions.device, create_graph, compiled)
+        level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
+        if compiled:
             if self._compiled is None:
                 self._compiled = torch.compile(self._energy, **self._compile_options)
             energy_fn = self._compiled
         else:
-            kernels = ("triton" if use_triton(positions.device, self.kernel_backend) else
-                       "chunked" if not create_graph and use_chunked(positions.device, self.kernel_backend) else
-                       "torch")
             energy_fn = self._energy
         e_model, h_norm, features = energy_fn(g, positions, strain, level, kernels, return_node_features)
         n_atoms = g.n_atoms.to(e_model.dtype)
@@ -396,21 +394,34 @@ class MatRIS(nn.Module):
         finally:
             setattr(matmul, name, before)
 
-    def estimated_activation_bytes(self, graph: GraphBatch, level: int = 0, dtype: torch.dtype | None = None) -> int:
+    def kernels_for(self, device: torch.device, create_graph: bool = False, compiled: bool = False) -> str:
+        """The kernels a call runs: "triton" (CUDA), "chunked" (the CPU fast path, inference
+        only and never compiled: its chunk loops would unroll) or "torch" (composed ops)."""
+        if use_triton(device, self.kernel_backend):
+            return "triton"
+        if not create_graph and not compiled and use_chunked(device, self.kernel_backend):
+            return "chunked"
+        return "torch"
+
+    def estimated_activation_bytes(self, graph: GraphBatch, level: int = 0, dtype: torch.dtype | None = None,
+                                   kernels: str = "torch") -> int:
         """Rough peak memory of the activations of one energy+forces+stress call.
 
         Counted in angle- (and directed-edge-) sized tensors of the block width, measured
-        on CPU (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block; level 1
+        on CPU (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the
+        chunked CPU kernels, measured on Si64 against 48 for the composed ops); level 1
         (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
         (Φ recomputed too) 2 per block plus ≈ 30.
         """
         c = self.config
         itemsize = torch.finfo(dtype or self.dtype).bits // 8
         rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
-        tensors = {0: 45 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
+        level0 = 21 if kernels == "chunked" else 45
+        tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
         return tensors * rows * itemsize
 
-    def checkpoint_level(self, graph: GraphBatch, dtype: torch.dtype | None = None, create_graph: bool = False) -> int:
+    def checkpoint_level(self, graph: GraphBatch, dtype: torch.dtype | None = None, create_graph: bool = False,
+                         kernels: str | None = None) -> int:
         """The memory-saving level (see :class:`BlockGraph`) a call on ``graph`` will use.
 
         ``self.checkpointing`` forces a level; by default the lowest level whose estimated
@@ -425,8 +436,10 @@ class MatRIS(nn.Module):
         budget = self.activation_memory_limit
         if budget is None:
             budget = int(0.6 * available_memory(self.device))
+        if kernels is None:
+            kernels = self.kernels_for(self.device, create_graph, self._compile_options is not None)
         for level in (0, 1):
-            if self.estimated_activation_bytes(graph, level, dtype) <= budget:
+            if self.estimated_activation_bytes(graph, level, dtype, kernels) <= budget:
                 return level
         return 2
 
