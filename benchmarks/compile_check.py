@@ -69,8 +69,9 @@ def main(argv=None) -> int:
     for name in args.dtypes:
         r = run(getattr(torch, name), args.backend, args.steps)
         rows.append(r)
-        print(f"{r['dtype']:8s} {r['backend']:10s} first call {r['first_call_s']:.0f} s, later {r['later_calls_median_s']:.3f} s; "
-              f"{r['graphs']} graph(s), {r['graph_breaks']} graph breaks over {r['steps']} steps; "
+        print(f"{r['dtype']:8s} {r['backend']:10s} first call {r['first_call_s']:.0f} s, "
+              f"later {r['later_calls_median_s']:.3f} s; {r['graphs']} graph(s), "
+              f"{r['graph_breaks']} graph breaks over {r['steps']} steps; "
               f"max relative error vs eager {r['max_rel_error_vs_eager']:.1e}")
     if args.json:
         write_json(args.json, {"meta": provenance(argv, model_name="small_sh_float64 fixture"), "rows": rows})

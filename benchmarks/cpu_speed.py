@@ -22,10 +22,11 @@ The op table is torch.profiler's self CPU time of one Si64 call of the default v
 grouped by family, so the next person sees where the time goes.
 
 ``--train`` also times one training step (energy, force, stress and magmom loss with
-``create_graph``, backward) of Si8 (Si64 needs more than 24 GB with the 10M config) for the tiny config (examples/configs/tiny.yaml) and the
-10M architecture, the default kernels against the composed ops (``torch``). Training calls
-run the composed ops in both (the chunked backwards give first derivatives only), so the two
-columns measure the same code: the row shows that the CPU fast path leaves training as it was.
+``create_graph``, backward) of Si8 (Si64 needs more than 24 GB with the 10M config) for
+the tiny config (examples/configs/tiny.yaml) and the 10M architecture, the default kernels
+against the composed ops (``torch``). Training calls run the composed ops in both (the
+chunked backwards give first derivatives only), so the two columns measure the same code:
+the rows show that the CPU fast path leaves training as it was.
 """
 
 from __future__ import annotations

@@ -717,7 +717,8 @@ def compiled_variants(sec, device, smoke):
                 e_err = max(e_err, abs(o.energy_per_atom.item() - r["energy_per_atom"]))
                 f_err = max(f_err, float(np.abs(o.forces.cpu().numpy() - r["forces"]).max()))
             out["tf32" if tf32 else "fp32"] = {"energy_per_atom_max_err_eV": e_err, "force_max_err_eV_A": f_err}
-            log(f"   {'TF32' if tf32 else 'FP32'}: max |ΔE| {1e3 * e_err:.4f} meV/atom, max |ΔF| {1e3 * f_err:.4f} meV/Å")
+            log(f"   {'TF32' if tf32 else 'FP32'}: max |ΔE| {1e3 * e_err:.4f} meV/atom, "
+                f"max |ΔF| {1e3 * f_err:.4f} meV/Å")
         return out
 
     sec.check("tf32_accuracy", tf32_accuracy)

@@ -70,7 +70,8 @@ class InteractionBlock(nn.Module):
         self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         step = _checkpointed if g.checkpoint else _direct
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused="chunked" if g.chunked and not g.fused_phi else g.fused_phi)
+        fused = "chunked" if g.chunked and not g.fused_phi else g.fused_phi
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=fused)
         if g.has_angles:
             e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond,
                             segments=g.line_segments, **opts)
