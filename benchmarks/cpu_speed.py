@@ -84,18 +84,18 @@ def op_shares(calc, atoms) -> dict:
             "top_ops": [{"op": k, "ms": ms, "calls": n} for k, ms, n in sorted(ops, key=lambda x: -x[1])[:12]]}
 
 
-def build_model(variant: str, base: MatRIS) -> tuple[MatRIS, float | None]:
+def build_model(variant: str, base: MatRIS) -> MatRIS:
+    """A copy of ``base`` set up as ``variant`` (compilation happens on its first call)."""
     import copy
 
     model = copy.deepcopy(base)
-    compile_s = None
     if variant == "torch":
         model.kernel_backend = "torch"
     elif variant == "compiled":
         model.compile()
     elif variant != "chunked":
         raise SystemExit(f"unknown variant {variant!r}; use chunked, torch or compiled")
-    return model, compile_s
+    return model
 
 
 def train_steps(rounds: int) -> list[dict]:
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     compile_times = {}
     compile_errors = {}
     for v in args.variants:
-        model, _ = build_model(v, base)
+        model = build_model(v, base)
         calcs[v] = MatRISCalculator(model, device="cpu", dtype=torch.float32)
     chgnet = None
     if not args.no_chgnet:

@@ -337,7 +337,7 @@ class _AttentionPair(torch.autograd.Function):
         for s in range(0, e, chunk):
             a, mm_, k = alpha[s : s + chunk], m[s : s + chunk], min(chunk, e - s)
             ga = g_alpha[:k]
-            gm = g_m[s : s + chunk] if g_m is not None else tmp[:k].clone()
+            gm = g_m[s : s + chunk] if g_m is not None else None
             first = True
             for half, lse, out, grad, index, cols in ((a[:, :c], lse_s, out_s, g_s, source, slice(0, c)),
                                                       (a[:, c:], lse_t, out_t, g_t, target, slice(c, 2 * c))):
@@ -345,9 +345,9 @@ class _AttentionPair(torch.autograd.Function):
                 q = _exp_minus(half, lse, idx, p[:k])
                 gg = torch.index_select(grad, 0, idx, out=gi[:k])
                 # ∂L/∂m += p·G[idx]
-                if first:
+                if gm is not None and first:
                     torch.mul(q, gg, out=gm)
-                else:
+                elif gm is not None:
                     gm.addcmul_(q, gg)
                 first = False
                 # ∂L/∂α = p·(m − out[idx])·G[idx]

@@ -373,8 +373,7 @@ class MatRIS(nn.Module):
 
     def __getstate__(self):
         # copies and pickles keep the compile options, not the compiled function (made again on use)
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        state = dict(state)
+        state = dict(self.__dict__)
         state["_compiled"] = None
         return state
 
