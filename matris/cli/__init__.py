@@ -7,6 +7,7 @@ import sys
 
 from .. import __version__
 from . import bench as _bench
+from . import data as _data
 from . import discovery as _discovery
 from . import eos as _eos
 from . import md as _md
@@ -20,6 +21,7 @@ from . import train as _train
 SUBCOMMANDS = {
     "predict": (_predict.HELP, _predict.DESCRIPTION, _predict.add_arguments, _predict.run, False),
     "train": (_train.HELP, _train.DESCRIPTION, _train.add_arguments, _train.run, True),
+    "data": (_data.HELP, _data.DESCRIPTION, _data.add_arguments, _data.run, True),
     "finetune": (_train.FT_HELP, _train.FT_DESCRIPTION, _train.add_finetune_arguments, _train.run_finetune, True),
     "relax": (_relax.HELP, _relax.DESCRIPTION, _relax.add_arguments, _relax.run, False),
     "md": (_md.HELP, _md.DESCRIPTION, _md.add_arguments, _md.run, False),

@@ -5,7 +5,8 @@ Units everywhere: energy is the TOTAL energy in eV, forces eV/Å, stress GPa wit
 """
 
 from .batching import BudgetBatchSampler
-from .cache import MultiPacked, PackedDataset, build_or_load, default_cache_dir
+from .build import BuildReport, CachedDataset, build_or_load
+from .cache import MultiPacked, PackedDataset, default_cache_dir
 from .dataset import GraphDataset
 from .readers import Sample, read_ase, read_ase_db, read_mptrj, read_samples
 from .targets import Targets
@@ -19,6 +20,8 @@ __all__ = [
     "PackedDataset",
     "MultiPacked",
     "build_or_load",
+    "CachedDataset",
+    "BuildReport",
     "default_cache_dir",
     "Targets",
     "GraphDataset",

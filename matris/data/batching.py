@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -33,11 +33,20 @@ class BudgetBatchSampler:
     ``batch_sampler.sampler.set_epoch``, which forwards here; build the DataLoader with
     ``batch_sampler=`` and give Lightning ``use_distributed_sampler=False``).
 
+    Mixtures: with ``groups`` (``[S]`` dataset number of each position) and ``weights``
+    (``[D]``, one per dataset), each epoch draws ``epoch_size`` positions (default S): for
+    each slot a dataset is chosen with probability ``weights[d] / sum(weights)``, and the
+    slots of dataset d take its positions in a seeded permutation, continued by further
+    permutations when d is drawn more often than it has structures (a small, up-weighted set
+    repeats; a large, down-weighted one is subsampled). Every draw is seeded by
+    ``(seed, epoch, d, ...)`` alone, so ranks agree and resuming is exact as above.
+
     Args:
         n_atoms, n_bonds, n_angles: ``[S]`` sizes of each position (e.g. ``GraphDataset.n_atoms``).
         max_atoms, max_bonds, max_angles, max_structures: budgets per batch (None = no limit;
             at least one must be given).
         shuffle, seed: order of each epoch; rank, world_size: this process's shard.
+        groups, weights, epoch_size: a weighted mixture of datasets (above).
     """
 
     def __init__(
@@ -54,6 +63,9 @@ class BudgetBatchSampler:
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
+        groups: Sequence[int] | np.ndarray | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_size: int | None = None,
     ):
         sizes = {name: np.asarray(a, dtype=np.int64).reshape(-1)
                  for name, a in (("atoms", n_atoms), ("bonds", n_bonds), ("angles", n_angles))}
@@ -95,6 +107,7 @@ class BudgetBatchSampler:
         self._sizes = {name: sizes[name] for name in self.budgets if name != "structures"}
         self.shuffle, self.seed, self.rank, self.world_size = bool(shuffle), int(seed), int(rank), int(world_size)
         self.drop_last = bool(drop_last)
+        self._mixture(groups, weights, epoch_size)
         self.epoch = 0
         self._start = 0  # batches of this epoch to skip at the next iteration
         self._yielded = 0  # batches of this epoch handed out so far
@@ -102,13 +115,59 @@ class BudgetBatchSampler:
         # Lightning calls set_epoch on ``loader.batch_sampler.sampler``, not on the batch sampler
         self.sampler = _EpochForwarder(self)
 
+    def _mixture(self, groups: Any, weights: Any, epoch_size: int | None) -> None:
+        self.groups = self.weights = None
+        self.epoch_size = self.num_structures if epoch_size is None else epoch_size
+        if int(self.epoch_size) != self.epoch_size or self.epoch_size < 1:
+            raise MatRISInputError(f"epoch_size must be a positive integer, got {epoch_size!r}.")
+        self.epoch_size = int(self.epoch_size)
+        if groups is None and weights is None:
+            if epoch_size is not None:
+                raise MatRISInputError("epoch_size applies to a mixture; give groups and weights too.")
+            return
+        if groups is None or weights is None:
+            raise MatRISInputError("a mixture needs both groups (dataset of each structure) and weights (one per "
+                                   "dataset).")
+        g = np.asarray(groups, dtype=np.int64).reshape(-1)
+        w = np.asarray(weights, dtype=np.float64).reshape(-1)
+        if g.size != self.num_structures:
+            raise MatRISInputError(f"groups has {g.size} entries for {self.num_structures} structures; give one "
+                                   "dataset number per structure.")
+        if g.min() < 0 or g.max() >= w.size:
+            raise MatRISInputError(f"groups must lie in [0, {w.size}) for {w.size} weights.")
+        if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise MatRISInputError(f"mixture weights must be finite, >= 0 and not all 0, got {w.tolist()}.")
+        empty = [d for d in range(w.size) if w[d] > 0 and not (g == d).any()]
+        if empty:
+            raise MatRISInputError(f"dataset(s) {empty} have a weight but no structures in this split; give them "
+                                   "data or weight 0.")
+        if not self.shuffle:
+            raise MatRISInputError("a weighted mixture is drawn at random; it needs shuffle=True.")
+        self.groups, self.weights = g, w / w.sum()
+        self._members = [np.flatnonzero(g == d) for d in range(w.size)]
+
     # -- the plan
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        """``[S]`` positions in the order packed in ``epoch``."""
+        """``[epoch_size]`` positions in the order packed in ``epoch``."""
+        if self.groups is not None:
+            return self._mixture_order(epoch)
         if not self.shuffle:
             return np.arange(self.num_structures, dtype=np.int64)
         return np.random.default_rng(self.seed + epoch).permutation(self.num_structures).astype(np.int64)
+
+    def _mixture_order(self, epoch: int) -> np.ndarray:
+        which = np.random.default_rng([self.seed, epoch]).choice(self.weights.size, size=self.epoch_size,
+                                                                 p=self.weights)
+        order = np.empty(self.epoch_size, dtype=np.int64)
+        for d, members in enumerate(self._members):
+            slots = np.flatnonzero(which == d)
+            if not slots.size:
+                continue
+            cycles = -(-slots.size // members.size)
+            stream = [np.random.default_rng([self.seed, epoch, d, c]).permutation(members) for c in range(cycles)]
+            order[slots] = np.concatenate(stream)[: slots.size]
+        return order
 
     def all_batches(self, epoch: int) -> list[np.ndarray]:
         """Every batch of ``epoch`` before sharding (positions), in order."""
@@ -186,6 +245,8 @@ class BudgetBatchSampler:
             "num_structures": self.num_structures,
             "budgets": dict(self.budgets),
             "drop_last": self.drop_last,
+            "epoch_size": self.epoch_size,
+            "weights": None if self.weights is None else self.weights.tolist(),
         }
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
@@ -196,7 +257,8 @@ class BudgetBatchSampler:
         """
         if strict:
             mine = self.state_dict()
-            diff = [k for k in ("seed", "shuffle", "world_size", "num_structures", "budgets", "drop_last")
+            diff = [k for k in ("seed", "shuffle", "world_size", "num_structures", "budgets", "drop_last",
+                                "epoch_size", "weights")
                     if k in state and state[k] != mine[k]]
             if diff:
                 raise MatRISInputError(

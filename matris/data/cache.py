@@ -1,7 +1,7 @@
-"""Packed, memory-mapped graph cache: the graphs of a whole data file, built once.
+"""Packed, memory-mapped graphs: the on-disk format and batches read from it.
 
-A cache entry is a directory of ``.npy`` arrays plus ``meta.json``, opened with
-``np.load(mmap_mode="r")`` so that a batch reads only its own pages. ``S`` structures with
+A cache entry (:mod:`matris.data.build`) is a set of shards; each shard is a directory of
+``.npy`` arrays plus ``meta.json``, opened with ``np.load(mmap_mode="r")`` so that a batch reads only its own pages. ``S`` structures with
 ``N`` atoms, ``B`` bonds and ``A`` angles in total; per-structure ranges are given by the
 ``*_ptr`` arrays ``[S + 1]``:
 
@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import math
 import os
 import re
@@ -58,19 +57,17 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..atomic import write_json
 from ..errors import MatRISInputError
 from ..graph.batch import GraphBatch, line_graph
 from ..graph.neighbors import half_neighbor_list
 from ..graph.system import MAX_Z, MIN_DISTANCE
-from .readers import Sample, iter_samples
+from .readers import BadRecord, Sample
 from .targets import Targets
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of one packed directory (a shard)
+ENTRY_FORMAT = 2  # of a cache entry: shards + manifest (matris.data.build)
 PROGRESS_THRESHOLD = 1000  # structures; smaller builds finish quickly without a bar
 _IMAGE_MAX = np.iinfo(np.int16).max
-
-log = logging.getLogger(__name__)
 
 # name → (kind, dtype, trailing shape) of the arrays written while building; kind "atom",
 # "bond", "angle" rows are ragged (ranges from the *_ptr arrays), "structure" has one row each
@@ -120,7 +117,7 @@ def cache_entry_name(source_path: str | os.PathLike, cutoff: float, three_body_c
     payload = json.dumps(
         {"source": str(src), "cutoff": float(cutoff), "three_body_cutoff": float(three_body_cutoff),
          "reader_options": reader_options or {}, "skip_invalid": bool(skip_invalid),
-         "store_angles": bool(store_angles), "format": FORMAT_VERSION},
+         "store_angles": bool(store_angles), "format": ENTRY_FORMAT},
         sort_keys=True, default=repr,
     )
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", src.stem)[:60] or "data"
@@ -240,8 +237,17 @@ def _prepare(sample: Sample, k: int, cutoff: float, three_body_cutoff: float) ->
 
 
 def _build(samples: Iterable[Sample], total: int | None, cutoff: float, three_body_cutoff: float, out: Path,
-           source_label: str, skip_invalid: bool, progress: bool, store_angles: bool, meta_extra: dict) -> dict:
-    """Write the cache arrays of ``samples`` into the (new, empty) directory ``out``."""
+           source_label: str, skip_invalid: bool, progress: bool, store_angles: bool, meta_extra: dict, *,
+           first_index: int = 0, allow_empty: bool = False, build_id: str | None = None,
+           counter: Any = None) -> dict:
+    """Write the cache arrays of ``samples`` into the (new, empty) directory ``out``.
+
+    ``first_index`` is the record number of the first sample in its source (for messages);
+    ``samples`` may hold :class:`~matris.data.readers.BadRecord` entries (a reader's
+    ``on_error="skip"``), counted as skipped. ``build_id`` makes the entry deterministic (a
+    shard: same input → same bytes); default a random id and a time stamp. ``counter``: a
+    ``multiprocessing.Value`` incremented per record (progress of a parallel build).
+    """
     out.mkdir(parents=True)
     writers = {name: _NpyWriter(out / f"{name}.npy", _LAYOUT[name][1], _LAYOUT[name][2])
                for name in _array_names(store_angles)}
@@ -252,7 +258,15 @@ def _build(samples: Iterable[Sample], total: int | None, cutoff: float, three_bo
     skipped: list[tuple[int, str]] = []
     bar = None
     try:
-        for k, sample in enumerate(samples):
+        for k, sample in enumerate(samples, start=first_index):
+            if counter is not None:
+                with counter.get_lock():
+                    counter.value += 1
+            if isinstance(sample, BadRecord):
+                if not skip_invalid:
+                    raise MatRISInputError(f"{source_label}: record {sample.index}: {sample.message}")
+                skipped.append((sample.index, sample.message))
+                continue
             if progress and bar is None and k >= PROGRESS_THRESHOLD:
                 from tqdm.auto import tqdm
 
@@ -285,10 +299,10 @@ def _build(samples: Iterable[Sample], total: int | None, cutoff: float, three_bo
         if bar is not None:
             bar.close()
     n_structures = len(material_ids)
-    if n_structures == 0:
+    if n_structures == 0 and not allow_empty:
         extra = f" ({len(skipped)} were invalid and skipped; first: {skipped[0][1]})" if skipped else ""
         raise MatRISInputError(f"{source_label}: no structures to build graphs of{extra}; check the file.")
-    if skipped:
+    if skipped and not allow_empty:  # a shard's skips are reported once, by the whole build
         warnings.warn(
             f"{source_label}: skipped {len(skipped)} invalid structure(s) of {n_structures + len(skipped)} "
             f"(skip_invalid=True); first: {skipped[0][1]}",
@@ -311,8 +325,7 @@ def _build(samples: Iterable[Sample], total: int | None, cutoff: float, three_bo
         "skipped": {"count": len(skipped), "first": [{"index": k, "error": e} for k, e in skipped[:20]]},
         "units": {"energy": "eV (total)", "forces": "eV/Å", "stress": "GPa, ASE sign (positive = tensile)",
                   "magmoms": "μB", "positions": "Å"},
-        "build_id": uuid.uuid4().hex,
-        "built_at": time.time(),
+        **({"build_id": uuid.uuid4().hex, "built_at": time.time()} if build_id is None else {"build_id": build_id}),
         **meta_extra,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -325,88 +338,6 @@ def _check_cutoffs(cutoff: float, three_body_cutoff: float) -> None:
             f"need finite cutoffs with 0 < three_body_cutoff <= cutoff, got cutoff={cutoff} and "
             f"three_body_cutoff={three_body_cutoff} (Å); use the model's pairwise and three-body cutoffs."
         )
-
-
-def _entry_is_fresh(entry: Path, src: Path) -> bool:
-    """True when ``entry`` was built, in this format, from the current content of ``src``.
-
-    Size and mtime unchanged → fresh without reading the source; otherwise the sha256 of
-    the source decides (a touched but unchanged file is not rebuilt; its new stat is stored).
-    """
-    meta_path = entry / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-        source = meta["source"]
-    except (OSError, ValueError, KeyError):
-        return False
-    if meta.get("format_version") != FORMAT_VERSION:
-        return False
-    st = src.stat()
-    if source.get("size") == st.st_size and source.get("mtime_ns") == st.st_mtime_ns:
-        return True
-    if source.get("size") != st.st_size or _sha256(src) != source.get("sha256"):
-        return False
-    meta["source"].update(size=st.st_size, mtime_ns=st.st_mtime_ns)
-    write_json(meta_path, meta)
-    return True
-
-
-def build_or_load(
-    source_path: str | os.PathLike,
-    cutoff: float,
-    three_body_cutoff: float,
-    cache_dir: str | os.PathLike | None = None,
-    reader_options: dict | None = None,
-    progress: bool = True,
-    skip_invalid: bool = False,
-    store_angles: bool = True,
-) -> "PackedDataset":
-    """The packed graphs of a data file, built on first use and reused afterwards.
-
-    source_path: any file :func:`~matris.data.read_samples` reads (extxyz, traj, ASE .db,
-    MPtrj .json); reader_options are passed to it (e.g. ``{"energy_key": "REF_energy"}``).
-    cutoff, three_body_cutoff: the model's r_c and r_3, Å.
-    cache_dir: default :func:`default_cache_dir`. The entry is named by a hash of the
-    absolute source path, cutoffs, reader options and format version; it stores the source's
-    size, mtime_ns and sha256 and is rebuilt when the content changes.
-    skip_invalid: leave out structures that fail validation (with a warning giving the
-    count) instead of raising an error that names the file and structure index.
-    store_angles: keep the line graph on disk (graphs built once; default). Angles
-    outnumber bonds ~10:1 and dominate the size (≈100 kB per 32-atom structure at r_c = 6,
-    r_3 = 4 Å); with False only bond lengths are stored and each batch's angles are rebuilt
-    by :func:`~matris.graph.line_graph` at collate time, identically, in ~1/4 of the space.
-
-    Building happens in a temporary directory next to the entry, renamed into place when
-    complete; a lock file serialises concurrent builders of the same entry (e.g. DDP ranks),
-    so all but the first just load the finished entry.
-    """
-    src = Path(source_path).expanduser()
-    if not src.exists():
-        raise FileNotFoundError(f"data file {str(src)!r} does not exist; check the path.")
-    src = src.resolve()
-    _check_cutoffs(cutoff, three_body_cutoff)
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OSError(f"cannot create the graph cache directory {str(root)!r} ({e}); pass cache_dir= or set "
-                      "MATRIS_CACHE to a writable directory.") from e
-    name = cache_entry_name(src, cutoff, three_body_cutoff, reader_options, skip_invalid, store_angles)
-    entry = root / name
-    with _file_lock(root / f"{name}.lock"):
-        if not _entry_is_fresh(entry, src):
-            st = src.stat()  # before reading: a change during the build then shows up next time
-            source_meta = {"path": str(src), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(src)}
-            samples, total = iter_samples(src, **(reader_options or {}))
-            tmp = root / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            log.info("building graph cache of %s in %s", src, entry)
-            try:
-                _build(samples, total, cutoff, three_body_cutoff, tmp, src.name, skip_invalid, progress, store_angles,
-                       {"source": source_meta, "reader_options": reader_options or {}})
-                _replace_dir(tmp, entry)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return PackedDataset(entry)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -581,8 +512,8 @@ class PackedDataset:
         names = _array_names(self.store_angles) + [f"{k}_ptr" for k in _KINDS] + ["material_ids", "names"]
         for name in names:
             path = self.directory / f"{name}.npy"
-            # pointers are small and read on every batch: keep them in memory
-            self._arrays[name] = np.load(path) if name.endswith("_ptr") else np.load(path, mmap_mode="r")
+            # mapped, pointers too: 8 bytes per structure each would be GBs per worker at OMat24 scale
+            self._arrays[name] = np.load(path, mmap_mode="r")
         self._check_build()  # not swapped while we were opening
 
     def _arr(self, name: str) -> np.ndarray:
@@ -705,14 +636,15 @@ class PackedDataset:
 
 
 class MultiPacked:
-    """Several :class:`PackedDataset` (e.g. one per source file) as one, with the same API.
+    """Several :class:`PackedDataset` (e.g. the shards of several files) as one, with the same API.
 
     Global index g maps to (dataset d, local g − offset_d) in the order given. All parts must
     share the cutoffs.
     """
 
     def __init__(self, datasets: Sequence[PackedDataset]):
-        self.datasets = list(datasets)
+        # flattened: a cache entry (CachedDataset) contributes its shards
+        self.datasets = [shard for d in datasets for shard in (d.datasets if isinstance(d, MultiPacked) else [d])]
         if not self.datasets:
             raise MatRISInputError("MultiPacked needs at least one dataset.")
         cut = {(d.cutoff, d.three_body_cutoff) for d in self.datasets}

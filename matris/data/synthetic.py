@@ -69,4 +69,78 @@ def write_emt_dataset(path: str | Path, n: int, seed: int = 0, **kwargs) -> Path
     return Path(path)
 
 
-__all__ = ["emt_structures", "write_emt_dataset", "EMT_ELEMENTS"]
+# OMat24-like prototypes: fractional sites of one conventional/primitive cell (cubic unless noted)
+_PROTOTYPES = {
+    "fcc": np.array([[0, 0, 0], [0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0]]),
+    "bcc": np.array([[0, 0, 0], [0.5, 0.5, 0.5]]),
+    "sc": np.array([[0, 0, 0]]),
+    "rocksalt": np.array([[0, 0, 0], [0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0],
+                          [0.5, 0.5, 0.5], [0.5, 0, 0], [0, 0.5, 0], [0, 0, 0.5]]),
+    "perovskite": np.array([[0, 0, 0], [0.5, 0.5, 0.5], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]]),
+    "fluorite": np.array([[0, 0, 0], [0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0], [0.25, 0.25, 0.25],
+                          [0.75, 0.75, 0.25], [0.75, 0.25, 0.75], [0.25, 0.75, 0.75], [0.75, 0.75, 0.75],
+                          [0.25, 0.25, 0.75], [0.25, 0.75, 0.25], [0.75, 0.25, 0.25]]),
+}
+# elements drawn for OMat-like cells: H–Bi without the noble gases (Z = 1..83)
+_OMAT_Z = np.array([z for z in range(1, 84) if z not in (2, 10, 18, 36, 54)])
+
+
+def omat_like_atoms(n: int, seed: int = 0, max_atoms: int = 24):
+    """``n`` OMat24-like labelled ASE Atoms for data-pipeline benchmarks (labels are random).
+
+    OMat24 is mostly rattled and AIMD snapshots of small bulk cells (a few to ~20 atoms) over
+    the periodic table, labelled with energy, forces (large: far from equilibrium) and
+    stress, without magnetic moments. Here: a prototype of 1–12 sites with random elements,
+    repeated up to ``max_atoms``, at 10–22 Å³ per atom, strained ±4 % and rattled by 0.1 Å;
+    energy ≈ −5 eV/atom with noise, forces ~N(0, 1) eV/Å, stress ~N(0, 0.01) eV/Å³. Only the
+    sizes matter for throughput; the values are not physical.
+    """
+    from ase import Atoms
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    rng = np.random.default_rng(seed)
+    names = list(_PROTOTYPES)
+    out = []
+    for k in range(n):
+        frac = _PROTOTYPES[names[int(rng.integers(len(names)))]]
+        reps = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2)]
+        reps = [r for r in reps if len(frac) * np.prod(r) <= max_atoms]
+        r = np.array(reps[int(rng.integers(len(reps)))])
+        grid = np.stack(np.meshgrid(*[np.arange(m) for m in r], indexing="ij"), -1).reshape(-1, 3)
+        frac_all = ((grid[:, None, :] + frac[None]) / r).reshape(-1, 3)
+        natoms = len(frac_all)
+        species = rng.choice(_OMAT_Z, size=min(3, len(frac)), replace=False)
+        z = species[rng.integers(len(species), size=len(frac))][np.tile(np.arange(len(frac)), len(grid))]
+        volume = natoms * rng.uniform(10.0, 22.0)
+        shape = np.diag(r.astype(float))
+        cell = shape * (volume / np.prod(r)) ** (1 / 3)
+        eps = rng.uniform(-0.04, 0.04, (3, 3))
+        cell = cell @ (np.eye(3) + (eps + eps.T) / 2)
+        pos = frac_all @ cell + rng.normal(scale=0.1, size=(natoms, 3))
+        atoms = Atoms(numbers=z, positions=pos, cell=cell, pbc=True)
+        atoms.calc = SinglePointCalculator(atoms, energy=float(-5.0 * natoms + rng.normal()),
+                                           forces=rng.normal(size=(natoms, 3)), stress=rng.normal(scale=0.01, size=6))
+        atoms.info["sid"] = f"omat-like-{seed}-{k}"
+        out.append(atoms)
+    return out
+
+
+def write_omat_like_lmdb(path: str | Path, n: int, seed: int = 0, **kwargs) -> Path:
+    """Write :func:`omat_like_atoms` to an ASE-LMDB file (``.aselmdb``, as OMat24 ships), atomically."""
+    import ase.db
+
+    from ..atomic import atomic_path
+
+    path = Path(path)
+    with atomic_path(path, suffix=".aselmdb") as tmp:
+        tmp.unlink()  # the LMDB backend creates its own file
+        db = ase.db.connect(str(tmp), type="aselmdb")
+        with db:
+            for atoms in omat_like_atoms(n, seed, **kwargs):
+                db.write(atoms, sid=atoms.info["sid"])
+        if hasattr(db, "close"):  # the LMDB backend holds the file open until closed
+            db.close()
+    return path
+
+
+__all__ = ["emt_structures", "write_emt_dataset", "EMT_ELEMENTS", "omat_like_atoms", "write_omat_like_lmdb"]

@@ -30,11 +30,97 @@ def _f(default: Any, help: str, **kw: Any):
     return field(default=default, metadata={"help": help, **kw})
 
 
+_LABEL_NAMES = ("energy", "forces", "stress", "magmoms")
+_READER_KEYS = ("energy_key", "forces_key", "stress_key", "magmoms_key", "material_id_key", "stress_unit",
+                "mptrj_energy_key")
+
+
+@dataclass
+class DatasetConfig:
+    """One dataset of a mixture (``data.datasets``); unset reader keys take the ``data`` section's.
+
+    YAML::
+
+        data:
+          datasets:
+            - {name: salex, train: [salex/train], val: [salex/val], weight: 0.5, labels: [energy, forces, stress]}
+            - {name: mptrj, train: [MPtrj_2022.9_full.json], val_fraction: 0.02, weight: 0.5,
+               reference_energy: fit}
+    """
+
+    name: str = ""
+    train: list = field(default_factory=list)
+    val: list = field(default_factory=list)
+    test: list = field(default_factory=list)
+    weight: float = 1.0
+    val_fraction: typing.Optional[float] = None
+    test_fraction: typing.Optional[float] = None
+    split_by: typing.Optional[str] = None
+    labels: list = field(default_factory=lambda: list(_LABEL_NAMES))
+    reference_energy: typing.Optional[str] = None
+    energy_key: typing.Optional[str] = None
+    forces_key: typing.Optional[str] = None
+    stress_key: typing.Optional[str] = None
+    magmoms_key: typing.Optional[str] = None
+    material_id_key: typing.Optional[str] = None
+    stress_unit: typing.Optional[str] = None
+    mptrj_energy_key: typing.Optional[str] = None
+
+    HELP = {
+        "name": "a short name (logs, per-dataset reference energies)",
+        "train": "files, directories or globs of this dataset's training data",
+        "val": "validation files (empty: split val_fraction off train)",
+        "test": "test files (empty: split test_fraction off train)",
+        "weight": "sampling weight: the share of training draws is weight / sum of weights",
+        "val_fraction": "default: data.val_fraction", "test_fraction": "default: data.test_fraction",
+        "split_by": "default: data.split_by",
+        "labels": "labels trained on (others masked): any of energy, forces, stress, magmoms",
+        "reference_energy": "null: energies as stored; 'fit' or a JSON file {symbol: eV/atom}: per-element "
+                            "energies R_d of this dataset; energies are moved to the first dataset's convention, "
+                            "E - sum_i (R_d - R_1)(Z_i)",
+    }
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> "DatasetConfig":
+        if isinstance(value, DatasetConfig):
+            return value
+        if not isinstance(value, dict):
+            raise MatRISInputError(f"{where} must be a mapping (name, train, weight, ...), got {value!r}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        bad = [k for k in value if k not in known]
+        if bad:
+            raise MatRISInputError(f"{where}: unknown key '{bad[0]}'{_suggest(bad[0], known)}; dataset keys: "
+                                   f"{sorted(known)}")
+        parsed = {k: _coerce(v, known[k], f"{where}.{k}", "config") for k, v in value.items()}
+        d = cls(**parsed)
+        d.validate(where)
+        return d
+
+    def validate(self, where: str) -> None:
+        problems = []
+        if not self.name:
+            problems.append("give it a name")
+        if not self.train:
+            problems.append("give its training files (train)")
+        if not (self.weight >= 0 and self.weight != float("inf")):
+            problems.append(f"weight must be >= 0, got {self.weight}")
+        bad = [x for x in self.labels if x not in _LABEL_NAMES]
+        if bad or not self.labels:
+            problems.append(f"labels must be a non-empty list of {list(_LABEL_NAMES)}, got {self.labels}")
+        if self.split_by not in (None, "structure", "material"):
+            problems.append("split_by must be 'structure' or 'material'")
+        if self.stress_unit not in (None, "eV/A3", "GPa", "kbar"):
+            problems.append("stress_unit must be eV/A3, GPa or kbar")
+        if problems:
+            raise MatRISInputError(f"{where} ({self.name or 'unnamed'}): " + "; ".join(problems))
+
+
 @dataclass
 class DataConfig:
     """Where the structures come from and how they are batched."""
 
-    train: list = _f([], "training data files: extxyz or any ASE-readable file, ASE .db, or MPtrj .json")
+    train: list = _f([], "training data: files, directories or globs (extxyz or any ASE-readable file, ASE .db, "
+                     ".aselmdb, MPtrj or MatPES .json/.json.gz)")
     val: list = _f([], "validation files; empty: split val_fraction off the training files")
     test: list = _f([], "test files; empty: split test_fraction off the training files")
     val_fraction: float = _f(0.05, "fraction of the training data held out for validation (when val is empty)")
@@ -58,6 +144,15 @@ class DataConfig:
     max_bonds: typing.Optional[int] = _f(None, "batch budget: bonds per batch (per device)")
     max_angles: typing.Optional[int] = _f(None, "batch budget: angles per batch (per device)")
     num_workers: int = _f(0, "data-loading worker processes per device")
+    datasets: list = _f([], "a mixture instead of train/val/test: a list of datasets {name, train, val, test, "
+                        "weight, labels, reference_energy, val_fraction, split_by, reader keys}; see the docs")
+    epoch_size: typing.Optional[int] = _f(None, "mixtures: structures drawn per epoch (default: all training "
+                                               "structures)")
+    on_error: str = _f("raise", "a bad record (unreadable, invalid, no energy, non-finite labels): 'raise' an "
+                       "error naming file and record, or 'skip' it (counted and reported)", choices=("raise", "skip"))
+    build_workers: typing.Optional[int] = _f(None, "processes building the graph cache (default: the CPUs "
+                                                  "available, at most 32)")
+    shard_size: int = _f(50000, "structures per cache shard: the unit of parallel build and of resumption")
     shuffle: bool = _f(True, "shuffle the training data every epoch (seeded by trainer.seed and the epoch)")
 
 
@@ -198,6 +293,24 @@ class TrainConfig:
             problems.append("data.val_fraction and data.test_fraction must be in [0, 1) and sum to less than 1")
         if t.max_epochs < 0 and t.max_steps < 0:
             problems.append("set trainer.max_epochs or trainer.max_steps (both are unlimited)")
+        if d.datasets:
+            d.datasets = [DatasetConfig.from_value(x, f"data.datasets[{k}]") for k, x in enumerate(d.datasets)]
+            names = [x.name for x in d.datasets]
+            if len(set(names)) != len(names):
+                problems.append(f"data.datasets names must be unique, got {names}")
+            if d.train or d.val or d.test:
+                problems.append("give data.datasets or data.train/val/test, not both (put the files in a dataset)")
+            if sum(x.weight for x in d.datasets) <= 0:
+                problems.append("at least one of data.datasets needs a weight > 0")
+            if any(x.reference_energy for x in d.datasets[1:]) and not d.datasets[0].reference_energy:
+                problems.append("per-dataset reference energies move energies to the first dataset's convention; "
+                                f"give data.datasets[0] ({d.datasets[0].name}) a reference_energy too")
+        elif d.epoch_size is not None:
+            problems.append("data.epoch_size applies to a mixture (data.datasets)")
+        if d.build_workers is not None and d.build_workers < 1:
+            problems.append("data.build_workers must be >= 1")
+        if d.shard_size < 1:
+            problems.append("data.shard_size must be >= 1")
         if all(getattr(d, k) is None for k in ("max_structures", "max_atoms", "max_bonds", "max_angles")):
             problems.append("set at least one batch budget (data.max_structures, max_atoms, max_bonds or max_angles)")
         for k in ("energy_weight", "force_weight", "stress_weight", "magmom_weight"):
@@ -225,9 +338,15 @@ class TrainConfig:
             raise MatRISInputError(f"{path}: the top level must be a mapping of sections (model, data, ...)")
         config = cls.from_dict(data, source=str(path))
         # data paths in a config file are relative to the file
+        def rel(paths: list) -> list:
+            return [str(path.parent / p) if not Path(p).is_absolute() else p for p in paths]
+
         for key in ("train", "val", "test"):
-            setattr(config.data, key, [str((path.parent / p)) if not Path(p).is_absolute() else p
-                                       for p in getattr(config.data, key)])
+            setattr(config.data, key, rel(getattr(config.data, key)))
+        for ds in config.data.datasets:
+            ds.train, ds.val, ds.test = rel(ds.train), rel(ds.val), rel(ds.test)
+            if ds.reference_energy not in (None, "fit"):
+                ds.reference_energy = rel([ds.reference_energy])[0]
         return config
 
     def to_yaml(self) -> str:
@@ -363,5 +482,5 @@ def _coerce(value: Any, f: dataclasses.Field, key: str, source: str) -> Any:
     return value
 
 
-__all__ = ["TrainConfig", "DataConfig", "LossConfig", "OptimConfig", "ReferenceConfig", "FinetuneConfig",
+__all__ = ["TrainConfig", "DataConfig", "DatasetConfig", "LossConfig", "OptimConfig", "ReferenceConfig", "FinetuneConfig",
            "TrainerConfig", "iter_keys"]

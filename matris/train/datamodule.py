@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,28 +14,78 @@ from torch.utils.data import DataLoader
 
 from ..data import BudgetBatchSampler, MultiPacked, build_or_load
 from ..data.cache import PackedDataset
+from ..data.readers import expand_data_paths
 from ..errors import MatRISInputError
-from .config import DataConfig
+from .config import DataConfig, DatasetConfig
+from .reference import fit_reference_energies_chunked, read_reference_energies
 from .module import TrainBatch
 
 
-def reader_options(config: DataConfig) -> dict[str, Any]:
-    """The reader options of ``config``; the reader's dispatch applies those of the file's format."""
-    keys = {"energy_key": config.energy_key, "forces_key": config.forces_key, "stress_key": config.stress_key,
-            "magmoms_key": config.magmoms_key, "material_id_key": config.material_id_key}
+def reader_options(config: Any, defaults: DataConfig | None = None) -> dict[str, Any]:
+    """The reader options of ``config`` (a :class:`DataConfig` or a :class:`DatasetConfig`, whose unset
+    keys fall back to ``defaults``); the reader's dispatch applies those of the file's format."""
+
+    def get(key: str) -> Any:
+        value = getattr(config, key, None)
+        return getattr(defaults, key) if value is None and defaults is not None else value
+
+    keys = {k: get(k) for k in ("energy_key", "forces_key", "stress_key", "magmoms_key", "material_id_key")}
     options = {k: v for k, v in keys.items() if v is not None}
-    options["mptrj_energy_key"] = config.mptrj_energy_key
-    if config.stress_unit != "eV/A3":
-        options["stress_unit"] = config.stress_unit
+    options["mptrj_energy_key"] = get("mptrj_energy_key") or "corrected_total_energy"
+    unit = get("stress_unit") or "eV/A3"
+    if unit != "eV/A3":
+        options["stress_unit"] = unit
     return options
 
 
-class Subset:
-    """Positions ``indices`` of a :class:`PackedDataset` (or several), with their sizes."""
+_LABELS = ("energy", "forces", "stress", "magmoms")
 
-    def __init__(self, packed: PackedDataset, indices: np.ndarray):
+
+@dataclass
+class LabelTransform:
+    """Per-dataset label conventions of a mixture, applied when a batch is collated.
+
+    bounds: ``[D + 1]`` global index ranges of the datasets (dataset d owns ``bounds[d]:bounds[d+1]``);
+    mask: ``[D, 4]`` bool, which of energy, forces, stress, magmoms dataset d trains on
+    (others become NaN, i.e. unlabelled); energy_shift: ``[D, 94]`` eV/atom per element, or
+    None: the energy of a structure of dataset d becomes ``E − Σ_i energy_shift[d, Z_i − 1]``.
+    """
+
+    bounds: np.ndarray
+    mask: np.ndarray
+    energy_shift: np.ndarray | None = None
+
+    def group(self, idx: np.ndarray) -> np.ndarray:
+        """``[len(idx)]`` dataset number of each global index."""
+        return np.searchsorted(self.bounds, idx, side="right") - 1
+
+    def apply(self, idx: np.ndarray, graph: Any, targets: Any) -> Any:
+        g = torch.from_numpy(self.group(idx))
+        if self.energy_shift is not None:
+            shift = torch.from_numpy(self.energy_shift).to(targets.energy.dtype)[g[graph.atom_batch],
+                                                                                  graph.atomic_numbers - 1]
+            targets.energy = targets.energy - torch.zeros_like(targets.energy).index_add_(0, graph.atom_batch, shift)
+        mask = torch.from_numpy(self.mask)[g]  # [S, 4]
+        nan = float("nan")
+        if not mask[:, 0].all():
+            targets.energy = targets.energy.masked_fill(~mask[:, 0], nan)
+        if not mask[:, 1].all():
+            targets.forces = targets.forces.masked_fill(~mask[graph.atom_batch, 1, None], nan)
+        if not mask[:, 2].all():
+            targets.stress = targets.stress.masked_fill(~mask[:, 2, None, None], nan)
+        if not mask[:, 3].all():
+            targets.magmoms = targets.magmoms.masked_fill(~mask[graph.atom_batch, 3], nan)
+        return targets
+
+
+class Subset:
+    """Positions ``indices`` of a :class:`PackedDataset` (or several), with their sizes and the
+    label conventions of their datasets (``transform``; None: labels as stored)."""
+
+    def __init__(self, packed: PackedDataset, indices: np.ndarray, transform: LabelTransform | None = None):
         self.packed = packed
         self.indices = np.asarray(indices, dtype=np.int64)
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -42,6 +94,12 @@ class Subset:
         p = self.packed
         return (np.asarray(p.n_atoms)[self.indices], np.asarray(p.n_bonds)[self.indices],
                 np.asarray(p.n_angles)[self.indices])
+
+    def groups(self) -> np.ndarray:
+        """``[len(self)]`` dataset number of each position (0 without a mixture)."""
+        if self.transform is None:
+            return np.zeros(len(self), dtype=np.int64)
+        return self.transform.group(self.indices)
 
 
 class Collate:
@@ -53,6 +111,8 @@ class Collate:
     def __call__(self, positions: list[int]) -> TrainBatch:
         idx = self.subset.indices[np.asarray(positions, dtype=np.int64)]
         graph, targets = self.subset.packed.collate(idx.tolist(), dtype=torch.float64)
+        if self.subset.transform is not None:
+            targets = self.subset.transform.apply(idx, graph, targets)
         return TrainBatch(graph, targets, torch.from_numpy(idx))
 
 
@@ -107,9 +167,13 @@ class ShardedBatches:
 class MatRISDataModule(L.LightningDataModule):
     """Training, validation and test data of a run.
 
-    Every file is read once into the packed graph cache (:func:`matris.data.build_or_load`),
-    keyed by the file's content and the model's cutoffs. Validation/test sets are the given
-    files, or a seeded split of the training files by structure or by material id.
+    Every file is read once into the graph cache (:func:`matris.data.build_or_load`, built by
+    ``data.build_workers`` processes, resumable), keyed by the file's content and the model's
+    cutoffs. Entries of ``data.train`` etc. may be files, directories or globs. Validation/test
+    sets are the given files, or a seeded split of the training files by structure or by
+    material id. With ``data.datasets`` the same holds per dataset, and training batches are
+    drawn from the weighted mixture (:class:`~matris.data.BudgetBatchSampler`), each dataset
+    with its own labels and energy convention (:class:`LabelTransform`).
     """
 
     def __init__(self, config: DataConfig, cutoff: float, three_body_cutoff: float, seed: int = 0):
@@ -119,58 +183,140 @@ class MatRISDataModule(L.LightningDataModule):
         self.train_set: Subset | None = None
         self.val_set: Subset | None = None
         self.test_set: Subset | None = None
+        self.datasets = _datasets(config)
+        self.build_reports: list = []  # BuildReport of every cache entry loaded or built
+        self.reference_energies: dict[str, np.ndarray] = {}  # per-dataset R_d (eV/atom) of a mixture
 
     # ------------------------------------------------------------------ data
-    def _load(self, files: list[str]) -> PackedDataset | None:
-        if not files:
-            return None
-        parts = []
-        for f in files:
-            if not Path(f).is_file():
-                raise FileNotFoundError(f"data file {f} does not exist (data.train/val/test)")
-            parts.append(build_or_load(f, self.cutoff, self.three_body_cutoff, cache_dir=self.config.cache_dir,
-                                       reader_options=reader_options(self.config),
-                                       store_angles=self.config.cache_angles))
-        return parts[0] if len(parts) == 1 else MultiPacked(parts)
+    def _files(self, entries: list[str]) -> list[Path]:
+        return expand_data_paths(entries) if entries else []
+
+    def _load_file(self, f: Path, ds: DatasetConfig, progress: bool = True) -> PackedDataset:
+        c = self.config
+        workers = c.build_workers or min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                         else (os.cpu_count() or 1))
+        return build_or_load(f, self.cutoff, self.three_body_cutoff, cache_dir=c.cache_dir,
+                             reader_options=reader_options(ds, c), store_angles=c.cache_angles,
+                             skip_invalid=c.on_error == "skip", workers=workers, shard_size=c.shard_size,
+                             report=self.build_reports, progress=progress)
 
     def prepare_data(self) -> None:
         # builds the graph caches once (Lightning calls this on one process per node)
-        for f in [*self.config.train, *self.config.val, *self.config.test]:
-            self._load([f])
+        for ds in self.datasets:
+            for f in self._files([*ds.train, *ds.val, *ds.test]):
+                self._load_file(f, ds)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         c = self.config
-        if not c.train:
-            raise MatRISInputError("no training data: set data.train to one or more files (extxyz, ASE db, MPtrj json)")
-        train = self._load(c.train)
-        n = len(train)
-        val_frac = 0.0 if c.val else c.val_fraction
-        test_frac = 0.0 if c.test else c.test_fraction
-        train_idx, val_idx, test_idx = split_indices(n, val_frac, test_frac, c.split_by, c.split_seed,
-                                                     train.material_ids)
-        if len(train_idx) == 0:
-            raise MatRISInputError(f"the split leaves no training structures (of {n}); lower data.val_fraction")
-        self.train_set = Subset(train, train_idx)
-        val = self._load(c.val)
-        self.val_set = Subset(val, np.arange(len(val))) if val is not None else (
-            Subset(train, val_idx) if len(val_idx) else None)
-        test = self._load(c.test)
-        self.test_set = Subset(test, np.arange(len(test))) if test is not None else (
-            Subset(train, test_idx) if len(test_idx) else None)
+        if not self.datasets:
+            raise MatRISInputError("no training data: set data.train to one or more files (extxyz, ASE db, .aselmdb, "
+                                   "MPtrj or MatPES json), or data.datasets to a mixture")
+        parts: list = []  # cache entries in global order: dataset by dataset, its train, val, test files
+        spans: list[dict[str, tuple[int, int]]] = []
+        for ds in self.datasets:
+            span = {}
+            for key in ("train", "val", "test"):
+                first = sum(len(p) for p in parts)
+                parts.extend(self._load_file(f, ds) for f in self._files(getattr(ds, key)))
+                span[key] = (first, sum(len(p) for p in parts))
+            spans.append(span)
+        packed = parts[0] if len(parts) == 1 else MultiPacked([shard for p in parts for shard in _shards(p)])
+        bounds = np.array([s["train"][0] for s in spans] + [spans[-1]["test"][1]], dtype=np.int64)
+        mask = np.array([[label in ds.labels for label in _LABELS] for ds in self.datasets], dtype=bool)
+        train, val, test = [], [], []
+        for d, (ds, span) in enumerate(zip(self.datasets, spans)):
+            lo, hi = span["train"]
+            if hi == lo:
+                raise MatRISInputError(f"dataset {ds.name!r}: its training files hold no structures")
+            val_frac = 0.0 if ds.val else (c.val_fraction if ds.val_fraction is None else ds.val_fraction)
+            test_frac = 0.0 if ds.test else (c.test_fraction if ds.test_fraction is None else ds.test_fraction)
+            ids = packed_material_ids(packed, lo, hi) if (ds.split_by or c.split_by) == "material" else None
+            tr, va, te = split_indices(hi - lo, val_frac, test_frac, ds.split_by or c.split_by, c.split_seed, ids)
+            if len(tr) == 0:
+                raise MatRISInputError(f"dataset {ds.name!r}: the split leaves no training structures (of {hi - lo}); "
+                                       "lower its val_fraction")
+            train.append(lo + tr)
+            val.append(np.arange(*span["val"]) if ds.val else lo + va)
+            test.append(np.arange(*span["test"]) if ds.test else lo + te)
+        transform = LabelTransform(bounds, mask)
+        self.train_set = Subset(packed, np.concatenate(train), transform)
+        transform.energy_shift = self._energy_shifts(packed, train)
+        for name, chosen in (("val_set", val), ("test_set", test)):
+            idx = np.concatenate(chosen)
+            setattr(self, name, Subset(packed, idx, transform) if len(idx) else None)
+        if not c.datasets and transform.energy_shift is None:  # plain data: no per-dataset conventions
+            for subset in (self.train_set, self.val_set, self.test_set):
+                if subset is not None:
+                    subset.transform = None
+
+    def _energy_shifts(self, packed: Any, train: list[np.ndarray]) -> np.ndarray | None:
+        """``[D, 94]`` per-element energies moving each dataset to the first one's convention, or None."""
+        refs = []
+        for d, ds in enumerate(self.datasets):
+            if ds.reference_energy is None:
+                refs.append(None)
+            elif ds.reference_energy == "fit":
+                refs.append(fit_reference_energies_chunked(_composition_chunks(packed, train[d])))
+            else:
+                w = read_reference_energies(ds.reference_energy)
+                refs.append((w, w != 0))
+        if all(r is None for r in refs):
+            return None
+        base, base_present = refs[0]
+        shift = np.zeros((len(refs), len(base)))
+        for d, r in enumerate(refs):
+            if r is not None and d > 0:
+                w, present = r
+                both = present & base_present  # elements only one dataset has keep their energies
+                shift[d, both] = w[both] - base[both]
+        self.reference_energies = {ds.name: r[0] for ds, r in zip(self.datasets, refs) if r is not None}
+        return shift
 
     @property
     def labels(self) -> dict[str, bool]:
-        """Which labels the training data has at all."""
+        """Which labels the training data has at all (after each dataset's label mask)."""
         assert self.train_set is not None
-        return dict(self.train_set.packed.has_labels)
+        p = self.train_set.packed
+        has = p.has_labels
+        if self.train_set.transform is None:
+            return dict(has)
+        out = dict.fromkeys(_LABELS, False)
+        for d, ds in enumerate(self.datasets):
+            lo, hi = self.train_set.transform.bounds[d: d + 2]
+            datasets = [sh for sh, off in zip(_shards(p), _shard_offsets(p)) if lo <= off < hi]
+            for k in _LABELS:
+                out[k] |= k in ds.labels and any(sh.has_labels[k] for sh in datasets)
+        return out
 
     def training_composition(self) -> tuple[np.ndarray, np.ndarray]:
-        """``[S, 94]`` element counts and ``[S]`` total energies (eV) of the training split."""
+        """``[S, 94]`` element counts and ``[S]`` total energies (eV, in the first dataset's convention)
+        of the training split. Holds the whole split in memory; :meth:`fit_reference_energies` does not."""
         assert self.train_set is not None
-        p, idx = self.train_set.packed, self.train_set.indices
-        return np.asarray(p.composition_matrix())[idx], np.asarray(p.energies)[idx]
+        chunks = list(self._train_chunks())
+        return np.concatenate([c for c, _ in chunks]), np.concatenate([e for _, e in chunks])
+
+    def _train_chunks(self):
+        t = self.train_set
+        shift = None if t.transform is None else t.transform.energy_shift
+        for comp, energy, idx in _composition_chunks(t.packed, t.indices, with_indices=True):
+            if shift is not None:
+                energy = energy - (comp * shift[t.transform.group(idx)]).sum(1)
+            yield comp, energy
+
+    def fit_reference_energies(self) -> tuple[np.ndarray, int]:
+        """Per-element reference energies (eV/atom) fitted on the training split in constant memory,
+        and the number of labelled structures used."""
+        n = [0]
+
+        def counted():
+            for comp, energy in self._train_chunks():
+                n[0] += int(np.isfinite(energy).sum())
+                yield comp, energy
+
+        w, _ = fit_reference_energies_chunked(counted())
+        return w, n[0]
 
     # ------------------------------------------------------------------ loaders
     def transfer_batch_to_device(self, batch: TrainBatch, device: torch.device, dataloader_idx: int) -> TrainBatch:
@@ -179,9 +325,13 @@ class MatRISDataModule(L.LightningDataModule):
     def _sampler(self, subset: Subset, shuffle: bool, rank: int, world: int) -> BudgetBatchSampler:
         c = self.config
         a, b, t = subset.sizes()
+        mixture = {}
+        if c.datasets and shuffle:  # training: draw from the weighted mixture
+            mixture = {"groups": subset.groups(), "weights": [ds.weight for ds in self.datasets],
+                       "epoch_size": c.epoch_size}
         return BudgetBatchSampler(a, b, t, max_atoms=c.max_atoms, max_bonds=c.max_bonds, max_angles=c.max_angles,
                                   max_structures=c.max_structures, shuffle=shuffle, seed=self.seed,
-                                  rank=rank, world_size=world)
+                                  rank=rank, world_size=world, **mixture)
 
     def _rank(self) -> tuple[int, int]:
         if self.trainer is None:
@@ -237,6 +387,49 @@ class _Positions(torch.utils.data.Dataset):
         return int(i)
 
 
+def _datasets(config: DataConfig) -> list[DatasetConfig]:
+    """The datasets of ``config``: its mixture, or one dataset of data.train/val/test."""
+    if config.datasets:
+        return [DatasetConfig.from_value(d, f"data.datasets[{k}]") for k, d in enumerate(config.datasets)]
+    if not config.train:
+        return []
+    return [DatasetConfig(name="data", train=list(config.train), val=list(config.val), test=list(config.test))]
+
+
+def _shards(packed: Any) -> list[PackedDataset]:
+    """The PackedDataset shards of a CachedDataset / MultiPacked / PackedDataset, in index order."""
+    if isinstance(packed, PackedDataset):
+        return [packed]
+    return [shard for d in packed.datasets for shard in _shards(d)]
+
+
+def _shard_offsets(packed: Any) -> list[int]:
+    sizes = [len(sh) for sh in _shards(packed)]
+    return list(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)) if sizes else []
+
+
+def _composition_chunks(packed: Any, indices: np.ndarray, with_indices: bool = False):
+    """``(composition [s, 94], energy [s] eV)`` of ``indices`` (sorted), one shard at a time."""
+    idx = np.sort(np.asarray(indices, dtype=np.int64))
+    for shard, off in zip(_shards(packed), _shard_offsets(packed)):
+        mine = idx[(idx >= off) & (idx < off + len(shard))]
+        if not mine.size:
+            continue
+        local = mine - off
+        comp, energy = shard.composition_matrix()[local], shard.energies[local]
+        yield (comp, energy, mine) if with_indices else (comp, energy)
+
+
+def packed_material_ids(packed: Any, lo: int, hi: int) -> list[str]:
+    """Material ids of global indices ``lo..hi-1``."""
+    out: list[str] = []
+    for shard, off in zip(_shards(packed), _shard_offsets(packed)):
+        a, b = max(lo, off), min(hi, off + len(shard))
+        if a < b:
+            out.extend(shard.material_ids[a - off: b - off])
+    return out
+
+
 def split_indices(n: int, val_fraction: float, test_fraction: float, split_by: str, seed: int,
                   material_ids: list[str] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seeded train/val/test positions of ``n`` structures.
@@ -275,4 +468,4 @@ def _counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int
     return n_val, n_test
 
 
-__all__ = ["MatRISDataModule", "split_indices", "ResumableLoader", "reader_options"]
+__all__ = ["MatRISDataModule", "split_indices", "ResumableLoader", "reader_options", "LabelTransform"]

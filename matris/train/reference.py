@@ -38,6 +38,39 @@ def fit_reference_energies(composition: np.ndarray, energy: np.ndarray) -> np.nd
     return w
 
 
+def fit_reference_energies_chunked(chunks) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fit_reference_energies` over ``(composition [s, 94], energy [s])`` chunks, in constant memory.
+
+    Accumulates the normal equations of the per-atom fit chunk by chunk (a 94×94 matrix),
+    then takes their minimum-norm solution on the elements present, which is the same
+    solution as the direct fit. Returns ``(w [94] eV/atom, present [94] bool)``.
+    """
+    a = np.zeros((NUM_ELEMENTS, NUM_ELEMENTS))
+    b = np.zeros(NUM_ELEMENTS)
+    present = np.zeros(NUM_ELEMENTS, dtype=bool)
+    n_ok = 0
+    for composition, energy in chunks:
+        composition = np.asarray(composition, dtype=np.float64)
+        energy = np.asarray(energy, dtype=np.float64)
+        ok = np.isfinite(energy) & (composition.sum(1) > 0)
+        if not ok.any():
+            continue
+        n = composition[ok].sum(1, keepdims=True)
+        x = composition[ok] / n
+        y = energy[ok] / n[:, 0]
+        a += x.T @ x
+        b += x.T @ y
+        present |= x.any(0)
+        n_ok += int(ok.sum())
+    if n_ok == 0:
+        raise MatRISInputError("cannot fit reference energies: no training structure has an energy label; "
+                               "set reference_energy.mode to 'none' or to a file of fixed values")
+    idx = np.flatnonzero(present)
+    w = np.zeros(NUM_ELEMENTS)
+    w[idx] = np.linalg.lstsq(a[np.ix_(idx, idx)], b[idx], rcond=None)[0]
+    return w, present
+
+
 def read_reference_energies(path: str | Path) -> np.ndarray:
     """Fixed values from a JSON file ``{symbol or Z: eV/atom}`` or from a checkpoint's ``reference_energy``."""
     path = Path(path)
@@ -76,4 +109,4 @@ def set_reference_energies(model: MatRIS, values: np.ndarray | None, name: str =
     model.config.reference_energy = name
 
 
-__all__ = ["fit_reference_energies", "read_reference_energies", "set_reference_energies"]
+__all__ = ["fit_reference_energies", "fit_reference_energies_chunked", "read_reference_energies", "set_reference_energies"]

@@ -33,7 +33,7 @@ from ..model import MatRIS
 from .config import TrainConfig
 from .datamodule import MatRISDataModule
 from .module import MatRISModule
-from .reference import fit_reference_energies, read_reference_energies, set_reference_energies
+from .reference import read_reference_energies, set_reference_energies
 
 PRECISION = {"32": "32-true", "tf32": "32-true", "64": "64-true"}
 
@@ -121,10 +121,9 @@ def apply_reference_energies(model: MatRIS, config: TrainConfig, data: MatRISDat
         set_reference_energies(model, None)
         return "no reference energies"
     if mode == "fit":
-        composition, energy = data.training_composition()
-        values = fit_reference_energies(composition, energy)
+        values, n_labelled = data.fit_reference_energies()
         set_reference_energies(model, values, "fitted")
-        return f"fitted reference energies of {int((values != 0).sum())} elements on {int(np.isfinite(energy).sum())} structures"
+        return f"fitted reference energies of {int((values != 0).sum())} elements on {n_labelled} structures"
     values = read_reference_energies(mode)
     set_reference_energies(model, values, Path(mode).stem)
     return f"reference energies from {mode}"
