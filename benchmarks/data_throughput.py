@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.structures, args.files, args.batches, args.shard_size, args.model_steps = 2000, 2, 20, 500, 1
     torch.set_num_threads(1)
+    meta = provenance(argv)  # at the start: the commit the run measures
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.data_dir) if args.data_dir else Path(tmp)
         t0 = time.perf_counter()
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{gpu_bound_fp32:.0f} at the FP32 peak")
     print(f"margin of 8 loader workers: {summary['margin_8_workers_vs_tf32_peak_bound']:.1f}x the TF32-peak bound, "
           f"{summary['margin_8_workers_vs_fp32_peak_bound']:.1f}x the FP32-peak bound")
-    result = {"meta": {**provenance(argv), "threads_per_process": 1, "structures": args.structures,
+    result = {"meta": {**meta, "threads_per_process": 1, "structures": args.structures,
                        "files": args.files, "batch": args.batch},
               "build": build, "loader": loader, "model_10m": model, "summary": summary}
     if args.json:
