@@ -1,4 +1,4 @@
-"""Graph-cache build rate: structures/s of ``matris.data.cache.build_or_load`` on one core.
+"""Graph-cache build rate: structures/s of ``matris.data.build_or_load`` on one core.
 
     python benchmarks/cache_build.py --json benchmarks/results/cache_build_cpu.json
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.provenance import provenance  # noqa: E402
-from matris.data.cache import build_or_load  # noqa: E402
+from matris.data import build_or_load  # noqa: E402
 
 
 def write_dataset(path: Path, n: int, seed: int = 0) -> None:

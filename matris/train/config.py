@@ -86,12 +86,8 @@ class DatasetConfig:
             return value
         if not isinstance(value, dict):
             raise MatRISInputError(f"{where} must be a mapping (name, train, weight, ...), got {value!r}")
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        bad = [k for k in value if k not in known]
-        if bad:
-            raise MatRISInputError(f"{where}: unknown key '{bad[0]}'{_suggest(bad[0], known)}; dataset keys: "
-                                   f"{sorted(known)}")
-        parsed = {k: _coerce(v, known[k], f"{where}.{k}", "config") for k, v in value.items()}
+        parsed = _parse_keys(cls, value, where, "", "config",
+                             f"dataset keys: {sorted(f.name for f in dataclasses.fields(cls))}")
         d = cls(**parsed)
         d.validate(where)
         return d
@@ -267,12 +263,7 @@ class TrainConfig:
             values = data.get(name) or {}
             if not isinstance(values, dict):
                 raise MatRISInputError(f"{source}: section '{name}' must be a mapping of keys to values")
-            known = {x.name: x for x in dataclasses.fields(kind)}
-            bad = [k for k in values if k not in known]
-            if bad:
-                raise MatRISInputError(f"{source}: unknown key '{name}.{bad[0]}'{_suggest(bad[0], known)}; "
-                                       f"see 'matris train --help' for all keys")
-            parsed = {k: _coerce(v, known[k], f"{name}.{k}", source) for k, v in values.items()}
+            parsed = _parse_keys(kind, values, source, f"{name}.", source, "see 'matris train --help' for all keys")
             if kind is MatRISConfig:
                 base = {"reference_energy": None}
                 base.update(parsed)
@@ -373,6 +364,15 @@ class TrainConfig:
                 raise MatRISInputError(str(exc)) from exc
         else:
             setattr(getattr(self, section), name, parsed)
+
+
+def _parse_keys(kind: type, values: dict, where: str, prefix: str, source: str, hint: str) -> dict[str, Any]:
+    """``values`` checked against the fields of dataclass ``kind`` and coerced to their types."""
+    known = {x.name: x for x in dataclasses.fields(kind)}
+    bad = [k for k in values if k not in known]
+    if bad:
+        raise MatRISInputError(f"{where}: unknown key '{prefix}{bad[0]}'{_suggest(bad[0], known)}; {hint}")
+    return {k: _coerce(v, known[k], f"{prefix}{k}" if prefix else f"{where}.{k}", source) for k, v in values.items()}
 
 
 def _section_types() -> dict[str, type]:
