@@ -25,6 +25,7 @@ records of each shard to a worker. Each worker uses one thread.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import json
 import logging
@@ -37,13 +38,16 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
+
+import numpy as np
 
 from ..atomic import write_json
 from ..errors import MatRISInputError
 from .cache import (
     ENTRY_FORMAT,
     LABELS,
+    PROGRESS_THRESHOLD,
     MultiPacked,
     PackedDataset,
     _build,
@@ -57,7 +61,6 @@ from .cache import (
 from .readers import count_samples, iter_samples
 
 DEFAULT_SHARD_SIZE = 50_000  # structures; ~15 memory maps per shard (Linux allows 65,530 per process)
-PROGRESS_THRESHOLD = 1000  # structures; smaller builds finish quickly without a bar
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ class CachedDataset(MultiPacked):
         if shards:
             super().__init__(shards)
         else:  # every record was skipped: an empty dataset with the entry's settings
-            self.datasets, self.offsets = [], _zero_offsets()
+            self.datasets, self.offsets = [], np.zeros(1, dtype=np.int64)
             self.cutoff, self.three_body_cutoff = float(self.meta["cutoff"]), float(self.meta["three_body_cutoff"])
             self.store_angles = bool(self.meta["store_angles"])
 
@@ -107,12 +110,6 @@ class CachedDataset(MultiPacked):
     def n_skipped(self) -> int:
         """Records of the source left out as invalid (``skip_invalid=True``)."""
         return int(self.meta["skipped"]["count"])
-
-
-def _zero_offsets():
-    import numpy as np
-
-    return np.zeros(1, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- shard jobs
@@ -195,8 +192,6 @@ class _LocalCounter:
         self.value = 0
 
     def get_lock(self):
-        import contextlib
-
         return contextlib.nullcontext()
 
 
@@ -506,10 +501,4 @@ def _entry_meta(manifest: dict, cutoff: float, three_body_cutoff: float, store_a
     }
 
 
-def build_many(sources: Sequence[str | os.PathLike], cutoff: float, three_body_cutoff: float,
-               **options: Any) -> list[CachedDataset]:
-    """:func:`build_or_load` of each file in ``sources`` (same options), in order."""
-    return [build_or_load(s, cutoff, three_body_cutoff, **options) for s in sources]
-
-
-__all__ = ["CachedDataset", "BuildReport", "build_or_load", "build_many", "DEFAULT_SHARD_SIZE"]
+__all__ = ["CachedDataset", "BuildReport", "build_or_load", "DEFAULT_SHARD_SIZE"]

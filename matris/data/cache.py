@@ -1,9 +1,9 @@
 """Packed, memory-mapped graphs: the on-disk format and batches read from it.
 
 A cache entry (:mod:`matris.data.build`) is a set of shards; each shard is a directory of
-``.npy`` arrays plus ``meta.json``, opened with ``np.load(mmap_mode="r")`` so that a batch reads only its own pages. ``S`` structures with
-``N`` atoms, ``B`` bonds and ``A`` angles in total; per-structure ranges are given by the
-``*_ptr`` arrays ``[S + 1]``:
+``.npy`` arrays plus ``meta.json``, opened with ``np.load(mmap_mode="r")`` so that a batch
+reads only its own pages. ``S`` structures with ``N`` atoms, ``B`` bonds and ``A`` angles in
+total; per-structure ranges are given by the ``*_ptr`` arrays ``[S + 1]``:
 
 ==================  ==============  =====================================================
 array               shape, dtype    meaning

@@ -222,7 +222,7 @@ class MatRISDataModule(L.LightningDataModule):
                 parts.extend(self._load_file(f, ds) for f in self._files(getattr(ds, key)))
                 span[key] = (first, sum(len(p) for p in parts))
             spans.append(span)
-        packed = parts[0] if len(parts) == 1 else MultiPacked([shard for p in parts for shard in _shards(p)])
+        packed = parts[0] if len(parts) == 1 else MultiPacked(parts)  # MultiPacked flattens to shards
         bounds = np.array([s["train"][0] for s in spans] + [spans[-1]["test"][1]], dtype=np.int64)
         mask = np.array([[label in ds.labels for label in _LABELS] for ds in self.datasets], dtype=bool)
         train, val, test = [], [], []
@@ -285,17 +285,10 @@ class MatRISDataModule(L.LightningDataModule):
         out = dict.fromkeys(_LABELS, False)
         for d, ds in enumerate(self.datasets):
             lo, hi = self.train_set.transform.bounds[d: d + 2]
-            datasets = [sh for sh, off in zip(_shards(p), _shard_offsets(p)) if lo <= off < hi]
+            datasets = [sh for sh, off in _shards(p) if lo <= off < hi]
             for k in _LABELS:
                 out[k] |= k in ds.labels and any(sh.has_labels[k] for sh in datasets)
         return out
-
-    def training_composition(self) -> tuple[np.ndarray, np.ndarray]:
-        """``[S, 94]`` element counts and ``[S]`` total energies (eV, in the first dataset's convention)
-        of the training split. Holds the whole split in memory; :meth:`fit_reference_energies` does not."""
-        assert self.train_set is not None
-        chunks = list(self._train_chunks())
-        return np.concatenate([c for c, _ in chunks]), np.concatenate([e for _, e in chunks])
 
     def _train_chunks(self):
         t = self.train_set
@@ -396,22 +389,17 @@ def _datasets(config: DataConfig) -> list[DatasetConfig]:
     return [DatasetConfig(name="data", train=list(config.train), val=list(config.val), test=list(config.test))]
 
 
-def _shards(packed: Any) -> list[PackedDataset]:
-    """The PackedDataset shards of a CachedDataset / MultiPacked / PackedDataset, in index order."""
+def _shards(packed: Any) -> list[tuple[PackedDataset, int]]:
+    """``(shard, global offset)`` of a PackedDataset or a MultiPacked (whose shards are flat), in index order."""
     if isinstance(packed, PackedDataset):
-        return [packed]
-    return [shard for d in packed.datasets for shard in _shards(d)]
-
-
-def _shard_offsets(packed: Any) -> list[int]:
-    sizes = [len(sh) for sh in _shards(packed)]
-    return list(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)) if sizes else []
+        return [(packed, 0)]
+    return list(zip(packed.datasets, packed.offsets[:-1].tolist()))
 
 
 def _composition_chunks(packed: Any, indices: np.ndarray, with_indices: bool = False):
     """``(composition [s, 94], energy [s] eV)`` of ``indices`` (sorted), one shard at a time."""
     idx = np.sort(np.asarray(indices, dtype=np.int64))
-    for shard, off in zip(_shards(packed), _shard_offsets(packed)):
+    for shard, off in _shards(packed):
         mine = idx[(idx >= off) & (idx < off + len(shard))]
         if not mine.size:
             continue
@@ -423,7 +411,7 @@ def _composition_chunks(packed: Any, indices: np.ndarray, with_indices: bool = F
 def packed_material_ids(packed: Any, lo: int, hi: int) -> list[str]:
     """Material ids of global indices ``lo..hi-1``."""
     out: list[str] = []
-    for shard, off in zip(_shards(packed), _shard_offsets(packed)):
+    for shard, off in _shards(packed):
         a, b = max(lo, off), min(hi, off + len(shard))
         if a < b:
             out.extend(shard.material_ids[a - off: b - off])

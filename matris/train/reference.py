@@ -14,6 +14,20 @@ from ..model import MatRIS
 from ..model.readout import NUM_ELEMENTS, ReferenceEnergy
 
 
+def _per_atom_rows(composition: np.ndarray, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the per-atom fit: ``x = c_s / N_s`` ``[s, 94]`` and ``y = E_s / N_s`` of labelled structures."""
+    composition = np.asarray(composition, dtype=np.float64)
+    energy = np.asarray(energy, dtype=np.float64)
+    ok = np.isfinite(energy) & (composition.sum(1) > 0)
+    n = composition[ok].sum(1, keepdims=True)
+    return composition[ok] / n, energy[ok] / n[:, 0]
+
+
+def _no_energy() -> MatRISInputError:
+    return MatRISInputError("cannot fit reference energies: no training structure has an energy label; "
+                            "set reference_energy.mode to 'none' or to a file of fixed values")
+
+
 def fit_reference_energies(composition: np.ndarray, energy: np.ndarray) -> np.ndarray:
     """Per-element energies ``w`` (eV/atom) minimising Σ_s (E_s/N_s − w·c_s/N_s)².
 
@@ -23,15 +37,9 @@ def fit_reference_energies(composition: np.ndarray, energy: np.ndarray) -> np.nd
     not determine ``w`` uniquely (e.g. a single composition) the minimum-norm solution is
     taken, which still reproduces the mean energy of every composition seen.
     """
-    composition = np.asarray(composition, dtype=np.float64)
-    energy = np.asarray(energy, dtype=np.float64)
-    ok = np.isfinite(energy) & (composition.sum(1) > 0)
-    if not ok.any():
-        raise MatRISInputError("cannot fit reference energies: no training structure has an energy label; "
-                               "set reference_energy.mode to 'none' or to a file of fixed values")
-    n = composition[ok].sum(1, keepdims=True)
-    x = composition[ok] / n
-    y = energy[ok] / n[:, 0]
+    x, y = _per_atom_rows(composition, energy)
+    if not len(y):
+        raise _no_energy()
     present = np.flatnonzero(x.any(0))
     w = np.zeros(NUM_ELEMENTS)
     w[present] = np.linalg.lstsq(x[:, present], y, rcond=None)[0]
@@ -50,21 +58,13 @@ def fit_reference_energies_chunked(chunks) -> tuple[np.ndarray, np.ndarray]:
     present = np.zeros(NUM_ELEMENTS, dtype=bool)
     n_ok = 0
     for composition, energy in chunks:
-        composition = np.asarray(composition, dtype=np.float64)
-        energy = np.asarray(energy, dtype=np.float64)
-        ok = np.isfinite(energy) & (composition.sum(1) > 0)
-        if not ok.any():
-            continue
-        n = composition[ok].sum(1, keepdims=True)
-        x = composition[ok] / n
-        y = energy[ok] / n[:, 0]
+        x, y = _per_atom_rows(composition, energy)
         a += x.T @ x
         b += x.T @ y
         present |= x.any(0)
-        n_ok += int(ok.sum())
+        n_ok += len(y)
     if n_ok == 0:
-        raise MatRISInputError("cannot fit reference energies: no training structure has an energy label; "
-                               "set reference_energy.mode to 'none' or to a file of fixed values")
+        raise _no_energy()
     idx = np.flatnonzero(present)
     w = np.zeros(NUM_ELEMENTS)
     w[idx] = np.linalg.lstsq(a[np.ix_(idx, idx)], b[idx], rcond=None)[0]
