@@ -1,6 +1,7 @@
 """Parity with the reference implementation: the error of every fixture structure, as a table.
 
     python benchmarks/parity.py [--json out.json]
+    python benchmarks/parity.py --json benchmarks/results/parity.json > benchmarks/results/parity.log
 
 For each folder of tests/fixtures/official-v0.9 (the v0.9 checkpoints and the reference
 implementation's outputs), evaluates every structure alone in the folder's dtype and
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,9 @@ from ase.io import read
 from matris import GraphBatch, MatRIS
 from matris.structures import to_system
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "official-v0.9"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FIXTURES = ROOT / "tests" / "fixtures" / "official-v0.9"
 
 
 def main(argv=None):
@@ -51,7 +55,10 @@ def main(argv=None):
                   f"{row['stress']:9.1e} {row['magmoms']:9.1e} {'%d/%d' % row['edges']:>11s} "
                   f"{'%d/%d' % row['angles']:>11s}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        from benchmarks.provenance import provenance
+
+        meta = provenance(argv, "the fixture checkpoints of tests/fixtures/official-v0.9")
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -84,3 +84,10 @@ def test_invalid_configs():
     with pytest.raises(ValueError, match="num_angular == num_radial"):
         MatRISConfig(num_angular=5, num_radial=7)
 
+
+
+def test_lightning_training_checkpoint_names_the_model_file_to_load(tmp_path):
+    path = tmp_path / "last.ckpt"
+    torch.save({"pytorch-lightning_version": "2.4.0", "state_dict": {}, "epoch": 3, "optimizer_states": []}, path)
+    with pytest.raises(CheckpointError, match=r"Lightning training checkpoint.*best_model\.pth\.tar"):
+        MatRIS.load(path)

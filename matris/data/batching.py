@@ -42,11 +42,20 @@ class BudgetBatchSampler:
     ``(seed, epoch, d, ...)`` alone, so ranks agree and resuming is exact as above.
 
     Args:
-        n_atoms, n_bonds, n_angles: ``[S]`` sizes of each position (e.g. ``GraphDataset.n_atoms``).
-        max_atoms, max_bonds, max_angles, max_structures: budgets per batch (None = no limit;
-            at least one must be given).
-        shuffle, seed: order of each epoch; rank, world_size: this process's shard.
-        groups, weights, epoch_size: a weighted mixture of datasets (above).
+        n_atoms: ``[S]`` atoms of each position (e.g. ``GraphDataset.n_atoms``).
+        n_bonds: ``[S]`` bonds of each position.
+        n_angles: ``[S]`` angles of each position.
+        max_atoms: atoms per batch (None = no limit; at least one budget must be given).
+        max_bonds: bonds per batch (None = no limit).
+        max_angles: angles per batch (None = no limit).
+        max_structures: structures per batch (None = no limit).
+        shuffle: shuffle the order of each epoch.
+        seed: seed of the order of each epoch.
+        rank: this process's shard (DDP rank).
+        world_size: the number of shards (DDP world size).
+        groups: a weighted mixture of datasets (above): the dataset of each position.
+        weights: the sampling weight of each dataset.
+        epoch_size: draws per epoch of a mixture.
     """
 
     def __init__(

@@ -63,6 +63,11 @@ def unpack(obj: Any, source: str) -> CheckpointContents:
     outer = obj
     if isinstance(obj, dict) and "state_dict" not in obj and isinstance(obj.get("model"), dict):
         obj = obj["model"]  # nested layout
+    if isinstance(outer, dict) and "pytorch-lightning_version" in outer:
+        raise CheckpointError(
+            f"{source} is a Lightning training checkpoint (optimizer state and all), not a model file: "
+            "load the run's exported model instead, best_model.pth.tar or last_model.pth.tar in its "
+            "trainer.out_dir; to continue training, rerun the same `matris train` command (it resumes)")
     if not isinstance(obj, dict) or "config" not in obj or "state_dict" not in obj:
         keys = sorted(map(str, outer))[:10] if isinstance(outer, dict) else type(outer).__name__
         raise CheckpointError(f"{source} is not a MatRIS checkpoint: expected keys 'config' and 'state_dict' (or "

@@ -117,7 +117,9 @@ def md(
             existing trajectory and restart file are replaced.
         init_temperature: K, initial velocities when the structure has none (default: temperature).
         seed: seeds the initial velocities and the stochastic thermostats.
-        model, device, dtype: as in :func:`matris.simulate.relax`.
+        model: as in :func:`matris.simulate.relax`.
+        device: as in :func:`matris.simulate.relax`.
+        dtype: as in :func:`matris.simulate.relax`.
         progress: print live progress (steps/s, ns/day, T, E) to stderr, or a :class:`Progress`.
         callback: called as ``callback(atoms, step)`` after every step (and at step 0 of a fresh run).
     """

@@ -82,7 +82,9 @@ def phonons(
         supercell: repetitions of the input cell, 3 integers or one for all; default: the
             smallest that makes every cell vector at least ``min_supercell_length`` Å.
         displacement: Å. mesh: q-point mesh for DOS and thermal properties (3 integers or one).
-        t_min, t_max, t_step: temperatures of the thermal properties, K.
+        t_min: lowest temperature of the thermal properties, K.
+        t_max: highest temperature of the thermal properties, K.
+        t_step: temperature step of the thermal properties, K.
         npoints: q-points along the band path. primitive: phonopy's primitive_matrix
             ("auto" finds the primitive cell, None keeps the input cell).
         batch_size: displaced supercells per model call.

@@ -1,0 +1,363 @@
+"""Markdown tables from the committed result files, so no measured number is ever retyped.
+
+    python benchmarks/tables.py                 # every table, as the documentation shows them
+    python benchmarks/tables.py simulate_cpu    # one of them
+
+The documentation site's performance page (and every other page that quotes a measurement)
+is generated from these functions at build time by ``docs/hooks.py``: a page writes
+``{{ table("simulate_cpu") }}`` or ``{{ value("nve_cpu", "drift", ".2g") }}`` and the build
+fills it in from ``benchmarks/results/``. A result file that is missing or lacks a key fails
+the build (``mkdocs build --strict`` runs in the test suite).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+# results kept outside benchmarks/results: name → path relative to the repository root
+OTHER_RESULTS = {"distill_evaluation": "examples/distill/evaluation.json"}
+
+
+def result_path(name: str) -> Path:
+    """The file behind a result name (``"nve_cpu"`` → ``benchmarks/results/nve_cpu.json``)."""
+    if name in OTHER_RESULTS:
+        return ROOT / OTHER_RESULTS[name]
+    path = RESULTS / (name if name.endswith(".json") else f"{name}.json")
+    if not path.is_file():
+        known = sorted(p.stem for p in RESULTS.glob("*.json")) + sorted(OTHER_RESULTS)
+        raise KeyError(f"no result file {path.relative_to(ROOT)}; known results: {', '.join(known)}")
+    return path
+
+
+@lru_cache(maxsize=None)
+def load(name: str):
+    return json.loads(result_path(name).read_text())
+
+
+def lookup(name: str, key: str):
+    """A value by dotted path (``"rows.0.efs_s"``, ``"summary.speedup"``) in a result file."""
+    node = load(name)
+    for part in key.split("."):
+        if isinstance(node, list):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise KeyError(f"{result_path(name).relative_to(ROOT)} has no key {key!r} (stuck at {part!r})")
+    return node
+
+
+def value(name: str, key: str, fmt: str = "") -> str:
+    """One number from a result file, formatted (``fmt`` as in ``format(x, fmt)``; ``",.0f"``)."""
+    return format(lookup(name, key), fmt)
+
+
+def _meta(data) -> dict:
+    if isinstance(data, dict):
+        for key in ("meta", "provenance"):
+            if isinstance(data.get(key), dict):
+                return data[key]
+    return {}
+
+
+def provenance(name: str) -> str:
+    """One line: file, command, commit, model (and its sha256), machine, as far as recorded."""
+    meta = _meta(load(name))
+    path = result_path(name).relative_to(ROOT)
+    parts = [f"Source: `{path}`"]
+    if meta.get("command"):
+        parts.append(f"command `{meta['command']}`")
+    if meta.get("commit"):
+        dirty = " (uncommitted changes)" if meta.get("dirty") else ""
+        parts.append(f"commit `{meta['commit'][:10]}`{dirty}")
+    if meta.get("model"):
+        sha = f" (sha256 `{meta['model_sha256'][:12]}…`)" if meta.get("model_sha256") else ""
+        parts.append(f"model {meta['model']}{sha}")
+    machine = meta.get("machine") or (
+        f"{meta['hardware']}, {meta['cpus']} CPUs" if meta.get("hardware") and meta.get("cpus") else None)
+    if machine:
+        parts.append(f"machine {machine}")
+    if meta.get("date"):
+        parts.append(f"run {meta['date'][:10]}")
+    if len(parts) == 1:
+        parts.append("this older result records no command or commit")
+    return "; ".join(parts) + "."
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+# ---- one renderer per result file ---------------------------------------------------------
+
+def bench(name: str) -> str:
+    """``matris bench`` results: MatRIS against each compared model, one line per structure."""
+    data = load(name)
+    rows = [r for r in data["rows"] if r.get("status") == "ok"]
+    ours = {r["structure"]: r for r in rows if r["model"] == "matris"}
+    others = sorted({r["model"] for r in rows if r["model"] != "matris"})
+    labels = {m["key"]: m["label"] for m in data["models"]}
+    lines = []
+    for other in others or [None]:
+        head = "| structure | MatRIS E+F+S | MatRIS graph"
+        sep = "|---|---:|---:"
+        if other:
+            head += f" | {labels[other]} E+F+S | {other} ÷ MatRIS | MD steps/s (MatRIS / {other})" \
+                    f" | peak RSS GiB (MatRIS / {other})"
+            sep += "|---:|---:|---:|---:"
+        else:
+            head += " | MD steps/s | peak RSS GiB"
+            sep += "|---:|---:"
+        lines += [head + " |", sep + "|"]
+        for structure, r in ours.items():
+            cells = [structure, _ms(r["efs_s"]), f"{r['graph_s'] * 1e3:.1f} ms"]
+            o = next((x for x in rows if x["model"] == other and x["structure"] == structure), None) if other else None
+            if other and o:
+                cells += [_ms(o["efs_s"]), f"{o['time_ratio']:.2f}",
+                          f"{r['md_steps_per_s']:.3g} / {o['md_steps_per_s']:.3g}",
+                          f"{r['peak_memory_gb']:.2f} / {o['peak_memory_gb']:.2f}"]
+            elif other:
+                cells += ["–"] * 4
+            else:
+                cells += [f"{r['md_steps_per_s']:.3g}", f"{r['peak_memory_gb']:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    meta = data["meta"]
+    lines.append(f"\n{meta['device']}, {meta['threads']} threads, {meta['dtype']}, median of {meta['repeat']} "
+                 f"calls after a warm-up; MD: {meta['md_steps']} velocity-Verlet steps of {meta['timestep_fs']:g} fs. "
+                 f"Load average {meta.get('load_average_start', '–')} at the start.")
+    return "\n".join(lines)
+
+
+def cpu_speed(name: str = "cpu_speed") -> str:
+    from benchmarks.cpu_speed import markdown
+
+    return markdown(str(result_path(name)))
+
+
+def simulate(name: str = "simulate_cpu") -> str:
+    d = load(name)
+    lines = ["| path | time | structures/s | converged | mean steps |", "|---|---:|---:|---:|---:|"]
+    for path, r in d["rows"].items():
+        steps = "–" if r["mean_steps"] is None else f"{r['mean_steps']:.1f}"
+        lines.append(f"| {path} | {r['s']:.1f} s | {r['structures_per_s']:.2f} | {r['converged']}/{d['structures']} "
+                     f"| {steps} |")
+    lines.append(f"\n{d['structures']} rattled Si{d['atoms_each']} cells, fmax {d['fmax']} eV/Å, {d['device']}, "
+                 f"{d['threads']} threads, {d['dtype']}: the batch is **{d['speedup']:.1f}× faster**; final energies "
+                 f"of the two paths differ by at most {d['max_energy_difference_meV_per_atom']:.2f} meV/atom.")
+    return "\n".join(lines)
+
+
+def nve(name: str = "nve_cpu") -> str:
+    d = load(name)
+    rows = [
+        ("system", f"Si{d['atoms']}, a = {d['lattice_A']} Å, {d['dtype']}, {d['device']}"),
+        ("run", f"{d['steps']} steps of {d['timestep_fs']} fs = {d['time_ps']} ps, from {d['initial_temperature_K']:.0f} K "
+                f"(mean {d['mean_temperature_K']:.0f} K)"),
+        ("total-energy drift", f"**{d['drift']:.2g} meV/atom/ps**"),
+        ("energy band (max − min)", f"{d['span']:.2g} meV/atom"),
+        ("largest step-to-step change", f"{d['max_smooth_step']:.2g} meV/atom"),
+        ("steps with a pair crossing r_c or r_3", f"{d['crossings']}"),
+        ("speed", f"{d['steps_per_s']:.2f} steps/s ({d['ns_per_day']:.2f} ns/day)"),
+    ]
+    return "| quantity | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def physics_checks(name: str = "physics_checks_cpu") -> str:
+    d = load(name)
+    n, r = d["nvt_langevin_si8_300K"], d["relax_strained_si8"]
+    return "\n".join([
+        "| check | set-up | measured |", "|---|---|---|",
+        f"| NVT Langevin | Si{n['atoms']}, {n['target_K']:.0f} K, {n['steps']} × {n['timestep_fs']} fs, "
+        f"friction {n['friction_per_fs']}/fs | mean T {n['mean_temperature_K']:.0f} ± {n['standard_error_K']:.0f} K |",
+        f"| relaxation | Si{r['atoms']} strained 3 %, rattled | energy −{r['energy_drop_eV']:.2f} eV in {r['steps']} "
+        f"steps, fmax {r['fmax_eV_A']:.3f} eV/Å, stress × V/N {r['stress_times_volume_per_atom_eV']:.3f} eV |",
+    ])
+
+
+def memory_levels(name: str = "memory_levels_cpu") -> str:
+    d = load(name)
+    rows = d["rows"]
+    lines = ["| level | blocks | atoms | angles | measured peak | estimate |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        peak = "not run" if r["measured_peak_GB"] is None else f"{r['measured_peak_GB']:.1f} GB"
+        lines.append(f"| {r['level']} | {r['blocks']} | {r['atoms']:,} | {r['angles']:,} | {peak} | "
+                     f"{r['estimate_GB']:.1f} GB |")
+    extra = ", ".join(f"level {k}: {v:.1f} GB" for k, v in d["per_further_block_GB"].items())
+    lines.append(f"\nEach further block adds {extra}.")
+    return "\n".join(lines)
+
+
+def rewrite(name: str = "rewrite_cpu") -> str:
+    lines = ["| case | rewrite | plain | speedup |", "|---|---:|---:|---:|"]
+    for r in load(name):
+        angles = f" ({r['angles']:,} angles)" if r.get("angles") else ""
+        lines.append(f"| {r['case']}{angles} | {r['rewrite_s']:.2f} s | {r['plain_s']:.2f} s | {r['speedup']:.2f}× |")
+    return "\n".join(lines)
+
+
+def fusion_memory(name: str = "fusion_memory") -> str:
+    d = load(name)
+    ref, fused = d["reference"], d["fused"]
+    rows = [("edge-sized bytes written by the forward", "edge_bytes_written"),
+            ("activation bytes saved for the backward", "saved_bytes_excluding_weights_and_inputs")]
+    lines = ["| one gated Φ of the line graph | reference | fused | ratio |", "|---|---:|---:|---:|"]
+    for label, key in rows:
+        lines.append(f"| {label} | {ref[key]:,} | {fused[key]:,} | {ref[key] / fused[key]:.2f}× |")
+    return "\n".join(lines)
+
+
+def kernel_resources(name: str = "kernel_resources_sm90") -> str:
+    lines = ["| kernel specialisation | warps | registers/thread | spilled stores / loads |", "|---|---:|---:|---:|"]
+    for r in load(name):
+        lines.append(f"| `{r['kernel']}` | {r['warps']} | {r['registers']} | {r['spill_stores']} / {r['spill_loads']} |")
+    return "\n".join(lines)
+
+
+def train_throughput(name: str = "train_throughput_cpu") -> str:
+    d = load(name)
+    return "\n".join([
+        "| config | parameters | batch | atoms / angles per structure | step | structures/s | atoms/s | in the model |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {Path(d['config']).name} | {d['parameters']:,} | {d['batch_structures']} | {d['mean_atoms']:.1f} / "
+        f"{d['mean_angles']:,.0f} | {d['ms_per_step'] / 1e3:.2f} s | **{d['structures_per_s']:.1f}** | "
+        f"{d['atoms_per_s']:.0f} | {100 * d['model_share']:.0f} % |",
+        f"\n{d['steps']} steps, precision {d['precision']}, {d['device']}.",
+    ])
+
+
+def data_throughput(name: str = "data_throughput_cpu") -> str:
+    d = load(name)
+    s = d["summary"]
+    lines = ["| graph-cache build | structures | seconds | structures/s |", "|---|---:|---:|---:|"]
+    for r in d["build"]:
+        lines.append(f"| {r['workers']} worker{'s' if r['workers'] > 1 else ''} | {r['structures']:,} | "
+                     f"{r['seconds']:.1f} | {r['structures_per_s']:.0f} |")
+    lines += ["", "| loader | batches | structures/s |", "|---|---:|---:|"]
+    for r in d["loader"]:
+        where = "in the training process" if r["loader_workers"] == 0 else f"{r['loader_workers']} DataLoader workers"
+        lines.append(f"| {where} | {r['batches']} | {r['structures_per_s']:.0f} |")
+    m = d["model_10m"]
+    lines += [
+        "",
+        f"- build scaling efficiency with 2 workers: {100 * s['build_scaling_efficiency']:.0f} %; "
+        f"OMat24 (~100 M structures) at 32 workers: about {s['omat24_build_hours_32_workers']:.1f} h (extrapolated);",
+        f"- loader: {s['loader_structures_per_s_per_worker']:.0f} structures/s per worker, "
+        f"{s['loader_structures_per_s_8_workers_extrapolated']:,.0f} with 8 workers (extrapolated);",
+        f"- one training step of the 10M model costs {m['flops_per_structure'] / 1e9:.0f} GFLOP per structure, so an "
+        f"H200 at its TF32 peak could consume at most {s['gpu_structures_per_s_upper_bound_tf32_peak']:,.0f} "
+        f"structures/s: 8 loader workers leave a margin of {s['margin_8_workers_vs_tf32_peak_bound']:.1f}× "
+        f"({s['margin_8_workers_vs_fp32_peak_bound']:.1f}× at the FP32 peak).",
+    ]
+    return "\n".join(lines)
+
+
+def cache_build(name: str = "cache_build_cpu") -> str:
+    lines = ["| stored | structures | atoms each | seconds | structures/s | kB per structure |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in load(name)["rows"]:
+        what = "bonds and angles" if r["store_angles"] else "bonds only"
+        lines.append(f"| {what} | {r['structures']:,} | {r['atoms_per_structure']} | {r['seconds']:.1f} | "
+                     f"{r['structures_per_s']:.0f} | {r['kB_per_structure']:.1f} |")
+    return "\n".join(lines)
+
+
+def compile_check(name: str = "compile_check_cpu") -> str:
+    lines = ["| dtype | backend | steps | graphs | graph breaks | first call | later calls (median) | "
+             "max rel. error vs eager |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in load(name)["rows"]:
+        lines.append(f"| {r['dtype']} | {r['backend']} | {r['steps']} | {r['graphs']} | {r['graph_breaks']} | "
+                     f"{r['first_call_s']:.0f} s | {r['later_calls_median_s'] * 1e3:.0f} ms | "
+                     f"{r['max_rel_error_vs_eager']:.2g} |")
+    return "\n".join(lines)
+
+
+def speed(name: str = "speed_cpu") -> str:
+    d = load(name)
+    lines = [f"10-block width-128 architecture ({d['meta']['parameters']:,} parameters), {d['meta']['dtype']}, "
+             f"{d['meta']['device']}, {d['meta']['threads']} threads.", "",
+             "| structure | bonds | angles | graph | E+F+S | memory level | peak RSS |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        lines.append(f"| {r['structure']} | {r['directed_edges']:,} | {r['angles']:,} | {r['graph_ms']:.1f} ms | "
+                     f"{_ms(r['efs_ms'] / 1e3)} | {r['checkpoint_level']} | {r['peak_rss_gb']:.1f} GB |")
+    return "\n".join(lines)
+
+
+def distill_evaluation(name: str = "distill_evaluation") -> str:
+    d = load(name)
+    h = d["held_out"]
+    lines = [f"Held-out set: {h['structures']} structures, {h['atoms']:,} atoms, from prototype families "
+             "that share nothing with training.", "",
+             "| prototype | structures | energy (meV/atom) | forces (meV/Å) | stress (GPa) |",
+             "|---|---:|---:|---:|---:|",
+             f"| **all** | {h['structures']} | **{h['energy_mae_meV_atom']:.0f}** | **{h['force_mae_meV_A']:.0f}** | "
+             f"{h['stress_mae_GPa']:.2f} |"]
+    for proto, r in sorted(h["by_prototype"].items()):
+        lines.append(f"| {proto} | {r['structures']} | {r['energy_mae_meV_atom']:.0f} | {r['force_mae_meV_A']:.0f} | "
+                     f"{r['stress_mae_GPa']:.2f} |")
+    lines += ["", "| lattice constant | teacher (CHGNet 0.3.0) | matris-demo | difference |", "|---|---:|---:|---:|"]
+    for crystal, r in d["lattice_constants_A"].items():
+        lines.append(f"| {crystal} | {r['teacher']:.3f} Å | {r['model']:.3f} Å | "
+                     f"{100 * (r['model'] / r['teacher'] - 1):+.2f} % |")
+    return "\n".join(lines)
+
+
+def parity(name: str = "parity") -> str:
+    """Largest error per fixture folder against the reference implementation's outputs."""
+    rows = load(name)["rows"]
+    lines = ["| fixture folder | structures | max \\|ΔE\\|/atom (eV) | max \\|ΔF\\| (eV/Å) | max \\|Δσ\\| (GPa) | "
+             "max \\|Δm\\| (μB) | edge and angle counts |", "|---|---:|---:|---:|---:|---:|---|"]
+    for folder in sorted({r["folder"] for r in rows}):
+        group = [r for r in rows if r["folder"] == folder]
+        counts = all(r["edges"][0] == r["edges"][1] and r["angles"][0] == r["angles"][1] for r in group)
+        cells = [f"{max(r[k] for r in group):.1e}" for k in ("energy_per_atom", "forces", "stress", "magmoms")]
+        lines.append(f"| `{folder}` | {len(group)} | " + " | ".join(cells) + f" | {'equal' if counts else 'DIFFER'} |")
+    return "\n".join(lines)
+
+
+TABLES = {
+    "parity": parity,
+    "cpu_speed": cpu_speed,
+    "bench_demo_cpu": bench,
+    "bench_cpu": bench,
+    "simulate_cpu": simulate,
+    "nve_cpu": nve,
+    "physics_checks_cpu": physics_checks,
+    "memory_levels_cpu": memory_levels,
+    "rewrite_cpu": rewrite,
+    "fusion_memory": fusion_memory,
+    "kernel_resources_sm90": kernel_resources,
+    "train_throughput_cpu": train_throughput,
+    "data_throughput_cpu": data_throughput,
+    "cache_build_cpu": cache_build,
+    "compile_check_cpu": compile_check,
+    "speed_cpu": speed,
+    "distill_evaluation": distill_evaluation,
+}
+
+
+def table(name: str, source: bool = True) -> str:
+    """The markdown table of one result file, followed by its provenance line."""
+    if name not in TABLES:
+        raise KeyError(f"no table renderer for {name!r}; known: {', '.join(TABLES)}")
+    text = TABLES[name](name)
+    return text + (f"\n\n<small>{provenance(name)}</small>" if source else "")
+
+
+def main(argv=None) -> int:
+    names = (argv if argv is not None else sys.argv[1:]) or list(TABLES)
+    for name in names:
+        print(f"## {name}\n\n{table(name)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
