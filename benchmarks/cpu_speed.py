@@ -3,7 +3,7 @@
     python benchmarks/cpu_speed.py                      # Si 8/64/216, MD of Si64, op shares
     python benchmarks/cpu_speed.py --json benchmarks/results/cpu_speed.json
     python benchmarks/cpu_speed.py --sizes 8 64 --rounds 3 --variants chunked torch
-    python benchmarks/cpu_speed.py --markdown benchmarks/results/cpu_speed.json   # README table
+    python benchmarks/cpu_speed.py --markdown benchmarks/results/cpu_speed.json   # the docs' table
 
 Model: the 10-block width-128 architecture of MatRIS-10M (r_c 6 Å, r_3 4.5 Å), random
 weights (speed does not depend on their values), float32. Every call is an ASE calculator
@@ -139,7 +139,7 @@ def train_steps(rounds: int) -> list[dict]:
 
 
 def markdown(path: str) -> str:
-    """The README's table from a results file (so the numbers are never retyped)."""
+    """The docs' table from a results file (so the numbers are never retyped)."""
     import json
 
     data = json.loads(Path(path).read_text())
@@ -171,7 +171,7 @@ def markdown(path: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--markdown", default=None, metavar="JSON", help="print the README table of a results file and exit")
+    p.add_argument("--markdown", default=None, metavar="JSON", help="print the docs' table of a results file and exit")
     p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216], help="Si cells (multiples of 8 atoms)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (median reported)")
     p.add_argument("--variants", nargs="*", default=["chunked", "torch"], help="chunked, torch, compiled")

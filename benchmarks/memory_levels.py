@@ -2,7 +2,7 @@
 
     python benchmarks/memory_levels.py --json benchmarks/results/memory_levels_cpu.json
 
-The README's "Large systems and memory" table comes from this script. It builds the
+The "Large systems and memory" table of the docs (docs/memory.md) comes from this script. It builds the
 1,000-atom bcc Fe cell of ``benchmarks/speed.py`` (rattled by 0.02 Å), a random-weight model
 of the published 10M architecture (``examples/configs/matris-10m.yaml``: width 128,
 r_c = 6 Å, r_3 = 4.5 Å) with 1 and 2 interaction blocks, and runs one E+F+S call in a fresh

@@ -1,4 +1,4 @@
-"""The NVT and relaxation figures of the README's "Simulations" section, with the bundled model.
+"""The NVT and relaxation figures of the docs' "Simulations" page, with the bundled model.
 
     python benchmarks/physics_checks.py --json benchmarks/results/physics_checks_cpu.json
 

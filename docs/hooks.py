@@ -34,7 +34,7 @@ def _importable() -> None:
 PLACEHOLDER = re.compile(r"(?<!\\)\{\{\s*(\w+)\((.*?)\)\s*\}\}")
 
 
-def cli_reference(width: int = 100) -> str:
+def cli_reference(width: int = 88) -> str:
     """Every command's ``--help``, generated from :func:`matris.cli.build_parser`."""
     _importable()
     from matris.cli import build_parser
@@ -118,5 +118,9 @@ def to_mathml(html_text: str, where: str = "page") -> str:
     return _MATH_INLINE.sub(lambda m: convert_one(m, "inline"), html_text)
 
 
+# docstrings use Sphinx roles (:class:`MatRIS`); mkdocstrings renders them as ":class:<code>…</code>"
+_SPHINX_ROLE = re.compile(r":(?:class|meth|func|attr|data|mod|exc|obj):(?=<code>)")
+
+
 def on_page_content(html_text, page, config, files):
-    return to_mathml(html_text, page.file.src_path)
+    return _SPHINX_ROLE.sub("", to_mathml(html_text, page.file.src_path))

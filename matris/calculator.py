@@ -27,15 +27,17 @@ class MatRISCalculator(Calculator):
     Args:
         model: a :class:`MatRIS`, a model name (see ``matris models``), a checkpoint path or
             URL, or None for the bundled demo model.
-        device: "cpu", "cuda", "cuda:1", or "auto" (CUDA when present). dtype: "float32" or
-            "float64". Not given: a :class:`MatRIS` keeps its own device and dtype (it is used
-            as is, never converted in place); a name or path runs on the CPU in float32.
+        device: "cpu", "cuda", "cuda:1", or "auto" (CUDA when present). Not given: a
+            :class:`MatRIS` keeps its own device and dtype (it is used as is, never converted
+            in place); a name or path runs on the CPU in float32.
+        dtype: "float32" or "float64"; not given, as for ``device``.
         compute_stress: set False to skip the stress (a little faster in MD at fixed cell).
         compile: compile the model's energy function (:meth:`MatRIS.compile`, dynamic shapes;
             the first call takes tens of seconds; opt-in: measure it on your machine, see
-            ``benchmarks/cpu_speed.py``). tf32: TF32 matmuls on CUDA for this calculator's
-            calls (faster, less exact; see :attr:`MatRIS.tf32`). A :class:`MatRIS` passed in
-            is copied before either is changed.
+            ``benchmarks/cpu_speed.py``). A :class:`MatRIS` passed in is copied first.
+        tf32: TF32 matmuls on CUDA for this calculator's calls (faster, less exact; see
+            :attr:`MatRIS.tf32`). A :class:`MatRIS` passed in is copied first.
+        **kwargs: passed on to ASE's ``Calculator``.
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress", "magmoms"]

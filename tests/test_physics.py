@@ -139,7 +139,7 @@ def test_behaviour_as_a_neighbour_crosses_the_cutoffs(model64):
         jumps.setdefault("r3", []).append(ei - eo)
     for key, (far, near) in jumps.items():
         assert abs(far - near) < 1e-3 * max(1.0, abs(near)), (key, far, near)
-    # the steps are real and of the size the README documents for this fixture and trimer
+    # the steps are real and of the size docs/contract.md documents for this fixture and trimer
     assert jumps["rc"][-1] == pytest.approx(0.35902, abs=1e-4)  # eV, third atom crossing r_c
     assert jumps["rc_forces"][-1] == pytest.approx(0.03604, abs=1e-4)  # eV/Å, largest force change
     assert jumps["r3"][-1] == pytest.approx(-1.667e-3, abs=1e-5)  # eV, crossing r_3

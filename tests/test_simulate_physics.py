@@ -5,7 +5,7 @@ potential (forces = −∇E, checked in test_physics.py) under which diamond Si 
 crystal in short MD (checked here), not on it being accurate. Everything runs on the 8-atom
 cubic Si cell so that the file takes about a minute on 2 CPU cores; the issue's full set-up
 (64 atoms, float64, 0.5 fs, 1 ps) is benchmarks/nve.py, whose measured numbers are in the
-README ("Simulations") and benchmarks/results/nve_cpu.{log,json}.
+docs/simulations.md and benchmarks/results/nve_cpu.{log,json}.
 """
 
 import numpy as np
@@ -50,7 +50,7 @@ def test_nve_energy_changes_only_where_a_pair_crosses_a_cutoff(model64):
     Si8 at a = 5.43 Å, float64, 0.5 fs, 200 steps (0.1 ps) from 300 K (≈ 150 K once kinetic
     and potential energy share it). Pairs now cross r_c and r_3 dozens of times. At r_c the
     energy steps (the attention softmax gives a bond at r_c its full share) and at r_3 the
-    line graph gains or loses angles (README, "Properties of the published architecture";
+    line graph gains or loses angles (docs/contract.md, "Properties of the published architecture";
     tests/test_physics.py pins the steps). With these random weights a step is up to
     ~1 meV/atom in this 8-atom cell; on 64 atoms (benchmarks/nve.py) each is 8× smaller
     per atom. What is tested: on every step without a crossing the total energy changes by
@@ -59,7 +59,7 @@ def test_nve_energy_changes_only_where_a_pair_crosses_a_cutoff(model64):
     crossing steps removed the drift is < 1 meV/atom/ps (measured −0.005; −0.04 in that other
     run). The raw drift of this short 8-atom run is dominated by its 25 crossing steps
     (measured −4.5 meV/atom/ps), so it is reported, not bounded; for 64 atoms over 1 ps see
-    the README.
+    the docs.
     """
     monitor = ConservationMonitor(model64.cutoff, model64.three_body_cutoff)
     md(si8(), ensemble="nve", temperature=300.0, timestep=0.5, steps=200, model=model64, callback=monitor)

@@ -17,7 +17,7 @@ command line as --section.key VALUE (values are read as YAML: 1e-3, true, null, 
 Outputs go to trainer.out_dir: checkpoints/last.ckpt (exact resume: rerun the same command
 after an interruption), best_model.pth.tar and last_model.pth.tar (published checkpoint
 format, load with MatRIS.load or MatRISCalculator), CSV and TensorBoard logs, parity.png.
-Several GPUs: --trainer.devices N (DDP); several nodes: see the README (torchrun or SLURM).
+Several GPUs: --trainer.devices N (DDP); several nodes: see docs/training.md (torchrun or SLURM).
 """
 
 FT_HELP = "fine-tune a pretrained MatRIS checkpoint on your data"

@@ -2,7 +2,7 @@
 
 The published MatRIS architecture is not smooth everywhere: its energy steps when a pair of
 atoms crosses the atom-graph cutoff r_c, and energy and forces step when a pair crosses the
-line-graph cutoff r_3 (see README, "Properties of the published architecture"). In NVE these
+line-graph cutoff r_3 (see docs/contract.md, "Properties of the published architecture worth knowing"). In NVE these
 steps appear as small jumps of the total energy on the steps where the graph changes. This
 module records the total energy and the graph's bond counts at every step and splits the
 energy change into the part made on steps where the graph changed and the rest, so that
