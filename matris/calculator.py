@@ -19,7 +19,8 @@ from .structures import to_system
 class MatRISCalculator(Calculator):
     """MatRIS as an ASE calculator.
 
-    Properties: ``energy`` and ``free_energy`` (eV), ``forces`` (eV/Å), ``stress`` (ASE
+    Properties: ``energy`` and ``free_energy`` (eV), ``energies`` (per-atom energies, eV; they
+    sum to the energy), ``forces`` (eV/Å), ``stress`` (ASE
     units eV/Å³, Voigt order xx yy zz yz xz xy; only for cells with a volume), ``magmoms``
     (μB; only for models trained on them: with ``model.targets == "efs"`` ASE raises
     ``PropertyNotImplementedError``). The caller's Atoms are never modified.
@@ -40,7 +41,7 @@ class MatRISCalculator(Calculator):
         **kwargs: passed on to ASE's ``Calculator``.
     """
 
-    implemented_properties = ["energy", "free_energy", "forces", "stress", "magmoms"]
+    implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "magmoms"]
 
     def __init__(
         self,
@@ -79,11 +80,12 @@ class MatRISCalculator(Calculator):
             [system], self.model.cutoff, self.model.three_body_cutoff, dtype=self.dtype, device=self.device
         )
         want_stress = self.compute_stress or "stress" in properties
-        out = self.model(graph, compute_forces=True, compute_stress=want_stress)
+        out = self.model(graph, compute_forces=True, compute_stress=want_stress, compute_atomic_energies=True)
         energy = float(out.energy[0])
         self.results = {
             "energy": energy,
             "free_energy": energy,
+            "energies": out.atomic_energies.detach().cpu().numpy().astype(np.float64),
             "forces": out.forces.detach().cpu().numpy().astype(np.float64),
         }
         if out.magmoms is not None:

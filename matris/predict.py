@@ -21,7 +21,8 @@ class Prediction:
 
     energy: eV (total); energy_per_atom: eV/atom; forces: ``[N, 3]`` eV/Å; stress:
     ``[3, 3]`` GPa, positive = tensile (None without a 3-D cell); magmoms: ``[N]`` μB (None
-    for models trained without magnetic moments).
+    for models trained without magnetic moments); atomic_energies: ``[N]`` eV, each atom's
+    share of ``energy`` (they sum to it).
     """
 
     energy: float
@@ -30,11 +31,12 @@ class Prediction:
     stress: np.ndarray | None
     magmoms: np.ndarray | None
     name: str = ""
+    atomic_energies: np.ndarray | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (lists instead of arrays)."""
         out: dict[str, Any] = {"name": self.name, "energy": self.energy, "energy_per_atom": self.energy_per_atom}
-        for key in ("forces", "stress", "magmoms"):
+        for key in ("forces", "stress", "magmoms", "atomic_energies"):
             value = getattr(self, key)
             out[key if key != "stress" else "stress_GPa"] = None if value is None else value.tolist()
         return out
@@ -79,7 +81,8 @@ def predict(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(systems), unit="struct", desc="MatRIS predict")
-    options = dict(compute_forces=compute_forces, compute_stress=compute_stress, compute_magmoms=compute_magmoms)
+    options = dict(compute_forces=compute_forces, compute_stress=compute_stress, compute_magmoms=compute_magmoms,
+                   compute_atomic_energies=True)
     try:
         for start in range(0, len(systems), batch_size):
             chunk = systems[start : start + batch_size]
@@ -127,6 +130,7 @@ def _run(model, systems: list[AtomicSystem], offset: int, options: dict) -> list
     splits = np.cumsum([0] + n_atoms)
     forces = out.forces.detach().cpu().numpy() if out.forces is not None else None
     magmoms = out.magmoms.detach().cpu().numpy() if out.magmoms is not None else None
+    atomic = out.atomic_energies.detach().cpu().numpy()
     stress = out.stress.detach().cpu().numpy() if out.stress is not None else None
     energy = out.energy.detach().cpu().numpy()
     energy_per_atom = out.energy_per_atom.detach().cpu().numpy()
@@ -142,6 +146,7 @@ def _run(model, systems: list[AtomicSystem], offset: int, options: dict) -> list
                 stress=s,
                 magmoms=None if magmoms is None else magmoms[a:b],
                 name=system.name,
+                atomic_energies=atomic[a:b],
             )
         )
     return preds

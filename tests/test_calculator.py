@@ -141,7 +141,8 @@ def test_progress_bar_on_long_lists(model, capsys):
 
 def test_prediction_to_dict(model):
     d = model.predict(rattled_si()).to_dict()
-    assert set(d) == {"name", "energy", "energy_per_atom", "forces", "stress_GPa", "magmoms"}
+    assert set(d) == {"name", "energy", "energy_per_atom", "forces", "stress_GPa", "magmoms", "atomic_energies"}
+    assert sum(d["atomic_energies"]) == pytest.approx(d["energy"], abs=1e-5)
     assert len(d["forces"]) == 8
 
 

@@ -53,8 +53,9 @@ class ModelOutput:
     energy: ``[S]`` eV (reference term included); energy_per_atom: ``[S]`` eV/atom;
     forces: ``[N, 3]`` eV/Å; stress: ``[S, 3, 3]`` GPa, positive = tensile, NaN for
     structures without a 3-D cell; magmoms: ``[N]`` μB (None when not computed: by default
-    only for models trained on them); node_features: atom features after the embedding and
-    after each block (when asked for).
+    only for models trained on them); atomic_energies: ``[N]`` eV, each atom's share of its
+    structure's energy (when asked for; they sum to ``energy``); node_features: atom features
+    after the embedding and after each block (when asked for).
     """
 
     energy: torch.Tensor
@@ -62,6 +63,7 @@ class ModelOutput:
     forces: torch.Tensor | None = None
     stress: torch.Tensor | None = None
     magmoms: torch.Tensor | None = None
+    atomic_energies: torch.Tensor | None = None
     node_features: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -170,13 +172,16 @@ class MatRIS(nn.Module):
         compute_magmoms: bool | None = None,
         create_graph: bool | None = None,
         return_node_features: bool = False,
+        compute_atomic_energies: bool = False,
     ) -> ModelOutput:
         """Energy, forces, stress and magnetic moments of every structure in ``graph``.
 
         ``compute_magmoms``: default (None) only when the model was trained on them
         (:attr:`predicts_magmoms`); True computes the head's output anyway (training it).
         ``create_graph`` keeps the graph of the force computation for training on forces
-        (default: ``self.training``).
+        (default: ``self.training``). ``compute_atomic_energies``: also each atom's energy
+        ``[N]`` (the readout's per-atom term plus the atom's reference energy; they sum to the
+        structure's energy).
         """
         if create_graph is None:
             create_graph = self.training
@@ -194,7 +199,7 @@ class MatRIS(nn.Module):
             frozen = contextlib.nullcontext() if create_graph else self._frozen_weights()
             with frozen, self._tf32_context(g.positions.device):
                 return self._forward(g, compute_forces, compute_stress, compute_magmoms, create_graph,
-                                     return_node_features)
+                                     return_node_features, compute_atomic_energies)
 
     @contextlib.contextmanager
     def _frozen_weights(self):
@@ -223,7 +228,8 @@ class MatRIS(nn.Module):
                 "float64 and run outside torch.autocast; for faster float32 GEMMs on GPU use TF32 "
                 "(trainer.precision: tf32).")
 
-    def _forward(self, g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features):
+    def _forward(self, g, compute_forces, compute_stress, compute_magmoms, create_graph, return_node_features,
+                 compute_atomic_energies=False):
         n_struct = g.num_structures
         positions = g.positions
         if compute_forces:
@@ -242,7 +248,7 @@ class MatRIS(nn.Module):
             energy_fn = self._compiled
         else:
             energy_fn = self._energy
-        e_model, h_norm, features = energy_fn(g, positions, strain, level, kernels, return_node_features)
+        e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features)
         n_atoms = g.n_atoms.to(e_model.dtype)
         ref = (
             self.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms)
@@ -257,6 +263,8 @@ class MatRIS(nn.Module):
             energy_per_atom = energy / n_atoms
 
         out = ModelOutput(energy=energy, energy_per_atom=energy_per_atom, node_features=features)
+        if compute_atomic_energies:
+            out.atomic_energies = atomic_model + self._atomic_reference(g, ref)
         inputs = ([positions] if compute_forces else []) + ([strain] if compute_stress else [])
         if inputs:
             grads = torch.autograd.grad(
@@ -273,16 +281,29 @@ class MatRIS(nn.Module):
                 out.stress = torch.where(valid[:, None, None], stress, torch.full_like(stress, float("nan")))
         if not create_graph:
             out.energy, out.energy_per_atom = out.energy.detach(), out.energy_per_atom.detach()
+            if out.atomic_energies is not None:
+                out.atomic_energies = out.atomic_energies.detach()
         if compute_magmoms:
             out.magmoms = self.magmom_head(h_norm)
             if not create_graph:
                 out.magmoms = out.magmoms.detach()
         return out
 
+    def _atomic_reference(self, g: GraphBatch, ref: torch.Tensor) -> torch.Tensor:
+        """Each atom's share ``[N]`` (eV) of its structure's reference term ``ref`` ``[S]``: its
+        element's reference energy for intensive models (whose total reference is the sum of
+        those), an equal share of the total reference otherwise (spec §6)."""
+        if self.reference_energy is None:
+            return torch.zeros_like(g.positions[:, 0])
+        if self.config.is_intensive:
+            return self.reference_energy.fc.weight[0, g.atomic_numbers - 1].to(ref.dtype)
+        return (ref / g.n_atoms.to(ref.dtype))[g.atom_batch]
+
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
                 return_node_features: bool = False):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
-        features ``[N, d_n]`` and the per-block features, as differentiable functions of
+        features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
+        reference excluded; they sum to the energy), as differentiable functions of
         ``positions`` ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None). ``kernels``: "torch",
         "chunked" or "triton". This is the region :meth:`compile` compiles."""
         cell = g.cell
@@ -341,7 +362,7 @@ class MatRIS(nn.Module):
         # 2.13) folds the index of a size-1 scatter to a constant and fails; the sum is the same.
         s_pad = g.num_structures + 1
         e_model = atomic_energy.new_zeros(s_pad).index_add(0, g.atom_batch, atomic_energy)[: g.num_structures]
-        return e_model, h_norm, features
+        return e_model, h_norm, features, atomic_energy
 
     # ------------------------------------------------------------------ compilation and TF32
     def compile(self, dynamic: bool = True, fullgraph: bool = False, **kwargs: Any) -> "MatRIS":
