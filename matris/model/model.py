@@ -15,7 +15,7 @@ from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..targets import DEFAULT_TARGETS, normalize_targets
-from ..kernels import scatter_sum, use_chunked, use_triton
+from ..kernels import use_chunked, use_triton
 from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
