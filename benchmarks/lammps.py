@@ -7,7 +7,8 @@
 
 Speed: diamond Si supercells (cubic 8-atom cells repeated, rattled by velocities at 300 K),
 ``--steps`` velocity-Verlet steps of 1 fs after one step of warm-up, the bundled model
-(``matris export lammps matris-demo``) in float32, LAMMPS's own loop time. Reported per run:
+(``matris export lammps matris-demo``) in float32, LAMMPS's own loop time. Rank 0's model
+uses all cores (``threads``); the other ranks sleep while it runs. Reported per run:
 steps/s, ns/day, and LAMMPS's ghost atoms per local atom (which the model does not use: rank 0
 evaluates the whole periodic system, so more ranks divide LAMMPS's work, not the model's).
 
@@ -64,7 +65,7 @@ def run_lmp(script: str, ranks: int, workdir: Path, env: dict) -> str:
     return (workdir / "log.lammps").read_text()
 
 
-def speed_script(model: Path, reps, steps: int, device: str, dtype: str) -> str:
+def speed_script(model: Path, reps, steps: int, device: str, dtype: str, threads: int) -> str:
     nx, ny, nz = reps
     return f"""units metal
 atom_style atomic
@@ -73,7 +74,7 @@ region box block 0 {nx} 0 {ny} 0 {nz}
 create_box 1 box
 create_atoms 1 box
 mass 1 28.0855
-pair_style matris {model} device {device} dtype {dtype}
+pair_style matris {model} device {device} dtype {dtype} threads {threads}
 pair_coeff * * Si
 velocity all create 300 4928459 loop geom
 fix nve all nve
@@ -84,12 +85,12 @@ run {steps}
 """
 
 
-def speed(model, sizes, ranks_list, steps, device, dtype, env) -> list[dict]:
+def speed(model, sizes, ranks_list, steps, device, dtype, threads, env) -> list[dict]:
     rows = []
     for n in sizes:
         for ranks in ranks_list:
             with tempfile.TemporaryDirectory() as tmp:
-                log = run_lmp(speed_script(model, cells_for(n), steps, device, dtype), ranks, Path(tmp), env)
+                log = run_lmp(speed_script(model, cells_for(n), steps, device, dtype, threads), ranks, Path(tmp), env)
             loops = re.findall(r"Loop time of ([\d.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms", log)
             seconds, _, nsteps, atoms = loops[-1]
             ghost = re.findall(r"Nghost:\s+([\d.eE+-]+) ave", log)[-1]
@@ -155,7 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--no-nve", dest="nve", action="store_false", help="skip the 1 ps NVE run")
     p.add_argument("--nve-only", action="store_true")
-    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per rank (default: cores / ranks)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="rank 0's model threads (pair_style ... threads N; default: all cores, since the other ranks "
+                        "sleep while it evaluates)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -173,10 +176,10 @@ def main(argv=None) -> int:
                   "dtype": args.dtype, "cpus": os.cpu_count()}
         if not args.nve_only:
             rows = []
+            threads = args.threads or os.cpu_count() or 1
             for ranks in args.ranks:
-                threads = args.threads or max(1, (os.cpu_count() or 1) // ranks)
-                rows += speed(model, args.sizes, [ranks], args.steps, args.device, args.dtype,
-                              dict(env, OMP_NUM_THREADS=str(threads)))
+                rows += speed(model, args.sizes, [ranks], args.steps, args.device, args.dtype, threads,
+                              dict(env, OMP_NUM_THREADS="1"))
             result["speed"] = sorted(rows, key=lambda r: (r["atoms"], r["ranks"]))
         if args.nve or args.nve_only:
             result["nve"] = nve(model, dict(env, OMP_NUM_THREADS=str(os.cpu_count() or 1)))

@@ -323,7 +323,34 @@ def parity(name: str = "parity") -> str:
     return "\n".join(lines)
 
 
+def lammps(name: str = "lammps_cpu") -> str:
+    """pair_style matris: steps/s per size and rank count, and the NVE drift against the ASE run."""
+    d = load(name)
+    lines = []
+    if d.get("speed"):
+        ranks = sorted({r["ranks"] for r in d["speed"]})
+        lines += ["| atoms | " + " | ".join(f"{k} rank{'s' if k > 1 else ''}: steps/s (ns/day)" for k in ranks)
+                  + " | LAMMPS ghosts per local atom |", "|---:|" + "---:|" * (len(ranks) + 1)]
+        for n in sorted({r["atoms"] for r in d["speed"]}):
+            by = {r["ranks"]: r for r in d["speed"] if r["atoms"] == n}
+            cells = [f"{by[k]['steps_per_s']:.3g} ({by[k]['ns_per_day']:.3g})" if k in by else "–" for k in ranks]
+            ghosts = " / ".join(f"{by[k]['ghost_per_local']:.1f}" for k in ranks if k in by)
+            lines.append(f"| {n:,} | " + " | ".join(cells) + f" | {ghosts} |")
+        lines.append(f"\n{d['device']}, {d['dtype']}, {d['cpus']} cores shared by the ranks; rank 0's model uses "
+                     "all of them while the other ranks sleep; 1 fs steps.")
+    if d.get("nve"):
+        v = d["nve"]
+        lines += ["", "| NVE, Si64, 300 K, 0.5 fs, 1 ps, float64 | total-energy drift (meV/atom/ps) | band (meV/atom) |",
+                  "|---|---:|---:|",
+                  f"| LAMMPS `fix nve` | {v['drift_meV_atom_ps']:.2g} | {v['span_meV_atom']:.2g} |"]
+        if "ase_drift_meV_atom_ps" in v:
+            lines.append(f"| ASE velocity Verlet (`benchmarks/nve.py`) | {v['ase_drift_meV_atom_ps']:.2g} | "
+                         f"{v['ase_span_meV_atom']:.2g} |")
+    return "\n".join(lines)
+
+
 TABLES = {
+    "lammps_cpu": lammps,
     "parity": parity,
     "cpu_speed": cpu_speed,
     "bench_demo_cpu": bench,

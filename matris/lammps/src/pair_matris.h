@@ -29,6 +29,7 @@ class PairMatris : public Pair {
   std::string model_, device_ = "auto", dtype_ = "float64";
   std::vector<std::string> type_elements_;
   double cutoff_ = 0.0;
+  int threads_ = 0;    // rank 0's model threads; 0: PyTorch's default
   void *evaluator_ = nullptr;    // PyObject* of matris.lammps.runtime.LammpsEvaluator, rank 0 only
   std::vector<double> all_x_, all_f_, all_e_, all_v_;
   std::vector<int> all_type_;
