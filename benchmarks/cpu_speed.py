@@ -138,8 +138,9 @@ def train_steps(rounds: int) -> list[dict]:
     return out
 
 
-def markdown(path: str) -> str:
-    """The docs' table from a results file (so the numbers are never retyped)."""
+def markdown(path: str, command: bool = True) -> str:
+    """The docs' table from a results file (so the numbers are never retyped); ``command``:
+    name the command and commit that made it (the docs give them in a line of their own)."""
     import json
 
     data = json.loads(Path(path).read_text())
@@ -162,8 +163,8 @@ def markdown(path: str) -> str:
         lines.append("\nOne Si64 call of the default path, torch.profiler self CPU time: " + ", ".join(
             f"{k} {100 * v['share']:.0f} %" for k, v in fams.items()) + ".")
     meta = data["meta"]
-    lines.append(f"\n`{meta['command']}` at commit `{(meta['commit'] or '')[:10]}`, {data['threads']} threads, "
-                 f"{data['rounds']} interleaved rounds (medians).")
+    how = f"{data['threads']} threads, {data['rounds']} interleaved rounds (medians)."
+    lines.append(f"\n`{meta['command']}` at commit `{(meta['commit'] or '')[:10]}`, {how}" if command else f"\n{how}")
     for k, t in (data.get("compile_seconds") or {}).items():
         lines.append(f"First call of `{k}` (compilation included): {t:.0f} s.")
     return "\n".join(lines)

@@ -137,9 +137,7 @@ def bench(name: str) -> str:
 def cpu_speed(name: str = "cpu_speed") -> str:
     from benchmarks.cpu_speed import markdown
 
-    # its last line restates the command and commit, which the provenance line below gives
-    return "\n".join(line for line in markdown(str(result_path(name))).split("\n")
-                     if not line.startswith("`python benchmarks/cpu_speed.py"))
+    return markdown(str(result_path(name)), command=False)  # the provenance line gives command and commit
 
 
 def simulate(name: str = "simulate_cpu") -> str:

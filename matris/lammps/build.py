@@ -101,7 +101,7 @@ def _python_config() -> tuple[str, Path, Path]:
     return sys.executable, include, libpython
 
 
-def build_dir(cache: Path | None = None) -> Path:
+def build_dir() -> Path:
     """The folder the current sources, interpreter, LAMMPS and compiler build into."""
     from ..pretrained import cache_dir
 
@@ -111,11 +111,12 @@ def build_dir(cache: Path | None = None) -> Path:
         digest.update(path.name.encode() + path.read_bytes())
     python, _, libpython = _python_config()
     digest.update(f"{python}|{libpython}|{lammps_version()}|{_compiler()}".encode())
-    return (cache or cache_dir() / "lammps") / digest.hexdigest()[:16]
+    return cache_dir() / "lammps" / digest.hexdigest()[:16]
 
 
-def build(force: bool = False, verbose: bool = False) -> Path:
-    """Compile the plugin if needed; return the path of ``matrisplugin.so``."""
+def build(force: bool = False, verbose: bool = False, announce: bool = False) -> Path:
+    """Compile the plugin if needed; return the path of ``matrisplugin.so``. ``announce``:
+    say on stderr that a compile starts (the entry point's first use)."""
     from ..pretrained import file_lock
 
     out_dir = build_dir()
@@ -126,6 +127,9 @@ def build(force: bool = False, verbose: bool = False) -> Path:
     with file_lock(out_dir / ".build.lock"):  # several ranks or jobs: one compiles, the others wait
         if plugin.is_file() and not force:
             return plugin
+        if announce:
+            print("matris: building pair_style matris for LAMMPS (once; 'matris lammps build' does it ahead)",
+                  file=sys.stderr)
         root = _lammps_dir()
         mpi_include, mpi_lib = _mpich_dirs()
         python, py_include, libpython = _python_config()
@@ -155,10 +159,7 @@ def plugin_dir() -> str:
     first use. A failed build is reported on stderr and gives "" (LAMMPS then says that
     ``pair_style matris`` is unknown), so other plugins and plain LAMMPS runs still work."""
     try:
-        if not (build_dir() / PLUGIN_NAME).is_file():
-            print("matris: building pair_style matris for LAMMPS (once; 'matris lammps build' does it ahead)",
-                  file=sys.stderr)
-        return str(build().parent)
+        return str(build(announce=True).parent)
     except (BuildError, OSError, subprocess.SubprocessError) as exc:
         print(f"matris: pair_style matris is not available: {exc}", file=sys.stderr)
         return ""

@@ -102,9 +102,7 @@ class LammpsEvaluator:
         with torch.enable_grad():
             e_model, _, _, atomic = m._energy(g, g.positions, None, level, kernels, bond_vectors=v)
             (dv,) = torch.autograd.grad(e_model.sum(), [v])
-        ref = (m.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms) if m.reference_energy is not None
-               else torch.zeros_like(e_model))
-        atomic = (atomic + m._atomic_reference(g, ref)).detach()
+        atomic = (atomic + m._atomic_reference(g, m._reference_term(g, e_model))).detach()
         # v = x_t − x_s: the force on t is −∂E/∂v, on s +∂E/∂v
         forces = torch.zeros_like(g.positions)
         forces.index_add_(0, g.bond_target, -dv)

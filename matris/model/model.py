@@ -250,11 +250,7 @@ class MatRIS(nn.Module):
             energy_fn = self._energy
         e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features)
         n_atoms = g.n_atoms.to(e_model.dtype)
-        ref = (
-            self.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms)
-            if self.reference_energy is not None
-            else torch.zeros_like(e_model)
-        )
+        ref = self._reference_term(g, e_model)
         if self.config.is_intensive:
             energy_per_atom = e_model / n_atoms + ref
             energy = energy_per_atom * n_atoms
@@ -288,6 +284,12 @@ class MatRIS(nn.Module):
             if not create_graph:
                 out.magmoms = out.magmoms.detach()
         return out
+
+    def _reference_term(self, g: GraphBatch, like: torch.Tensor) -> torch.Tensor:
+        """The reference term ``[S]`` of each structure (spec §6; zeros without reference energies)."""
+        if self.reference_energy is None:
+            return torch.zeros_like(like)
+        return self.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms)
 
     def _atomic_reference(self, g: GraphBatch, ref: torch.Tensor) -> torch.Tensor:
         """Each atom's share ``[N]`` (eV) of its structure's reference term ``ref`` ``[S]``: its
