@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import native
 from .backend import check_dtype, recompute_backward, triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
 
@@ -276,6 +277,11 @@ class _AttentionPair(torch.autograd.Function):
     def forward(ctx, rows, weight, row_index, m, target, source, n, chunk):
         e, c = m.shape
         like = dict(dtype=m.dtype, device=m.device)
+        if native.usable(m, target, source, row_index, rows if row_index is not None else None):
+            out_t, out_s, alpha, lse_s, lse_t = _forward_native(rows, weight, row_index, m, target, source, n, chunk)
+            ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t)
+            ctx.n, ctx.chunk, ctx.native = n, chunk, True  # α is then per bond on the atom graph
+            return out_t, out_s
         alpha = torch.empty(e, 2 * c, **like)
         max_s = torch.full((n, c), float("-inf"), **like)
         max_t = torch.full((n, c), float("-inf"), **like)
@@ -308,7 +314,7 @@ class _AttentionPair(torch.autograd.Function):
             lses.append(safe.log_().add_(mx))
         out_s, out_t = outs
         ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, *lses)
-        ctx.n, ctx.chunk = n, chunk
+        ctx.n, ctx.chunk, ctx.native = n, chunk, False
         return out_t, out_s
 
     @staticmethod
@@ -331,6 +337,10 @@ class _AttentionPair(torch.autograd.Function):
         if needs[0]:
             g_rows = torch.empty_like(rows) if row_index is None else torch.zeros_like(rows)
         like = dict(dtype=m.dtype, device=m.device)
+        if ctx.native:
+            _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s,
+                             g_t, g_m, g_rows, chunk)
+            return g_rows, None, None, g_m, None, None, None, None
         k0 = min(chunk, e)
         p, gi, tmp = torch.empty(k0, c, **like), torch.empty(k0, c, **like), torch.empty(k0, c, **like)
         g_alpha = torch.empty(k0, 2 * c, **like)
@@ -360,3 +370,56 @@ class _AttentionPair(torch.autograd.Function):
                 else:
                     g_rows.index_add_(0, row_index[s : s + chunk], ga)
         return g_rows, None, None, g_m, None, None, None, None
+
+
+def _forward_native(rows, weight, row_index, m, target, source, n, chunk):
+    """The forward with :mod:`.native`'s online softmax, chunk by chunk of edges right after the
+    chunk's logits GEMM (so α and m are read in cache) → (T, S, α, lse_s, lse_t). On the atom
+    graph (``row_index``) α stays per bond (``rows``) and is read through the index."""
+    e, c = m.shape
+    like = dict(dtype=m.dtype, device=m.device)
+    lib, nt = native.library(), native.threads()
+    alpha = torch.empty(e, 2 * c, **like) if row_index is None else rows
+    out_s, out_t, lse_s, lse_t, sum_s, sum_t = (torch.empty(n, c, **like) for _ in range(6))
+    state = [t.data_ptr() for t in (out_s, out_t, lse_s, lse_t, sum_s, sum_t)]
+    lib("attn_init", m.dtype)(n, c, *state)
+    step = lib("attn_fwd", m.dtype)
+    for s in range(0, e, chunk):
+        k = min(chunk, e - s)
+        if row_index is None:
+            a = torch.mm(rows[s : s + chunk], weight.T, out=alpha[s : s + chunk])
+            a_ptr, ix = a.data_ptr(), None
+        else:
+            a_ptr, ix = alpha.data_ptr(), row_index[s : s + chunk].data_ptr()
+        step(a_ptr, ix, m[s : s + chunk].data_ptr(), source[s : s + chunk].data_ptr(),
+             target[s : s + chunk].data_ptr(), k, c, *state, nt)
+    finish = lib("attn_finish", m.dtype)
+    finish(n, c, out_s.data_ptr(), lse_s.data_ptr(), sum_s.data_ptr())
+    finish(n, c, out_t.data_ptr(), lse_t.data_ptr(), sum_t.data_ptr())
+    return out_t, out_s, alpha, lse_s, lse_t
+
+
+def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s, g_t, g_m,
+                     g_rows, chunk):
+    """The backward with :mod:`.native`: one fused pass per chunk for ∂L/∂m and ∂L/∂α, then
+    ∂L/∂rows by a GEMM (line graph) or a scatter to the bonds (atom graph)."""
+    e, c = m.shape
+    fn = native.library()("attn_bwd", m.dtype)
+    nt = native.threads()
+    g_alpha = torch.empty(min(chunk, e), 2 * c, dtype=m.dtype)
+    for s in range(0, e, chunk):
+        k = min(chunk, e - s)
+        ga = g_alpha[:k]
+        if row_index is None:
+            a_ptr, ix = alpha[s : s + chunk].data_ptr(), None
+        else:
+            a_ptr, ix = alpha.data_ptr(), row_index[s : s + chunk].data_ptr()
+        fn(a_ptr, ix, m[s : s + chunk].data_ptr(), source[s : s + chunk].data_ptr(),
+           target[s : s + chunk].data_ptr(), k, c, out_s.data_ptr(), out_t.data_ptr(), lse_s.data_ptr(),
+           lse_t.data_ptr(), g_s.data_ptr(), g_t.data_ptr(), g_m[s : s + chunk].data_ptr() if g_m is not None else None,
+           ga.data_ptr(), nt)
+        if g_rows is not None:
+            if row_index is None:
+                torch.mm(ga, weight, out=g_rows[s : s + chunk])
+            else:
+                g_rows.index_add_(0, row_index[s : s + chunk], ga)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .backend import recompute_backward
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
@@ -102,8 +103,12 @@ class _GatedPhi(torch.autograd.Function):
         out = torch.empty(n, d, **like)
         sig = torch.empty(n, d, **like)  # σ(gn), kept for the backward
         hid = torch.empty(min(chunk, n), two_h, **like)
-        tmp = torch.empty(min(chunk, n), two_h, **like)
-        for s in range(0, n, chunk):
+        lib = native.library() if native.usable(bias1, *projs, *indices) else None
+        if lib is not None:
+            _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs, indices, pre,
+                            hid, core, gate, r_c, r_g, sig, out)
+        tmp = torch.empty(min(chunk, n), two_h, **like) if lib is None else None
+        for s in range(0, n if lib is None else 0, chunk):
             e = min(s + chunk, n)
             p, hd, t = pre[s:e], hid[: e - s], tmp[: e - s]
             k0 = 0
@@ -160,8 +165,13 @@ class _GatedPhi(torch.autograd.Function):
         g_projs = [torch.zeros_like(p) if needs[11 + 2 * k] else None for k, p in enumerate(projs)]
         like = dict(dtype=pre.dtype, device=pre.device)
         m = min(chunk, n)
-        ta, tb, tc, td = (torch.empty(m, d, **like) for _ in range(4))
         g_hid = torch.empty(m, pre.shape[1], **like)
+        if native.usable(grad, pre, *indices):
+            _backward_native(native.library(), grad, rows, row_weight, wc, wg, nc, ng, pre, core, gate, r_c, r_g,
+                             sig, indices, g_rows, g_projs, g_hid, chunk)
+            return (g_rows, None, None, None, None, None, None, None, None, None, None,
+                    *[x for gp in g_projs for x in (gp, None)])
+        ta, tb, tc, td = (torch.empty(m, d, **like) for _ in range(4))
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             c, gt, rc, rg, gr, sg = core[s:e], gate[s:e], r_c[s:e], r_g[s:e], grad[s:e], sig[s:e]
@@ -183,6 +193,60 @@ class _GatedPhi(torch.autograd.Function):
                     gp.index_add_(0, index[s:e], g_pre)
         return (g_rows, None, None, None, None, None, None, None, None, None, None,
                 *[x for gp in g_projs for x in (gp, None)])
+
+
+def _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs, indices, pre, hid,
+                    core, gate, r_c, r_g, sig, out):
+    """The forward's chunk loop with the fused loops of :mod:`.native` between the GEMMs."""
+    n, two_h, h, d = pre.shape[0], pre.shape[1], wc.shape[1], wc.shape[0]
+    gather, epilogue = lib("gather_silu", pre.dtype), lib("gated_fwd", pre.dtype)
+    nt = native.threads()
+    proj_ptrs = native.ptr_array(projs)
+    bias = bias1.contiguous()
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        k = e - s
+        p, hd = pre[s:e], hid[:k]
+        if rows is not None:
+            torch.addmm(bias, rows[s:e], row_weight.T, out=p)
+        idx_ptrs = native.ptr_array([ix[s:e] for ix in indices])
+        gather(p.data_ptr(), hd.data_ptr(), k, two_h, None if rows is not None else bias.data_ptr(),
+               int(rows is None), len(projs), proj_ptrs, idx_ptrs, nt)
+        c, g = core[s:e], gate[s:e]
+        torch.addmm(bc, hd[:, :h], wc.T, out=c)
+        torch.addmm(bg, hd[:, h:], wg.T, out=g)
+        epilogue(c.data_ptr(), g.data_ptr(), k, d, native.ptr(nc.contiguous()), native.ptr(ng.contiguous()), eps,
+                 r_c[s:e].data_ptr(), r_g[s:e].data_ptr(), sig[s:e].data_ptr(), out[s:e].data_ptr(), nt)
+
+
+def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, core, gate, r_c, r_g, sig, indices, g_rows,
+                     g_projs, g_hid, chunk):
+    """The backward's chunk loop with the fused loops of :mod:`.native` between the GEMMs; each
+    chunk's ∂L/∂pre is scattered to the projections while it is in cache."""
+    n, two_h, h, d = pre.shape[0], pre.shape[1], wc.shape[1], wc.shape[0]
+    dt = pre.dtype
+    gated, silu_bwd, scatter = lib("gated_bwd", dt), lib("silu_bwd", dt), lib("scatter_add", dt)
+    nt = native.threads()
+    m = g_hid.shape[0]
+    g_core, g_gate = torch.empty(m, d, dtype=dt), torch.empty(m, d, dtype=dt)
+    nc, ng = nc.contiguous(), ng.contiguous()
+    wanted = [(gp, ix) for gp, ix in zip(g_projs, indices) if gp is not None]
+    out_ptrs = native.ptr_array([gp for gp, _ in wanted])
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        k = e - s
+        gc, gg, gh = g_core[:k], g_gate[:k], g_hid[:k]
+        gated(grad[s:e].data_ptr(), core[s:e].data_ptr(), gate[s:e].data_ptr(), r_c[s:e].data_ptr(),
+              r_g[s:e].data_ptr(), sig[s:e].data_ptr(), nc.data_ptr(), ng.data_ptr(), k, d, gc.data_ptr(),
+              gg.data_ptr(), nt)
+        torch.mm(gc, wc, out=gh[:, :h])
+        torch.mm(gg, wg, out=gh[:, h:])
+        silu_bwd(gh.data_ptr(), pre[s:e].data_ptr(), k * two_h, nt)
+        if g_rows is not None:
+            torch.mm(gh, row_weight, out=g_rows[s:e])
+        if wanted:
+            scatter(gh.data_ptr(), k, two_h, len(wanted), out_ptrs, native.ptr_array([ix[s:e] for _, ix in wanted]),
+                    nt)
 
 
 def _rms_backward(g_xn: torch.Tensor, x: torch.Tensor, r: torch.Tensor, scratch: torch.Tensor, d: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .backend import recompute_backward
 from .segment import scatter_sum
 
@@ -60,6 +61,11 @@ class _RefineEdges(torch.autograd.Function):
         agg = torch.zeros(n, c, **like)
         h = torch.empty(e, w1.shape[0], **like)
         y_new = torch.empty(e, w2.shape[0], **like)
+        ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h)
+        ctx.n, ctx.smooth, ctx.chunk = n, smooth, chunk
+        if native.usable(u, q, src, tgt):
+            _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new)
+            return agg, y_new
         k0 = min(chunk, e)
         ta, tb = torch.empty(k0, c, **like), torch.empty(k0, c, **like)
         act = torch.empty(k0, w1.shape[0], **like)
@@ -78,8 +84,6 @@ class _RefineEdges(torch.autograd.Function):
             if b2 is not None:
                 yn.add_(b2)
             yn.addcmul_(y[s : s + chunk], res_weight)
-        ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h)
-        ctx.n, ctx.smooth, ctx.chunk = n, smooth, chunk
         return agg, y_new
 
     @staticmethod
@@ -107,6 +111,9 @@ class _RefineEdges(torch.autograd.Function):
         g_u = torch.empty_like(u) if needs[0] else None
         g_q = torch.zeros_like(q) if needs[1] else None
         g_y = torch.mul(g_ynew, res_weight) if needs[5] else None
+        if native.usable(u, q, src, tgt, g_agg, g_ynew, h):
+            _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q)
+            return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
         k0 = min(chunk, e)
         qs, qt, gug, tmp = (torch.empty(k0, c, **like) for _ in range(4))
         gh = torch.empty(k0, w1.shape[0], **like)
@@ -131,3 +138,50 @@ class _RefineEdges(torch.autograd.Function):
                 g_q.index_add_(0, idx_s, q_t.mul_(g_g))
                 g_q.index_add_(0, idx_t, q_s.mul_(g_g))
         return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
+
+
+def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new):
+    """The forward's chunk loop with :mod:`.native`: u_g and the scatter in one pass, the FFN's
+    bias and SiLU in another, the GEMMs in PyTorch."""
+    e, c = u.shape
+    lib, nt = native.library(), native.threads()
+    fwd, act_fn = lib("refine_fwd", u.dtype), lib("gather_silu", u.dtype)
+    k0 = min(chunk, e)
+    ug = torch.empty(k0, c, dtype=u.dtype)
+    act = torch.empty(k0, w1.shape[0], dtype=u.dtype)
+    b1 = b1.contiguous() if b1 is not None else None
+    for s in range(0, e, chunk):
+        k = min(chunk, e - s)
+        fwd(u[s : s + chunk].data_ptr(), q.data_ptr(), src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(),
+            k, c, ug.data_ptr(), agg.data_ptr(), nt)
+        hs = h[s : s + chunk]
+        torch.mm(ug[:k] if smooth else u[s : s + chunk], w1.T, out=hs)
+        act_fn(hs.data_ptr(), act.data_ptr(), k, hs.shape[1], native.ptr(b1), 0, 0, None, None, nt)
+        yn = torch.mm(act[:k], w2.T, out=y_new[s : s + chunk])
+        if b2 is not None:
+            yn.add_(b2)
+        yn.addcmul_(y[s : s + chunk], res_weight)
+
+
+def _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q):
+    """The backward's chunk loop with :mod:`.native` (the formulas of the module docstring): the
+    rows in one pass, then the two terms of ∂L/∂q scattered by source and by target."""
+    e, c = u.shape
+    lib, nt = native.library(), native.threads()
+    silu_bwd, bwd, scatter = lib("silu_bwd", u.dtype), lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
+    k0 = min(chunk, e)
+    gh = torch.empty(k0, w1.shape[0], dtype=u.dtype)
+    g_in = torch.empty(k0, c, dtype=u.dtype)
+    p_s, p_t = (torch.empty(k0, c, dtype=u.dtype) for _ in range(2)) if g_q is not None else (None, None)
+    targets = native.ptr_array([g_q]) if g_q is not None else None
+    for s in range(0, e, chunk):
+        k = min(chunk, e - s)
+        torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
+        silu_bwd(gh.data_ptr(), h[s : s + chunk].data_ptr(), k * gh.shape[1], nt)
+        torch.mm(gh[:k], w1, out=g_in[:k])
+        bwd(g_agg.data_ptr(), g_in.data_ptr(), u[s : s + chunk].data_ptr(), q.data_ptr(),
+            src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(), k, c, int(smooth),
+            g_u[s : s + chunk].data_ptr() if g_u is not None else None, native.ptr(p_s), native.ptr(p_t), nt)
+        if g_q is not None:
+            scatter(p_s.data_ptr(), k, c, 1, targets, native.ptr_array([src[s : s + chunk]]), nt)
+            scatter(p_t.data_ptr(), k, c, 1, targets, native.ptr_array([tgt[s : s + chunk]]), nt)

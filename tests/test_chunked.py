@@ -1,17 +1,30 @@
 """The chunked CPU forms (kernels/phi.py, refine.py, aggregate.attention_pair) against their
 PyTorch references: values, first derivatives through the fused backward, gradcheck and exact
-second derivatives (gradgradcheck), and the whole model against the composed ops on the fixtures."""
+second derivatives (gradgradcheck), and the whole model against the composed ops on the fixtures.
+Every test runs twice: with the fused C++ loops (kernels/native.cpp) and with their PyTorch-op
+forms, so both stay equal to the references."""
 
 import pytest
 import torch
 from ase.io import read
 
 from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference
+from matris.kernels import native
 from matris.kernels import (attention_pair, attention_pair_reference, gated_phi, gated_phi_reference, refine_edges,
                             refine_edges_reference)
 from matris.structures import to_system
 
 F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, params=["native", "torch-ops"])
+def loops(request):
+    """The elementwise steps as fused C++ loops, or as PyTorch ops."""
+    if request.param == "native" and native.library() is None:
+        pytest.skip("the fused CPU library cannot be built here (no C++ compiler)")
+    previous = native.set_enabled(request.param == "native")
+    yield request.param
+    native.set_enabled(previous)
 
 
 def _gen(seed):

@@ -1,0 +1,433 @@
+// Fused CPU loops of the chunked kernels (kernels/phi.py, aggregate.py, refine.py).
+//
+// Each function computes, in one pass over the rows, a formula that the chunked PyTorch code
+// computes with several ops (one pass and one temporary per op). The formulas are the ones in
+// the docstrings of those modules; the PyTorch forms stay beside them and the tests compare
+// the two (tests/test_native.py). Plain C ABI: called with ctypes on contiguous CPU tensors,
+// float32 ("_f32") and float64 ("_f64"), int64 indices, `nt` OpenMP threads.
+//
+// Loops over channels are written for the compiler's vectoriser (`omp simd`); exp is a
+// polynomial that vectorises (accurate to a few ulp, see vexp). Work is split over rows where
+// every row writes its own output, and over channel blocks where rows scatter into shared
+// per-segment rows (each thread owns a block of channels of every segment: no races, no
+// atomics, the same summation order as a serial loop).
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef int64_t i64;
+
+namespace {
+
+template <typename T> struct ExpConst;
+template <> struct ExpConst<float> {
+    using I = int32_t;
+    static constexpr float lo = -87.0f, hi = 88.0f;
+    static constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    static constexpr float ln2hi = 0.693359375f, ln2lo = -2.12194440e-4f;
+    static constexpr int shift = 23, bias = 127;
+};
+template <> struct ExpConst<double> {
+    using I = int64_t;
+    static constexpr double lo = -708.0, hi = 709.0;
+    static constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52
+    static constexpr double ln2hi = 6.93145751953125e-1, ln2lo = 1.42860682030941723212e-6;
+    static constexpr int shift = 52, bias = 1023;
+};
+
+// exp(x): x = k·ln2 + r with |r| ≤ ln2/2, exp(r) by its Taylor series (degree 7 in float32,
+// 13 in float64: truncation below half an ulp), times 2^k built in the exponent bits.
+// Below `lo` it returns 0 (exp(-87) ≈ 1.6e-38), above `hi` it saturates; NaN propagates.
+template <typename T> static inline T vexp(T x) {
+    using C = ExpConst<T>;
+    using I = typename C::I;
+    const T xc = x < C::lo ? C::lo : (x > C::hi ? C::hi : x);
+    T kf = xc * T(1.4426950408889634) + C::magic;
+    const I kbits = __builtin_bit_cast(I, kf);
+    kf -= C::magic;
+    const T r = (xc - kf * C::ln2hi) - kf * C::ln2lo;
+    T p;
+    if constexpr (sizeof(T) == 4) {
+        p = T(1.0 / 5040);
+        p = p * r + T(1.0 / 720);
+        p = p * r + T(1.0 / 120);
+        p = p * r + T(1.0 / 24);
+        p = p * r + T(1.0 / 6);
+        p = p * r + T(0.5);
+        p = p * r + T(1);
+        p = p * r + T(1);
+    } else {
+        p = T(1.0 / 6227020800.0);
+        p = p * r + T(1.0 / 479001600.0);
+        p = p * r + T(1.0 / 39916800.0);
+        p = p * r + T(1.0 / 3628800.0);
+        p = p * r + T(1.0 / 362880.0);
+        p = p * r + T(1.0 / 40320.0);
+        p = p * r + T(1.0 / 5040.0);
+        p = p * r + T(1.0 / 720.0);
+        p = p * r + T(1.0 / 120.0);
+        p = p * r + T(1.0 / 24.0);
+        p = p * r + T(1.0 / 6.0);
+        p = p * r + T(0.5);
+        p = p * r + T(1);
+        p = p * r + T(1);
+    }
+    const I k = kbits - __builtin_bit_cast(I, C::magic);
+    const T scale = __builtin_bit_cast(T, (I)((k + C::bias) << C::shift));
+    const T res = p * scale;
+    return x < C::lo ? T(0) : (x == x ? res : x);
+}
+
+template <typename T> static inline T sigm(T x) { return T(1) / (T(1) + vexp(-x)); }
+
+// rows [begin, end) of `n` split evenly over the team
+static inline void split(i64 n, i64& begin, i64& end) {
+#ifdef _OPENMP
+    const i64 t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const i64 t = 0, nt = 1;
+#endif
+    begin = n * t / nt;
+    end = n * (t + 1) / nt;
+}
+
+// channel blocks for the scatter loops: width and count
+constexpr i64 CB = 32;
+static inline i64 nblocks(i64 c) { return (c + CB - 1) / CB; }
+
+// pre = (init ? 0 : pre) + bias + Σ_k P_k[idx_k]   [n, w];   hid = silu(pre)
+template <typename T>
+void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nterms, const T* const* projs,
+                 const i64* const* idx, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, e;
+        split(n, b, e);
+        for (i64 r = b; r < e; ++r) {
+            T* p = pre + r * w;
+            T* h = hid + r * w;
+            if (init) {
+#pragma omp simd
+                for (i64 j = 0; j < w; ++j) p[j] = T(0);
+            }
+            if (bias) {
+#pragma omp simd
+                for (i64 j = 0; j < w; ++j) p[j] += bias[j];
+            }
+            for (int k = 0; k < nterms; ++k) {
+                const T* q = projs[k] + idx[k][r] * w;
+#pragma omp simd
+                for (i64 j = 0; j < w; ++j) p[j] += q[j];
+            }
+#pragma omp simd
+            for (i64 j = 0; j < w; ++j) h[j] = p[j] / (T(1) + vexp(-p[j]));
+        }
+    }
+}
+
+// Gated epilogue: rc = rsqrt(mean(core²) + eps) (rg likewise), sig = σ(gate·rg·ng),
+// out = silu(core·rc·nc) ⊙ sig
+template <typename T>
+void gated_fwd(const T* core, const T* gate, i64 n, i64 d, const T* nc, const T* ng, T eps, T* rc, T* rg, T* sig,
+               T* out, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, e;
+        split(n, b, e);
+        for (i64 r = b; r < e; ++r) {
+            const T* c = core + r * d;
+            const T* g = gate + r * d;
+            T sc = 0, sg = 0;
+#pragma omp simd reduction(+ : sc, sg)
+            for (i64 j = 0; j < d; ++j) {
+                sc += c[j] * c[j];
+                sg += g[j] * g[j];
+            }
+            const T a = T(1) / std::sqrt(sc / T(d) + eps), bb = T(1) / std::sqrt(sg / T(d) + eps);
+            rc[r] = a;
+            rg[r] = bb;
+            T* s = sig + r * d;
+            T* o = out + r * d;
+#pragma omp simd
+            for (i64 j = 0; j < d; ++j) {
+                const T cn = c[j] * a * nc[j];
+                const T sv = sigm(g[j] * bb * ng[j]);
+                s[j] = sv;
+                o[j] = cn / (T(1) + vexp(-cn)) * sv;
+            }
+        }
+    }
+}
+
+// Its backward (input gradients): G → (G_core, G_gate), the formulas of kernels/phi.py
+template <typename T>
+void gated_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* rg, const T* sig, const T* nc,
+               const T* ng, i64 n, i64 d, T* gcore, T* ggate, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, e;
+        split(n, b, e);
+        for (i64 r = b; r < e; ++r) {
+            const T* c = core + r * d;
+            const T* g = gate + r * d;
+            const T* G = grad + r * d;
+            const T* s = sig + r * d;
+            T* oc = gcore + r * d;
+            T* og = ggate + r * d;
+            const T a = rc[r], bb = rg[r];
+            T dc = 0, dg = 0;
+#pragma omp simd reduction(+ : dc, dg)
+            for (i64 j = 0; j < d; ++j) {
+                const T cn = c[j] * a * nc[j];
+                const T sc = sigm(cn);
+                const T sv = s[j];
+                const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
+                const T xg = G[j] * cn * sc * sv * (T(1) - sv) * ng[j];            // ∂L/∂(gate·rg)
+                oc[j] = xc;
+                og[j] = xg;
+                dc += xc * c[j];
+                dg += xg * g[j];
+            }
+            const T kc = dc * a * a * a / T(d), kg = dg * bb * bb * bb / T(d);
+#pragma omp simd
+            for (i64 j = 0; j < d; ++j) {
+                oc[j] = oc[j] * a - c[j] * kc;
+                og[j] = og[j] * bb - g[j] * kg;
+            }
+        }
+    }
+}
+
+// g ← g ⊙ silu'(x) over `count` entries
+template <typename T> void silu_bwd(T* g, const T* x, i64 count, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, e;
+        split(count, b, e);
+#pragma omp simd
+        for (i64 j = b; j < e; ++j) {
+            const T s = sigm(x[j]);
+            g[j] *= s * (T(1) + x[j] * (T(1) - s));
+        }
+    }
+}
+
+// out_k[idx_k[r]] += src[r]   (src [n, w], out_k [*, w]); threads own channel blocks
+template <typename T>
+void scatter_add(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, int nt) {
+    const i64 nb = nblocks(w);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (i64 blk = 0; blk < nb * nterms; ++blk) {
+        const int k = int(blk / nb);
+        const i64 j0 = (blk % nb) * CB, j1 = j0 + CB < w ? j0 + CB : w;
+        T* out = outs[k];
+        const i64* ix = idx[k];
+        for (i64 r = 0; r < n; ++r) {
+            const T* s = src + r * w;
+            T* o = out + ix[r] * w;
+#pragma omp simd
+            for (i64 j = j0; j < j1; ++j) o[j] += s[j];
+        }
+    }
+}
+
+// Both softmax aggregations of one attention, in one online pass over the edges, called chunk
+// by chunk of rows (while a chunk of α and m is in cache; threads own blocks of channels).
+// alpha row r (of width 2c) is alpha[aidx ? aidx[r] : r]: [α_s ‖ α_t]. Per segment and channel
+// the running maximum (in lse), Σ p (in sum) and Σ p·m (in out) are rescaled when the maximum
+// grows. out_*, lse_*, sum_* are [nseg, c]: attn_init before the first chunk, attn_finish after
+// the last (out = Σp·m / Σp, lse = max + log Σp; 0 and 0 for empty segments).
+template <typename T> void attn_init(i64 nseg, i64 c, T* out_s, T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t) {
+    const T ninf = -std::numeric_limits<T>::infinity();
+    for (i64 q = 0; q < nseg * c; ++q) {
+        out_s[q] = out_t[q] = sum_s[q] = sum_t[q] = T(0);
+        lse_s[q] = lse_t[q] = ninf;
+    }
+}
+
+template <typename T>
+void attn_fwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c, T* out_s,
+              T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t, int nt) {
+    const i64 nb = nblocks(c);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (i64 blk = 0; blk < 2 * nb; ++blk) {
+        const int half = int(blk / nb);
+        const i64 j0 = (blk % nb) * CB, j1 = j0 + CB < c ? j0 + CB : c;
+        const i64* ix = half ? tgt : src;
+        T* acc = half ? out_t : out_s;
+        T* mx = half ? lse_t : lse_s;
+        T* sm = half ? sum_t : sum_s;
+        for (i64 r = 0; r < e; ++r) {
+            const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c + half * c;
+            const T* mv = m + r * c;
+            const i64 o = ix[r] * c;
+            T* A = acc + o;
+            T* M = mx + o;
+            T* S = sm + o;
+#pragma omp simd
+            for (i64 j = j0; j < j1; ++j) {
+                const T dlt = a[j] - M[j];
+                const bool up = dlt > T(0);
+                const T x = vexp(up ? -dlt : dlt);  // exp(−|Δ|); 0 against an initial −inf
+                S[j] = up ? S[j] * x + T(1) : S[j] + x;
+                A[j] = up ? A[j] * x + mv[j] : A[j] + x * mv[j];
+                M[j] = up ? a[j] : M[j];
+            }
+        }
+    }
+}
+
+template <typename T> void attn_finish(i64 nseg, i64 c, T* out, T* lse, const T* sum) {
+    for (i64 q = 0; q < nseg * c; ++q) {
+        if (sum[q] > T(0)) {
+            out[q] = out[q] / sum[q];
+            lse[q] = lse[q] + std::log(sum[q]);
+        } else {
+            out[q] = T(0);
+            lse[q] = T(0);
+        }
+    }
+}
+
+// Its backward for rows [0, e) (callers pass chunk-offset pointers): p = exp(α − lse[idx]),
+// ∂L/∂m = p_s·G_s[src] + p_t·G_t[tgt], ∂L/∂α_x = p_x·(m − out_x[idx])·G_x[idx] → galpha [e, 2c]
+template <typename T>
+void attn_bwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c,
+              const T* out_s, const T* out_t, const T* lse_s, const T* lse_t, const T* g_s, const T* g_t, T* gm,
+              T* galpha, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, en;
+        split(e, b, en);
+        for (i64 r = b; r < en; ++r) {
+            const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c;
+            const T* mv = m + r * c;
+            const i64 os = src[r] * c, ot = tgt[r] * c;
+            T* ga = galpha + r * 2 * c;
+            T* gmr = gm ? gm + r * c : nullptr;
+#pragma omp simd
+            for (i64 j = 0; j < c; ++j) {
+                const T ps = vexp(a[j] - lse_s[os + j]), pt = vexp(a[c + j] - lse_t[ot + j]);
+                const T gs = g_s[os + j], gt = g_t[ot + j];
+                ga[j] = ps * (mv[j] - out_s[os + j]) * gs;
+                ga[c + j] = pt * (mv[j] - out_t[ot + j]) * gt;
+                if (gmr) gmr[j] = ps * gs + pt * gt;
+            }
+        }
+    }
+}
+
+// Refine's line-graph edge side, forward: u_g = u ⊙ q[src] ⊙ q[tgt] → ug [e, c] and
+// agg[tgt] += u_g (agg initialised by the caller)
+template <typename T>
+void refine_fwd(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c, T* ug, T* agg, int nt) {
+    const i64 nb = nblocks(c);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (i64 blk = 0; blk < nb; ++blk) {
+        const i64 j0 = blk * CB, j1 = j0 + CB < c ? j0 + CB : c;
+        for (i64 r = 0; r < e; ++r) {
+            const T* ur = u + r * c;
+            const T* qs = q + src[r] * c;
+            const T* qt = q + tgt[r] * c;
+            T* o = ug + r * c;
+            T* ag = agg + tgt[r] * c;
+#pragma omp simd
+            for (i64 j = j0; j < j1; ++j) {
+                const T v = ur[j] * (qs[j] * qt[j]);
+                o[j] = v;
+                ag[j] += v;
+            }
+        }
+    }
+}
+
+// and backward, rows in parallel: G_ug = G_R[tgt] (+ G_in if smooth), G_u = G_ug ⊙ q[src] ⊙ q[tgt]
+// (+ G_in if not smooth), and the two terms of G_q: ps = G_ug ⊙ u ⊙ q[tgt] (summed by src) and
+// pt = G_ug ⊙ u ⊙ q[src] (summed by tgt), which scatter_add adds to G_q
+template <typename T>
+void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c,
+                int smooth, T* gu, T* ps, T* pt, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, en;
+        split(e, b, en);
+        for (i64 r = b; r < en; ++r) {
+            const T* ur = u + r * c;
+            const T* gi = gin + r * c;
+            const T* qs = q + src[r] * c;
+            const T* qt = q + tgt[r] * c;
+            const T* gr = gagg + tgt[r] * c;
+            T* o = gu ? gu + r * c : nullptr;
+            T* os = ps ? ps + r * c : nullptr;
+            T* ot = pt ? pt + r * c : nullptr;
+#pragma omp simd
+            for (i64 j = 0; j < c; ++j) {
+                const T gug = smooth ? gr[j] + gi[j] : gr[j];
+                const T qsj = qs[j], qtj = qt[j];
+                if (o) o[j] = smooth ? (qsj * qtj) * gug : (qsj * qtj) * gug + gi[j];
+                if (os) {
+                    const T gg = gug * ur[j];
+                    os[j] = qtj * gg;
+                    ot[j] = qsj * gg;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define MATRIS_EXPORT(T, S)                                                                                        \
+    extern "C" void gather_silu_##S(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nterms,           \
+                                    const T* const* projs, const i64* const* idx, int nt) {                       \
+        gather_silu<T>(pre, hid, n, w, bias, init, nterms, projs, idx, nt);                                        \
+    }                                                                                                              \
+    extern "C" void gated_fwd_##S(const T* core, const T* gate, i64 n, i64 d, const T* nc, const T* ng, T eps,     \
+                                  T* rc, T* rg, T* sig, T* out, int nt) {                                          \
+        gated_fwd<T>(core, gate, n, d, nc, ng, eps, rc, rg, sig, out, nt);                                         \
+    }                                                                                                              \
+    extern "C" void gated_bwd_##S(const T* grad, const T* core, const T* gate, const T* rc, const T* rg,           \
+                                  const T* sig, const T* nc, const T* ng, i64 n, i64 d, T* gcore, T* ggate,        \
+                                  int nt) {                                                                        \
+        gated_bwd<T>(grad, core, gate, rc, rg, sig, nc, ng, n, d, gcore, ggate, nt);                               \
+    }                                                                                                              \
+    extern "C" void silu_bwd_##S(T* g, const T* x, i64 count, int nt) { silu_bwd<T>(g, x, count, nt); }          \
+    extern "C" void scatter_add_##S(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, \
+                                    int nt) {                                                                      \
+        scatter_add<T>(src, n, w, nterms, outs, idx, nt);                                                          \
+    }                                                                                                              \
+    extern "C" void attn_init_##S(i64 nseg, i64 c, T* out_s, T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t) {  \
+        attn_init<T>(nseg, c, out_s, out_t, lse_s, lse_t, sum_s, sum_t);                                           \
+    }                                                                                                              \
+    extern "C" void attn_fwd_##S(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt,      \
+                                 i64 e, i64 c, T* out_s, T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t,         \
+                                 int nt) {                                                                         \
+        attn_fwd<T>(alpha, aidx, m, src, tgt, e, c, out_s, out_t, lse_s, lse_t, sum_s, sum_t, nt);                 \
+    }                                                                                                              \
+    extern "C" void attn_finish_##S(i64 nseg, i64 c, T* out, T* lse, const T* sum) {                               \
+        attn_finish<T>(nseg, c, out, lse, sum);                                                                    \
+    }                                                                                                              \
+    extern "C" void attn_bwd_##S(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt,      \
+                                 i64 e, i64 c, const T* out_s, const T* out_t, const T* lse_s, const T* lse_t,     \
+                                 const T* g_s, const T* g_t, T* gm, T* galpha, int nt) {                           \
+        attn_bwd<T>(alpha, aidx, m, src, tgt, e, c, out_s, out_t, lse_s, lse_t, g_s, g_t, gm, galpha, nt);         \
+    }                                                                                                              \
+    extern "C" void refine_fwd_##S(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c, T* ug,    \
+                                   T* agg, int nt) {                                                               \
+        refine_fwd<T>(u, q, src, tgt, e, c, ug, agg, nt);                                                          \
+    }                                                                                                              \
+    extern "C" void refine_bwd_##S(const T* gagg, const T* gin, const T* u, const T* q, const i64* src,            \
+                                   const i64* tgt, i64 e, i64 c, int smooth, T* gu, T* ps, T* pt, int nt) {        \
+        refine_bwd<T>(gagg, gin, u, q, src, tgt, e, c, smooth, gu, ps, pt, nt);                                    \
+    }                                                                                                              \
+    extern "C" T vexp_##S(T x) { return vexp<T>(x); }
+
+MATRIS_EXPORT(float, f32)
+MATRIS_EXPORT(double, f64)
+
+extern "C" int matris_native_abi() { return 1; }

@@ -1,0 +1,182 @@
+"""The fused CPU loops (``native.cpp``): built once with the system's C++ compiler, called with ctypes.
+
+The chunked CPU kernels (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`) run their GEMMs in
+PyTorch and, where this library is available, their elementwise, gather and scatter steps as
+one fused loop each (one pass over the rows instead of one pass per PyTorch op). Without it
+(no compiler, or ``MATRIS_NATIVE=0``) they run the same formulas in PyTorch ops; both forms are
+tested against each other and against the references.
+
+The library is compiled on first use with ``$CXX`` (default ``c++``) ``-O3 -march=native
+-fopenmp`` and cached under ``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``),
+the hash covering the source, the compiler and the flags, so it is built once per machine
+(about 5 s). The build writes to a temporary name and renames it, so concurrent processes never
+load a half-written file. ``MATRIS_NATIVE=0`` turns it off; ``MATRIS_NATIVE=1`` makes a failed
+build an error instead of a one-time warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "native.cpp"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-fno-math-errno",
+         "-fno-trapping-math"]
+ABI = 1
+
+
+class NativeBuildError(RuntimeError):
+    """The fused CPU library cannot be built here (the message says why and what to do)."""
+
+
+def cache_root() -> Path:
+    """``$MATRIS_CACHE/native``, else ``$XDG_CACHE_HOME/matris/native``, else ``~/.cache/matris/native``."""
+    if os.environ.get("MATRIS_CACHE"):
+        return Path(os.environ["MATRIS_CACHE"]).expanduser() / "native"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "matris" / "native"
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX", "c++")
+    path = shutil.which(cxx)
+    if path is None:
+        raise NativeBuildError(f"no C++ compiler ({cxx!r} is not on PATH): install g++ (e.g. apt install g++) or set "
+                               "CXX; without it the CPU kernels use PyTorch ops (slower, same numbers)")
+    return path
+
+
+def build(force: bool = False) -> Path:
+    """Compile ``native.cpp`` (once per source, compiler and flags) and return the library's path."""
+    cxx = _compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeBuildError(f"the C++ compiler {cxx} does not run: {exc}") from exc
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    folder = cache_root() / key
+    lib = folder / "libmatris_native.so"
+    if lib.is_file() and not force:
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".libmatris_native.", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise NativeBuildError(f"compiling {SOURCE.name} with {cxx} failed:\n{proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_SIGNATURES = {
+    "gather_silu": [_P, _P, _I64, _I64, _P, _INT, _INT, _P, _P, _INT],
+    "gated_fwd": [_P, _P, _I64, _I64, _P, _P, None, _P, _P, _P, _P, _INT],
+    "gated_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _INT],
+    "silu_bwd": [_P, _P, _I64, _INT],
+    "scatter_add": [_P, _I64, _I64, _INT, _P, _P, _INT],
+    "attn_init": [_I64, _I64, _P, _P, _P, _P, _P, _P],
+    "attn_fwd": [_P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT],
+    "attn_finish": [_I64, _I64, _P, _P, _P],
+    "attn_bwd": [_P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _INT],
+    "refine_fwd": [_P, _P, _P, _P, _I64, _I64, _P, _P, _INT],
+    "refine_bwd": [_P, _P, _P, _P, _P, _P, _I64, _I64, _INT, _P, _P, _P, _INT],
+    "vexp": [None],
+}
+
+
+class _Library:
+    def __init__(self, path: Path):
+        self.path = path
+        self.cdll = ctypes.CDLL(str(path))
+        if self.cdll.matris_native_abi() != ABI:
+            raise NativeBuildError(f"{path} is from another version of matris; delete it and retry")
+        self.fns = {}
+        for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+            for name, args in _SIGNATURES.items():
+                fn = getattr(self.cdll, f"{name}_{suffix}")
+                fn.argtypes = [real if a is None else a for a in args]
+                fn.restype = real if name == "vexp" else None
+                self.fns[name, suffix] = fn
+
+    def __call__(self, name: str, dtype: torch.dtype):
+        return self.fns[name, "f32" if dtype == torch.float32 else "f64"]
+
+
+_enabled = True
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the fused loops on or off for this process (benchmarks and tests compare the two
+    forms); returns the previous setting. ``MATRIS_NATIVE=0`` turns them off from the start."""
+    global _enabled
+    previous, _enabled = _enabled, bool(flag)
+    return previous
+
+
+def library() -> _Library | None:
+    """The loaded library, or None where it is turned off or cannot be built (warned once)."""
+    return _load() if _enabled else None
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> _Library | None:
+    choice = os.environ.get("MATRIS_NATIVE", "auto")
+    if choice == "0":
+        return None
+    try:
+        return _Library(build())
+    except (NativeBuildError, OSError) as exc:
+        if choice == "1":
+            raise
+        warnings.warn(f"matris: the fused CPU kernels are not available ({exc}); the CPU path runs PyTorch ops "
+                      "instead (same numbers, slower). MATRIS_NATIVE=0 silences this.", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the fused loops apply: the library loads, every tensor is a contiguous CPU tensor,
+    the floating ones float32 or float64 (one dtype), the others int64 indices."""
+    given = [t for t in tensors if t is not None]
+    floats = [t for t in given if t.is_floating_point()]
+    if not floats or any(t.device.type != "cpu" or not t.is_contiguous() for t in given):
+        return False
+    if floats[0].dtype not in (torch.float32, torch.float64) or any(t.dtype != floats[0].dtype for t in floats):
+        return False
+    if any(t.dtype != torch.int64 for t in given if not t.is_floating_point()):
+        return False
+    return library() is not None
+
+
+def ptr(t: torch.Tensor | None) -> int | None:
+    """A tensor's data pointer for ctypes (None for None); the tensor must be contiguous."""
+    if t is None:
+        return None
+    if not t.is_contiguous():
+        raise ValueError("native kernels need contiguous tensors")
+    return t.data_ptr()
+
+
+def ptr_array(tensors: list[torch.Tensor]):
+    """A C array of data pointers (kept alive by the caller)."""
+    return (ctypes.c_void_p * max(1, len(tensors)))(*[ptr(t) for t in tensors])
+
+
+def threads() -> int:
+    return max(1, torch.get_num_threads())
+

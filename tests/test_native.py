@@ -1,0 +1,137 @@
+"""The fused CPU loops (kernels/native.cpp): their exp, float32 agreement with the PyTorch forms,
+determinism across thread counts, and how the library is built, cached and turned off.
+(Float64 agreement with the references, gradcheck and gradgradcheck: tests/test_chunked.py.)"""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from matris.kernels import attention_pair, gated_phi, native, refine_edges
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused loops are off")
+
+
+def test_vexp_is_accurate_to_a_few_ulp_and_handles_the_ends():
+    f64, f32 = native.library()("vexp", torch.float64), native.library()("vexp", torch.float32)
+    worst64 = max(abs(f64(x) - math.exp(x)) / math.exp(x) for x in torch.linspace(-700, 700, 4001).tolist())
+    assert worst64 < 4 * 2.2e-16
+    xs = torch.linspace(-86, 88, 4001, dtype=torch.float32)
+    exact = torch.exp(xs.double())
+    got = torch.tensor([f32(x) for x in xs.tolist()], dtype=torch.float64)
+    assert ((got - exact).abs() / exact).max() < 4 * 1.2e-7
+    assert f64(float("-inf")) == 0.0 and f64(-800.0) == 0.0 and f32(-100.0) == 0.0
+    assert math.isnan(f64(float("nan")))
+    assert f64(0.0) == 1.0 and f32(0.0) == 1.0
+
+
+def _cases(dtype, seed=0, e=300, b=23, c=32):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+    src, tgt = torch.randint(0, b, (e,), generator=g), torch.randint(0, b - 3, (e,), generator=g)
+    atom = torch.randint(0, 5, (e,), generator=g)
+    phi = (r(e, c), r(2 * c, c, scale=0.2), [(r(b, 2 * c), tgt), (r(b, 2 * c), src), (r(5, 2 * c), atom)],
+           [r(2 * c), r(c, c, scale=0.2), r(c), r(c, c, scale=0.2), r(c), r(c).abs() + 0.5, r(c).abs() + 0.5])
+    attn = (r(e, c), r(2 * c, c, scale=0.3), r(e, c), tgt, src, b)
+    refine = (r(e, c), r(b, c), src, tgt, b, r(e, c), r(1, c), r(c, c, scale=0.2), r(c), r(c, c, scale=0.2), r(c))
+    return phi, attn, refine
+
+
+def _run_all(dtype, chunk=64):
+    """Values and input gradients of the three chunked kernels (frozen weights: fused backwards)."""
+    (rows, rw, terms, w), (a_rows, wst, m, tgt, src, b), rf = _cases(dtype)
+    eps = torch.finfo(dtype).eps
+    outs = []
+    x = [rows.clone().requires_grad_(True)] + [p.clone().requires_grad_(True) for p, _ in terms]
+    y = gated_phi(x[0], rw, [(p, i) for p, (_, i) in zip(x[1:], terms)], *w, eps, chunk=chunk)
+    outs += [y, *torch.autograd.grad(y, x, torch.ones_like(y))]
+    x = [a_rows.clone().requires_grad_(True), m.clone().requires_grad_(True)]
+    t, s = attention_pair(x[0], wst, None, x[1], tgt, src, b, chunk=chunk)
+    outs += [t, s, *torch.autograd.grad([t, s], x, [torch.ones_like(t), torch.full_like(s, 0.5)])]
+    x2 = [x[0].detach()[:b].clone().requires_grad_(True), x[1]]  # atom-graph form: per-node logits, gathered
+    proj = x2[0] @ wst.T
+    t, s = attention_pair(proj, None, src, x2[1], tgt, src, b, chunk=chunk)
+    outs += [t, s, *torch.autograd.grad([t, s], x2, [torch.ones_like(t), torch.full_like(s, 0.5)])]
+    u, q, rs, rt, n, yy, rwt, w1, b1, w2, b2 = rf
+    for smooth in (False, True):
+        x = [u.clone().requires_grad_(True), q.clone().requires_grad_(True), yy.clone().requires_grad_(True)]
+        agg, yn = refine_edges(x[0], x[1], rs, rt, n, x[2], rwt, w1, b1, w2, b2, smooth, chunk=chunk)
+        outs += [agg, yn, *torch.autograd.grad([agg, yn], x, [torch.ones_like(agg), torch.ones_like(yn)])]
+    return outs
+
+
+def test_float32_agrees_with_the_pytorch_forms():
+    got = _run_all(torch.float32)
+    previous = native.set_enabled(False)
+    try:
+        want = _run_all(torch.float32)
+    finally:
+        native.set_enabled(previous)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    """Rows split over threads, scatters split over channels: the same sums in the same order."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _run_all(torch.float64, chunk=50)
+        torch.set_num_threads(3)
+        three = _run_all(torch.float64, chunk=50)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(one, three, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_build_is_cached_atomic_and_keyed(tmp_path, monkeypatch):
+    monkeypatch.setenv("MATRIS_CACHE", str(tmp_path))
+    lib = native.build()
+    assert lib.is_file() and lib.parent.parent == tmp_path / "native"
+    stamp = lib.stat().st_mtime_ns
+    assert native.build() == lib and lib.stat().st_mtime_ns == stamp  # cached: not rebuilt
+    assert not [p for p in lib.parent.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    assert native.build(force=True) == lib
+
+
+def test_without_a_compiler_the_cpu_path_warns_once_and_uses_pytorch_ops(tmp_path):
+    """A fresh process with no compiler on hand: one RuntimeWarning naming the problem, then the
+    same numbers from the PyTorch forms; MATRIS_NATIVE=1 makes it an error, =0 silences it."""
+    code = (
+        "import warnings, torch\n"
+        "from matris.kernels import native, gated_phi\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert native.library() is None and native.library() is None\n"
+        "print(len(w), str(w[0].message) if w else '')\n"
+    )
+    env = dict(os.environ, MATRIS_CACHE=str(tmp_path), CXX=str(tmp_path / "no-such-compiler"))
+    env.pop("MATRIS_NATIVE", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    count, message = out.stdout.split(" ", 1)
+    assert count == "1" and "no C++ compiler" in message and "MATRIS_NATIVE=0" in message
+    strict = subprocess.run([sys.executable, "-c", "from matris.kernels import native; native.library()"],
+                            env=dict(env, MATRIS_NATIVE="1"), capture_output=True, text=True, timeout=300)
+    assert strict.returncode != 0 and "NativeBuildError" in strict.stderr
+    off = subprocess.run([sys.executable, "-W", "error", "-c", code], env=dict(env, MATRIS_NATIVE="0"),
+                         capture_output=True, text=True, timeout=300)
+    assert off.returncode == 0 and off.stdout.startswith("0 "), off.stderr
+
+
+def test_a_broken_compiler_names_itself(tmp_path, monkeypatch):
+    fake = tmp_path / "cxx"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake 1.0; exit 0; fi\necho 'boom' >&2; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("MATRIS_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(native.NativeBuildError, match="boom"):
+        native.build()
+    assert not list((tmp_path / "cache" / "native").rglob("*.so"))  # the temporary was removed
