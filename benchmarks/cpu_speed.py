@@ -11,7 +11,9 @@ call for energy, forces and stress on a freshly rattled diamond-Si cell (``matri
 standard structures), graph construction included, as a user's script sees it.
 
 Variants of our model (``--variants``): ``chunked`` (the default CPU path, fused formulas run
-over cache-sized chunks, :mod:`matris.kernels`), ``torch`` (the composed PyTorch reference ops),
+over cache-sized chunks, :mod:`matris.kernels`, with their elementwise, gather and scatter
+steps in the fused C++ loops of ``kernels/native.cpp``), ``chunked-ops`` (the same chunks with
+those steps as PyTorch ops, ``MATRIS_NATIVE=0``), ``torch`` (the composed PyTorch reference ops),
 ``compiled`` (``model.compile()``: Inductor, dynamic shapes; its compile time is reported
 apart). CHGNet 0.3.0 runs in the same process when installed. The machine is shared and
 noisy, so the variants and CHGNet are timed in interleaved rounds (one call each per round)
@@ -19,7 +21,8 @@ and the table reports medians over rounds and the ratio of medians; ``ratio`` is
 ours / CHGNet (lower is better).
 
 The op table is torch.profiler's self CPU time of one Si64 call of the default variant,
-grouped by family, so the next person sees where the time goes.
+grouped by family, so the next person sees where the time goes; "fused C++ loops" is the self
+time of the chunked kernels' autograd Functions (their native loops and Python glue).
 
 ``--train`` also times one training step (energy, force, stress and magmom loss with
 ``create_graph``, backward) of Si8 (Si64 needs more than 24 GB with the 10M config) for
@@ -32,6 +35,7 @@ the rows show that the CPU fast path leaves training as it was.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -45,6 +49,7 @@ from matris import MatRIS, MatRISCalculator, MatRISConfig  # noqa: E402
 from matris.atomic import write_json  # noqa: E402
 from matris.bench.measure import md_speed  # noqa: E402
 from matris.bench.structures import standard_structure  # noqa: E402
+from matris.kernels import native  # noqa: E402
 
 FAMILIES = {
     "GEMM": ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm"),
@@ -55,7 +60,13 @@ FAMILIES = {
 }
 
 
+FUSED = ("_GatedPhi", "_GatedPhiBackward", "_AttentionPair", "_AttentionPairBackward", "_RefineEdges",
+         "_RefineEdgesBackward")
+
+
 def family(op: str) -> str:
+    if op in FUSED:
+        return "fused C++ loops"
     name = op.removeprefix("aten::")
     for fam, names in FAMILIES.items():
         if name in names:
@@ -73,7 +84,7 @@ def op_shares(calc, atoms) -> dict:
     per_family: dict[str, float] = {}
     ops = []
     for ev in prof.key_averages():
-        if not ev.key.startswith("aten::"):
+        if not ev.key.startswith("aten::") and ev.key not in FUSED:
             continue
         ms = ev.self_cpu_time_total / 1e3
         per_family[family(ev.key)] = per_family.get(family(ev.key), 0.0) + ms
@@ -93,9 +104,19 @@ def build_model(variant: str, base: MatRIS) -> MatRIS:
         model.kernel_backend = "torch"
     elif variant == "compiled":
         model.compile()
-    elif variant != "chunked":
-        raise SystemExit(f"unknown variant {variant!r}; use chunked, torch or compiled")
+    elif variant not in ("chunked", "chunked-ops"):
+        raise SystemExit(f"unknown variant {variant!r}; use chunked, chunked-ops, torch or compiled")
     return model
+
+
+@contextlib.contextmanager
+def loops_for(variant: str):
+    """The fused C++ loops off for the ``chunked-ops`` variant's calls, on for the others."""
+    previous = native.set_enabled(variant != "chunked-ops")
+    try:
+        yield
+    finally:
+        native.set_enabled(previous)
 
 
 def train_steps(rounds: int) -> list[dict]:
@@ -175,7 +196,8 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", default=None, metavar="JSON", help="print the docs' table of a results file and exit")
     p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216], help="Si cells (multiples of 8 atoms)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (median reported)")
-    p.add_argument("--variants", nargs="*", default=["chunked", "torch"], help="chunked, torch, compiled")
+    p.add_argument("--variants", nargs="*", default=["chunked", "chunked-ops", "torch"],
+                   help="chunked, chunked-ops, torch, compiled")
     p.add_argument("--md-steps", type=int, default=5, help="VelocityVerlet steps of Si64 per variant (0: skip)")
     p.add_argument("--no-chgnet", action="store_true", help="do not compare with CHGNet")
     p.add_argument("--no-profile", action="store_true", help="skip the op-family table")
@@ -216,7 +238,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             allcalcs[k].reset()
             try:
-                allcalcs[k].calculate(atoms, ["energy", "forces", "stress"])
+                with loops_for(k):
+                    allcalcs[k].calculate(atoms, ["energy", "forces", "stress"])
             except Exception as exc:  # noqa: BLE001 - a compiler failure is a result, not the end of the run
                 if k != "compiled":
                     raise
@@ -232,9 +255,10 @@ def main(argv=None) -> int:
             for k in names:
                 c = allcalcs[k]
                 c.reset()
-                t0 = time.perf_counter()
-                c.calculate(atoms, ["energy", "forces", "stress"])
-                times[k].append(time.perf_counter() - t0)
+                with loops_for(k):
+                    t0 = time.perf_counter()
+                    c.calculate(atoms, ["energy", "forces", "stress"])
+                    times[k].append(time.perf_counter() - t0)
         row = {"structure": f"Si{n}", "atoms": n, "kind": "E+F+S",
                "seconds": {k: statistics.median(v) for k, v in times.items()}, "all_seconds": times}
         rows.append(row)
@@ -246,21 +270,23 @@ def main(argv=None) -> int:
                 calc = allcalcs[k]
                 if k in calcs:  # MD asks for forces only, as `matris md` does
                     calc = MatRISCalculator(calcs[k].model, device="cpu", dtype=torch.float32, compute_stress=False)
-                times[k].append(md_speed(atoms, calc, args.md_steps).seconds / args.md_steps)
+                with loops_for(k):
+                    times[k].append(md_speed(atoms, calc, args.md_steps).seconds / args.md_steps)
         rows.append({"structure": "Si64", "atoms": 64, "kind": "MD step",
                      "seconds": {k: statistics.median(v) for k, v in times.items()}, "all_seconds": times})
 
-    head = f"{'structure':10s} {'call':8s}" + "".join(f"{k + ' (s)':>15s}" for k in names)
+    width = {k: max(15, len(k) + 8) for k in names}
+    head = f"{'structure':10s} {'call':8s}" + "".join(f"{k + ' (s)':>{width[k]}s}" for k in names)
     if chgnet is not None:
-        head += "".join(f"{k + '/CHGNet':>17s}" for k in calcs)
+        head += "".join(f"{k + '/CHGNet':>{width[k] + 4}s}" for k in calcs)
     print(head)
     print("-" * len(head))
     for row in rows:
         s = row["seconds"]
-        line = f"{row['structure']:10s} {row['kind']:8s}" + "".join(f"{s[k]:15.4f}" for k in names)
+        line = f"{row['structure']:10s} {row['kind']:8s}" + "".join(f"{s[k]:{width[k]}.4f}" for k in names)
         if chgnet is not None:
             row["ratio_vs_chgnet"] = {k: s[k] / s["CHGNet"] for k in calcs}
-            line += "".join(f"{row['ratio_vs_chgnet'][k]:16.1f}×" for k in calcs)
+            line += "".join(f"{row['ratio_vs_chgnet'][k]:{width[k] + 3}.1f}×" for k in calcs)
         print(line)
     for k, t in compile_times.items():
         print(f"{k}: first call (compile included) {t:.1f} s")
@@ -269,6 +295,7 @@ def main(argv=None) -> int:
         if args.json:
             write_json(args.json, {"meta": provenance(argv, model_name="MatRIS 10-block width-128, random weights"),
                                    "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
+                                   "native_loops": native.library() is not None,
                                    "compile_seconds": compile_times, "compile_errors": compile_errors,
                                    "op_shares": shares, "train_steps": train_rows})
 

@@ -132,21 +132,26 @@ void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nter
 
 // Gated epilogue: rc = rsqrt(mean(core²) + eps) (rg likewise), sig = σ(gate·rg·ng),
 // out = silu(core·rc·nc) ⊙ sig
+// The biases bc, bg (nullable) are added to core and gate in place first (the GEMMs before run
+// without them, so no pass copies a bias into their outputs).
 template <typename T>
-void gated_fwd(const T* core, const T* gate, i64 n, i64 d, const T* nc, const T* ng, T eps, T* rc, T* rg, T* sig,
-               T* out, int nt) {
+void gated_fwd(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc, const T* ng, T eps, T* rc,
+               T* rg, T* sig, T* out, int nt) {
 #pragma omp parallel num_threads(nt)
     {
         i64 b, e;
         split(n, b, e);
         for (i64 r = b; r < e; ++r) {
-            const T* c = core + r * d;
-            const T* g = gate + r * d;
+            T* c = core + r * d;
+            T* g = gate + r * d;
             T sc = 0, sg = 0;
 #pragma omp simd reduction(+ : sc, sg)
             for (i64 j = 0; j < d; ++j) {
-                sc += c[j] * c[j];
-                sg += g[j] * g[j];
+                const T cv = bc ? c[j] + bc[j] : c[j], gv = bg ? g[j] + bg[j] : g[j];
+                c[j] = cv;
+                g[j] = gv;
+                sc += cv * cv;
+                sg += gv * gv;
             }
             const T a = T(1) / std::sqrt(sc / T(d) + eps), bb = T(1) / std::sqrt(sg / T(d) + eps);
             rc[r] = a;
@@ -387,9 +392,9 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
                                     const T* const* projs, const i64* const* idx, int nt) {                       \
         gather_silu<T>(pre, hid, n, w, bias, init, nterms, projs, idx, nt);                                        \
     }                                                                                                              \
-    extern "C" void gated_fwd_##S(const T* core, const T* gate, i64 n, i64 d, const T* nc, const T* ng, T eps,     \
-                                  T* rc, T* rg, T* sig, T* out, int nt) {                                          \
-        gated_fwd<T>(core, gate, n, d, nc, ng, eps, rc, rg, sig, out, nt);                                         \
+    extern "C" void gated_fwd_##S(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc,           \
+                                  const T* ng, T eps, T* rc, T* rg, T* sig, T* out, int nt) {                      \
+        gated_fwd<T>(core, gate, n, d, bc, bg, nc, ng, eps, rc, rg, sig, out, nt);                                 \
     }                                                                                                              \
     extern "C" void gated_bwd_##S(const T* grad, const T* core, const T* gate, const T* rc, const T* rg,           \
                                   const T* sig, const T* nc, const T* ng, i64 n, i64 d, T* gcore, T* ggate,        \

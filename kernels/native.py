@@ -86,7 +86,7 @@ _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _SIGNATURES = {
     "gather_silu": [_P, _P, _I64, _I64, _P, _INT, _INT, _P, _P, _INT],
-    "gated_fwd": [_P, _P, _I64, _I64, _P, _P, None, _P, _P, _P, _P, _INT],
+    "gated_fwd": [_P, _P, _I64, _I64, _P, _P, _P, _P, None, _P, _P, _P, _P, _INT],
     "gated_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _INT],
     "silu_bwd": [_P, _P, _I64, _INT],
     "scatter_add": [_P, _I64, _I64, _INT, _P, _P, _INT],

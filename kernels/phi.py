@@ -202,20 +202,20 @@ def _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, c
     gather, epilogue = lib("gather_silu", pre.dtype), lib("gated_fwd", pre.dtype)
     nt = native.threads()
     proj_ptrs = native.ptr_array(projs)
-    bias = bias1.contiguous()
+    bias, bc, bg, nc, ng = (t.contiguous() for t in (bias1, bc, bg, nc, ng))
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         k = e - s
         p, hd = pre[s:e], hid[:k]
-        if rows is not None:
-            torch.addmm(bias, rows[s:e], row_weight.T, out=p)
+        if rows is not None:  # biases are added in the fused loops, not copied into GEMM outputs
+            torch.mm(rows[s:e], row_weight.T, out=p)
         idx_ptrs = native.ptr_array([ix[s:e] for ix in indices])
-        gather(p.data_ptr(), hd.data_ptr(), k, two_h, None if rows is not None else bias.data_ptr(),
-               int(rows is None), len(projs), proj_ptrs, idx_ptrs, nt)
+        gather(p.data_ptr(), hd.data_ptr(), k, two_h, bias.data_ptr(), int(rows is None), len(projs), proj_ptrs,
+               idx_ptrs, nt)
         c, g = core[s:e], gate[s:e]
-        torch.addmm(bc, hd[:, :h], wc.T, out=c)
-        torch.addmm(bg, hd[:, h:], wg.T, out=g)
-        epilogue(c.data_ptr(), g.data_ptr(), k, d, native.ptr(nc.contiguous()), native.ptr(ng.contiguous()), eps,
+        torch.mm(hd[:, :h], wc.T, out=c)
+        torch.mm(hd[:, h:], wg.T, out=g)
+        epilogue(c.data_ptr(), g.data_ptr(), k, d, bc.data_ptr(), bg.data_ptr(), nc.data_ptr(), ng.data_ptr(), eps,
                  r_c[s:e].data_ptr(), r_g[s:e].data_ptr(), sig[s:e].data_ptr(), out[s:e].data_ptr(), nt)
 
 
