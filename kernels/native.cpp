@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 #ifdef _OPENMP
 #include <omp.h>
@@ -96,9 +97,19 @@ static inline void split(i64 n, i64& begin, i64& end) {
     end = n * (t + 1) / nt;
 }
 
-// channel blocks for the scatter loops: width and count
-constexpr i64 CB = 32;
-static inline i64 nblocks(i64 c) { return (c + CB - 1) / CB; }
+// channels [begin, end) of `w` for this thread in the scatter loops: contiguous ranges, in
+// multiples of 8 (a vector), so every row is read once, in one stream, and each output element
+// is summed by one thread in row order (the same sums for any thread count)
+static inline void channel_range(i64 w, i64& begin, i64& end) {
+#ifdef _OPENMP
+    const i64 t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const i64 t = 0, nt = 1;
+#endif
+    const i64 units = (w + 7) / 8;
+    begin = std::min(w, units * t / nt * 8);
+    end = std::min(w, units * (t + 1) / nt * 8);
+}
 
 // pre = (init ? 0 : pre) + bias + Σ_k P_k[idx_k]   [n, w];   hid = silu(pre)
 template <typename T>
@@ -222,21 +233,20 @@ template <typename T> void silu_bwd(T* g, const T* x, i64 count, int nt) {
     }
 }
 
-// out_k[idx_k[r]] += src[r]   (src [n, w], out_k [*, w]); threads own channel blocks
+// out_k[idx_k[r]] += src[r]   (src [n, w], out_k [*, w]); threads own channel ranges
 template <typename T>
 void scatter_add(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, int nt) {
-    const i64 nb = nblocks(w);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (i64 blk = 0; blk < nb * nterms; ++blk) {
-        const int k = int(blk / nb);
-        const i64 j0 = (blk % nb) * CB, j1 = j0 + CB < w ? j0 + CB : w;
-        T* out = outs[k];
-        const i64* ix = idx[k];
-        for (i64 r = 0; r < n; ++r) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 j0, j1;
+        channel_range(w, j0, j1);
+        for (i64 r = 0; r < n && j0 < j1; ++r) {
             const T* s = src + r * w;
-            T* o = out + ix[r] * w;
+            for (int k = 0; k < nterms; ++k) {
+                T* o = outs[k] + idx[k][r] * w;
 #pragma omp simd
-            for (i64 j = j0; j < j1; ++j) o[j] += s[j];
+                for (i64 j = j0; j < j1; ++j) o[j] += s[j];
+            }
         }
     }
 }
@@ -249,45 +259,54 @@ void scatter_add(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i
 // the last (out = Σp·m / Σp, lse = max + log Σp; 0 and 0 for empty segments).
 template <typename T> void attn_init(i64 nseg, i64 c, T* out_s, T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t) {
     const T ninf = -std::numeric_limits<T>::infinity();
+#pragma omp simd
     for (i64 q = 0; q < nseg * c; ++q) {
         out_s[q] = out_t[q] = sum_s[q] = sum_t[q] = T(0);
         lse_s[q] = lse_t[q] = ninf;
     }
 }
 
+// one row's update of the running statistics of channels [j0, j1) of one half
+template <typename T>
+static inline void attn_update(const T* a, const T* mv, T* A, T* M, T* S, i64 j0, i64 j1) {
+#pragma omp simd
+    for (i64 j = j0; j < j1; ++j) {
+        const T dlt = a[j] - M[j];
+        const bool up = dlt > T(0);
+        const T x = vexp(up ? -dlt : dlt);  // exp(−|Δ|); 0 against an initial −inf
+        S[j] = up ? S[j] * x + T(1) : S[j] + x;
+        A[j] = up ? A[j] * x + mv[j] : A[j] + x * mv[j];
+        M[j] = up ? a[j] : M[j];
+    }
+}
+
 template <typename T>
 void attn_fwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c, T* out_s,
               T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t, int nt) {
-    const i64 nb = nblocks(c);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (i64 blk = 0; blk < 2 * nb; ++blk) {
-        const int half = int(blk / nb);
-        const i64 j0 = (blk % nb) * CB, j1 = j0 + CB < c ? j0 + CB : c;
-        const i64* ix = half ? tgt : src;
-        T* acc = half ? out_t : out_s;
-        T* mx = half ? lse_t : lse_s;
-        T* sm = half ? sum_t : sum_s;
-        for (i64 r = 0; r < e; ++r) {
-            const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c + half * c;
+#pragma omp parallel num_threads(nt)
+    {
+        // this thread's columns of [α_s ‖ α_t]: a range that may span both halves
+        i64 k0, k1;
+        channel_range(2 * c, k0, k1);
+        const i64 s0 = std::min(k0, c), s1 = std::min(k1, c);          // α_s channels
+        const i64 t0 = std::max(k0, c) - c, t1 = std::max(k1, c) - c;  // α_t channels
+        for (i64 r = 0; r < e && k0 < k1; ++r) {
+            const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c;
             const T* mv = m + r * c;
-            const i64 o = ix[r] * c;
-            T* A = acc + o;
-            T* M = mx + o;
-            T* S = sm + o;
-#pragma omp simd
-            for (i64 j = j0; j < j1; ++j) {
-                const T dlt = a[j] - M[j];
-                const bool up = dlt > T(0);
-                const T x = vexp(up ? -dlt : dlt);  // exp(−|Δ|); 0 against an initial −inf
-                S[j] = up ? S[j] * x + T(1) : S[j] + x;
-                A[j] = up ? A[j] * x + mv[j] : A[j] + x * mv[j];
-                M[j] = up ? a[j] : M[j];
+            if (s0 < s1) {
+                const i64 o = src[r] * c;
+                attn_update(a, mv, out_s + o, lse_s + o, sum_s + o, s0, s1);
+            }
+            if (t0 < t1) {
+                const i64 o = tgt[r] * c;
+                attn_update(a + c, mv, out_t + o, lse_t + o, sum_t + o, t0, t1);
             }
         }
     }
 }
 
 template <typename T> void attn_finish(i64 nseg, i64 c, T* out, T* lse, const T* sum) {
+#pragma omp parallel for simd
     for (i64 q = 0; q < nseg * c; ++q) {
         if (sum[q] > T(0)) {
             out[q] = out[q] / sum[q];
@@ -331,11 +350,11 @@ void attn_bwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const
 // agg[tgt] += u_g (agg initialised by the caller)
 template <typename T>
 void refine_fwd(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c, T* ug, T* agg, int nt) {
-    const i64 nb = nblocks(c);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (i64 blk = 0; blk < nb; ++blk) {
-        const i64 j0 = blk * CB, j1 = j0 + CB < c ? j0 + CB : c;
-        for (i64 r = 0; r < e; ++r) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 j0, j1;
+        channel_range(c, j0, j1);
+        for (i64 r = 0; r < e && j0 < j1; ++r) {
             const T* ur = u + r * c;
             const T* qs = q + src[r] * c;
             const T* qt = q + tgt[r] * c;

@@ -8,8 +8,9 @@ tested against each other and against the references.
 
 The library is compiled on first use with ``$CXX`` (default ``c++``) ``-O3 -march=native
 -fopenmp`` and cached under ``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``),
-the hash covering the source, the compiler and the flags, so it is built once per machine
-(about 5 s). The build writes to a temporary name and renames it, so concurrent processes never
+the hash covering the source, the compiler, the flags and the CPU (``-march=native`` code must
+not run on another kind of CPU that shares the cache folder, e.g. a cluster's home directory), so
+it is built once per kind of machine (about 5 s). The build writes to a temporary name and renames it, so concurrent processes never
 load a half-written file. ``MATRIS_NATIVE=0`` turns it off; ``MATRIS_NATIVE=1`` makes a failed
 build an error instead of a one-time warning.
 """
@@ -55,6 +56,18 @@ def _compiler() -> str:
     return path
 
 
+def _cpu_identity() -> str:
+    """What ``-march=native`` depends on: the CPU model and its instruction-set flags."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
+        return "\n".join(dict.fromkeys(keep))  # one copy of each line (every core repeats them)
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+
+
 def build(force: bool = False) -> Path:
     """Compile ``native.cpp`` (once per source, compiler and flags) and return the library's path."""
     cxx = _compiler()
@@ -62,7 +75,8 @@ def build(force: bool = False) -> Path:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise NativeBuildError(f"the C++ compiler {cxx} does not run: {exc}") from exc
-    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()
+                         + _cpu_identity().encode()).hexdigest()[:16]
     folder = cache_root() / key
     lib = folder / "libmatris_native.so"
     if lib.is_file() and not force:
