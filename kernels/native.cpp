@@ -41,6 +41,14 @@ template <> struct ExpConst<double> {
     static constexpr int shift = 52, bias = 1023;
 };
 
+// bit copy (std::bit_cast of C++20, written for C++17 compilers); vectorises like a move
+template <typename To, typename From> static inline To bits(From x) {
+    static_assert(sizeof(To) == sizeof(From), "same size");
+    To y;
+    std::memcpy(&y, &x, sizeof(To));
+    return y;
+}
+
 // exp(x): x = k·ln2 + r with |r| ≤ ln2/2, exp(r) by its Taylor series (degree 7 in float32,
 // 13 in float64: truncation below half an ulp), times 2^k built in the exponent bits.
 // Below `lo` it returns 0 (exp(-87) ≈ 1.6e-38), above `hi` it saturates; NaN propagates.
@@ -49,7 +57,7 @@ template <typename T> static inline T vexp(T x) {
     using I = typename C::I;
     const T xc = x < C::lo ? C::lo : (x > C::hi ? C::hi : x);
     T kf = xc * T(1.4426950408889634) + C::magic;
-    const I kbits = __builtin_bit_cast(I, kf);
+    const I kbits = bits<I>(kf);
     kf -= C::magic;
     const T r = (xc - kf * C::ln2hi) - kf * C::ln2lo;
     T p;
@@ -78,8 +86,8 @@ template <typename T> static inline T vexp(T x) {
         p = p * r + T(1);
         p = p * r + T(1);
     }
-    const I k = kbits - __builtin_bit_cast(I, C::magic);
-    const T scale = __builtin_bit_cast(T, (I)((k + C::bias) << C::shift));
+    const I k = kbits - bits<I>(C::magic);
+    const T scale = bits<T>((I)((k + C::bias) << C::shift));
     const T res = p * scale;
     return x < C::lo ? T(0) : (x == x ? res : x);
 }

@@ -6,13 +6,14 @@ one fused loop each (one pass over the rows instead of one pass per PyTorch op).
 (no compiler, or ``MATRIS_NATIVE=0``) they run the same formulas in PyTorch ops; both forms are
 tested against each other and against the references.
 
-The library is compiled on first use with ``$CXX`` (default ``c++``) ``-O3 -march=native
--fopenmp`` and cached under ``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``),
-the hash covering the source, the compiler, the flags and the CPU (``-march=native`` code must
-not run on another kind of CPU that shares the cache folder, e.g. a cluster's home directory), so
-it is built once per kind of machine (about 5 s). The build writes to a temporary name and renames it, so concurrent processes never
-load a half-written file. ``MATRIS_NATIVE=0`` turns it off; ``MATRIS_NATIVE=1`` makes a failed
-build an error instead of a one-time warning.
+The library is compiled on first use with ``$CXX`` (default ``c++``; C++17 and OpenMP:
+GCC ≥ 7 or Clang ≥ 5) ``-O3 -march=native -fopenmp`` and cached under
+``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``), the hash covering the source,
+the compiler, the flags and the CPU (``-march=native`` code must not run on another kind of CPU
+that shares the cache folder, e.g. a cluster's home directory), so it is built once per kind of
+machine (a few seconds). The build writes to a temporary name and renames it, so concurrent
+processes never load a half-written file. ``MATRIS_NATIVE=0`` turns it off;
+``MATRIS_NATIVE=1`` makes a failed build an error instead of a one-time warning.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-fno-math-errno",
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
 ABI = 1
 
