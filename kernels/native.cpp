@@ -25,20 +25,22 @@ typedef int64_t i64;
 
 namespace {
 
+constexpr double inv_factorial(int n) { return n <= 1 ? 1.0 : inv_factorial(n - 1) / n; }
+
 template <typename T> struct ExpConst;
 template <> struct ExpConst<float> {
     using I = int32_t;
     static constexpr float lo = -87.0f, hi = 88.0f;
     static constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
     static constexpr float ln2hi = 0.693359375f, ln2lo = -2.12194440e-4f;
-    static constexpr int shift = 23, bias = 127;
+    static constexpr int shift = 23, bias = 127, degree = 7;
 };
 template <> struct ExpConst<double> {
     using I = int64_t;
     static constexpr double lo = -708.0, hi = 709.0;
     static constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52
     static constexpr double ln2hi = 6.93145751953125e-1, ln2lo = 1.42860682030941723212e-6;
-    static constexpr int shift = 52, bias = 1023;
+    static constexpr int shift = 52, bias = 1023, degree = 13;
 };
 
 // bit copy (std::bit_cast of C++20, written for C++17 compilers); vectorises like a move
@@ -60,32 +62,9 @@ template <typename T> static inline T vexp(T x) {
     const I kbits = bits<I>(kf);
     kf -= C::magic;
     const T r = (xc - kf * C::ln2hi) - kf * C::ln2lo;
-    T p;
-    if constexpr (sizeof(T) == 4) {
-        p = T(1.0 / 5040);
-        p = p * r + T(1.0 / 720);
-        p = p * r + T(1.0 / 120);
-        p = p * r + T(1.0 / 24);
-        p = p * r + T(1.0 / 6);
-        p = p * r + T(0.5);
-        p = p * r + T(1);
-        p = p * r + T(1);
-    } else {
-        p = T(1.0 / 6227020800.0);
-        p = p * r + T(1.0 / 479001600.0);
-        p = p * r + T(1.0 / 39916800.0);
-        p = p * r + T(1.0 / 3628800.0);
-        p = p * r + T(1.0 / 362880.0);
-        p = p * r + T(1.0 / 40320.0);
-        p = p * r + T(1.0 / 5040.0);
-        p = p * r + T(1.0 / 720.0);
-        p = p * r + T(1.0 / 120.0);
-        p = p * r + T(1.0 / 24.0);
-        p = p * r + T(1.0 / 6.0);
-        p = p * r + T(0.5);
-        p = p * r + T(1);
-        p = p * r + T(1);
-    }
+    // Horner from 1/deg! down to 1/0!
+    T p = T(inv_factorial(C::degree));
+    for (int n = C::degree - 1; n >= 0; --n) p = p * r + T(inv_factorial(n));
     const I k = kbits - bits<I>(C::magic);
     const T scale = bits<T>((I)((k + C::bias) << C::shift));
     const T res = p * scale;
@@ -94,13 +73,21 @@ template <typename T> static inline T vexp(T x) {
 
 template <typename T> static inline T sigm(T x) { return T(1) / (T(1) + vexp(-x)); }
 
+// this thread's number and the team's size
+static inline void team(i64& t, i64& nt) {
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#else
+    t = 0;
+    nt = 1;
+#endif
+}
+
 // rows [begin, end) of `n` split evenly over the team
 static inline void split(i64 n, i64& begin, i64& end) {
-#ifdef _OPENMP
-    const i64 t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const i64 t = 0, nt = 1;
-#endif
+    i64 t, nt;
+    team(t, nt);
     begin = n * t / nt;
     end = n * (t + 1) / nt;
 }
@@ -109,44 +96,56 @@ static inline void split(i64 n, i64& begin, i64& end) {
 // multiples of 8 (a vector), so every row is read once, in one stream, and each output element
 // is summed by one thread in row order (the same sums for any thread count)
 static inline void channel_range(i64 w, i64& begin, i64& end) {
-#ifdef _OPENMP
-    const i64 t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const i64 t = 0, nt = 1;
-#endif
+    i64 t, nt;
+    team(t, nt);
     const i64 units = (w + 7) / 8;
     begin = std::min(w, units * t / nt * 8);
     end = std::min(w, units * (t + 1) / nt * 8);
+}
+
+// body(r) for the rows 0..n-1, split evenly over `nt` threads
+template <typename F> static inline void for_rows(i64 n, int nt, F&& body) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, e;
+        split(n, b, e);
+        for (i64 r = b; r < e; ++r) body(r);
+    }
+}
+
+// body(j0, j1) once per thread, with its range of the `w` channels (channel_range)
+template <typename F> static inline void for_channels(i64 w, int nt, F&& body) {
+#pragma omp parallel num_threads(nt)
+    {
+        i64 j0, j1;
+        channel_range(w, j0, j1);
+        if (j0 < j1) body(j0, j1);
+    }
 }
 
 // pre = (init ? 0 : pre) + bias + Σ_k P_k[idx_k]   [n, w];   hid = silu(pre)
 template <typename T>
 void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nterms, const T* const* projs,
                  const i64* const* idx, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 b, e;
-        split(n, b, e);
-        for (i64 r = b; r < e; ++r) {
-            T* p = pre + r * w;
-            T* h = hid + r * w;
-            if (init) {
+    for_rows(n, nt, [&](i64 r) {
+        T* p = pre + r * w;
+        T* h = hid + r * w;
+        if (init) {
 #pragma omp simd
-                for (i64 j = 0; j < w; ++j) p[j] = T(0);
-            }
-            if (bias) {
-#pragma omp simd
-                for (i64 j = 0; j < w; ++j) p[j] += bias[j];
-            }
-            for (int k = 0; k < nterms; ++k) {
-                const T* q = projs[k] + idx[k][r] * w;
-#pragma omp simd
-                for (i64 j = 0; j < w; ++j) p[j] += q[j];
-            }
-#pragma omp simd
-            for (i64 j = 0; j < w; ++j) h[j] = p[j] / (T(1) + vexp(-p[j]));
+            for (i64 j = 0; j < w; ++j) p[j] = T(0);
         }
-    }
+        if (bias) {
+#pragma omp simd
+            for (i64 j = 0; j < w; ++j) p[j] += bias[j];
+        }
+        for (int k = 0; k < nterms; ++k) {
+            const T* q = projs[k] + idx[k][r] * w;
+#pragma omp simd
+            for (i64 j = 0; j < w; ++j) p[j] += q[j];
+        }
+#pragma omp simd
+        for (i64 j = 0; j < w; ++j) h[j] = p[j] / (T(1) + vexp(-p[j]));
+    });
 }
 
 // Gated epilogue: rc = rsqrt(mean(core²) + eps) (rg likewise), sig = σ(gate·rg·ng),
@@ -156,75 +155,65 @@ void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nter
 template <typename T>
 void gated_fwd(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc, const T* ng, T eps, T* rc,
                T* rg, T* sig, T* out, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 b, e;
-        split(n, b, e);
-        for (i64 r = b; r < e; ++r) {
-            T* c = core + r * d;
-            T* g = gate + r * d;
-            T sc = 0, sg = 0;
+    for_rows(n, nt, [&](i64 r) {
+        T* c = core + r * d;
+        T* g = gate + r * d;
+        T sc = 0, sg = 0;
 #pragma omp simd reduction(+ : sc, sg)
-            for (i64 j = 0; j < d; ++j) {
-                const T cv = bc ? c[j] + bc[j] : c[j], gv = bg ? g[j] + bg[j] : g[j];
-                c[j] = cv;
-                g[j] = gv;
-                sc += cv * cv;
-                sg += gv * gv;
-            }
-            const T a = T(1) / std::sqrt(sc / T(d) + eps), bb = T(1) / std::sqrt(sg / T(d) + eps);
-            rc[r] = a;
-            rg[r] = bb;
-            T* s = sig + r * d;
-            T* o = out + r * d;
-#pragma omp simd
-            for (i64 j = 0; j < d; ++j) {
-                const T cn = c[j] * a * nc[j];
-                const T sv = sigm(g[j] * bb * ng[j]);
-                s[j] = sv;
-                o[j] = cn / (T(1) + vexp(-cn)) * sv;
-            }
+        for (i64 j = 0; j < d; ++j) {
+            const T cv = bc ? c[j] + bc[j] : c[j], gv = bg ? g[j] + bg[j] : g[j];
+            c[j] = cv;
+            g[j] = gv;
+            sc += cv * cv;
+            sg += gv * gv;
         }
-    }
+        const T a = T(1) / std::sqrt(sc / T(d) + eps), bb = T(1) / std::sqrt(sg / T(d) + eps);
+        rc[r] = a;
+        rg[r] = bb;
+        T* s = sig + r * d;
+        T* o = out + r * d;
+#pragma omp simd
+        for (i64 j = 0; j < d; ++j) {
+            const T cn = c[j] * a * nc[j];
+            const T sv = sigm(g[j] * bb * ng[j]);
+            s[j] = sv;
+            o[j] = cn / (T(1) + vexp(-cn)) * sv;
+        }
+    });
 }
 
 // Its backward (input gradients): G → (G_core, G_gate), the formulas of kernels/phi.py
 template <typename T>
 void gated_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* rg, const T* sig, const T* nc,
                const T* ng, i64 n, i64 d, T* gcore, T* ggate, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 b, e;
-        split(n, b, e);
-        for (i64 r = b; r < e; ++r) {
-            const T* c = core + r * d;
-            const T* g = gate + r * d;
-            const T* G = grad + r * d;
-            const T* s = sig + r * d;
-            T* oc = gcore + r * d;
-            T* og = ggate + r * d;
-            const T a = rc[r], bb = rg[r];
-            T dc = 0, dg = 0;
+    for_rows(n, nt, [&](i64 r) {
+        const T* c = core + r * d;
+        const T* g = gate + r * d;
+        const T* G = grad + r * d;
+        const T* s = sig + r * d;
+        T* oc = gcore + r * d;
+        T* og = ggate + r * d;
+        const T a = rc[r], bb = rg[r];
+        T dc = 0, dg = 0;
 #pragma omp simd reduction(+ : dc, dg)
-            for (i64 j = 0; j < d; ++j) {
-                const T cn = c[j] * a * nc[j];
-                const T sc = sigm(cn);
-                const T sv = s[j];
-                const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
-                const T xg = G[j] * cn * sc * sv * (T(1) - sv) * ng[j];            // ∂L/∂(gate·rg)
-                oc[j] = xc;
-                og[j] = xg;
-                dc += xc * c[j];
-                dg += xg * g[j];
-            }
-            const T kc = dc * a * a * a / T(d), kg = dg * bb * bb * bb / T(d);
-#pragma omp simd
-            for (i64 j = 0; j < d; ++j) {
-                oc[j] = oc[j] * a - c[j] * kc;
-                og[j] = og[j] * bb - g[j] * kg;
-            }
+        for (i64 j = 0; j < d; ++j) {
+            const T cn = c[j] * a * nc[j];
+            const T sc = sigm(cn);
+            const T sv = s[j];
+            const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
+            const T xg = G[j] * cn * sc * sv * (T(1) - sv) * ng[j];            // ∂L/∂(gate·rg)
+            oc[j] = xc;
+            og[j] = xg;
+            dc += xc * c[j];
+            dg += xg * g[j];
         }
-    }
+        const T kc = dc * a * a * a / T(d), kg = dg * bb * bb * bb / T(d);
+#pragma omp simd
+        for (i64 j = 0; j < d; ++j) {
+            oc[j] = oc[j] * a - c[j] * kc;
+            og[j] = og[j] * bb - g[j] * kg;
+        }
+    });
 }
 
 // g ← g ⊙ silu'(x) over `count` entries
@@ -244,11 +233,8 @@ template <typename T> void silu_bwd(T* g, const T* x, i64 count, int nt) {
 // out_k[idx_k[r]] += src[r]   (src [n, w], out_k [*, w]); threads own channel ranges
 template <typename T>
 void scatter_add(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 j0, j1;
-        channel_range(w, j0, j1);
-        for (i64 r = 0; r < n && j0 < j1; ++r) {
+    for_channels(w, nt, [&](i64 j0, i64 j1) {
+        for (i64 r = 0; r < n; ++r) {
             const T* s = src + r * w;
             for (int k = 0; k < nterms; ++k) {
                 T* o = outs[k] + idx[k][r] * w;
@@ -256,7 +242,7 @@ void scatter_add(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i
                 for (i64 j = j0; j < j1; ++j) o[j] += s[j];
             }
         }
-    }
+    });
 }
 
 // Both softmax aggregations of one attention, in one online pass over the edges, called chunk
@@ -291,14 +277,11 @@ static inline void attn_update(const T* a, const T* mv, T* A, T* M, T* S, i64 j0
 template <typename T>
 void attn_fwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c, T* out_s,
               T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        // this thread's columns of [α_s ‖ α_t]: a range that may span both halves
-        i64 k0, k1;
-        channel_range(2 * c, k0, k1);
+    // each thread's columns of [α_s ‖ α_t]: a range that may span both halves
+    for_channels(2 * c, nt, [&](i64 k0, i64 k1) {
         const i64 s0 = std::min(k0, c), s1 = std::min(k1, c);          // α_s channels
         const i64 t0 = std::max(k0, c) - c, t1 = std::max(k1, c) - c;  // α_t channels
-        for (i64 r = 0; r < e && k0 < k1; ++r) {
+        for (i64 r = 0; r < e; ++r) {
             const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c;
             const T* mv = m + r * c;
             if (s0 < s1) {
@@ -310,11 +293,11 @@ void attn_fwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const
                 attn_update(a + c, mv, out_t + o, lse_t + o, sum_t + o, t0, t1);
             }
         }
-    }
+    });
 }
 
 template <typename T> void attn_finish(i64 nseg, i64 c, T* out, T* lse, const T* sum) {
-#pragma omp parallel for simd
+#pragma omp simd
     for (i64 q = 0; q < nseg * c; ++q) {
         if (sum[q] > T(0)) {
             out[q] = out[q] / sum[q];
@@ -332,37 +315,29 @@ template <typename T>
 void attn_bwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c,
               const T* out_s, const T* out_t, const T* lse_s, const T* lse_t, const T* g_s, const T* g_t, T* gm,
               T* galpha, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 b, en;
-        split(e, b, en);
-        for (i64 r = b; r < en; ++r) {
-            const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c;
-            const T* mv = m + r * c;
-            const i64 os = src[r] * c, ot = tgt[r] * c;
-            T* ga = galpha + r * 2 * c;
-            T* gmr = gm ? gm + r * c : nullptr;
+    for_rows(e, nt, [&](i64 r) {
+        const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c;
+        const T* mv = m + r * c;
+        const i64 os = src[r] * c, ot = tgt[r] * c;
+        T* ga = galpha + r * 2 * c;
+        T* gmr = gm ? gm + r * c : nullptr;
 #pragma omp simd
-            for (i64 j = 0; j < c; ++j) {
-                const T ps = vexp(a[j] - lse_s[os + j]), pt = vexp(a[c + j] - lse_t[ot + j]);
-                const T gs = g_s[os + j], gt = g_t[ot + j];
-                ga[j] = ps * (mv[j] - out_s[os + j]) * gs;
-                ga[c + j] = pt * (mv[j] - out_t[ot + j]) * gt;
-                if (gmr) gmr[j] = ps * gs + pt * gt;
-            }
+        for (i64 j = 0; j < c; ++j) {
+            const T ps = vexp(a[j] - lse_s[os + j]), pt = vexp(a[c + j] - lse_t[ot + j]);
+            const T gs = g_s[os + j], gt = g_t[ot + j];
+            ga[j] = ps * (mv[j] - out_s[os + j]) * gs;
+            ga[c + j] = pt * (mv[j] - out_t[ot + j]) * gt;
+            if (gmr) gmr[j] = ps * gs + pt * gt;
         }
-    }
+    });
 }
 
 // Refine's line-graph edge side, forward: u_g = u ⊙ q[src] ⊙ q[tgt] → ug [e, c] and
 // agg[tgt] += u_g (agg initialised by the caller)
 template <typename T>
 void refine_fwd(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c, T* ug, T* agg, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 j0, j1;
-        channel_range(c, j0, j1);
-        for (i64 r = 0; r < e && j0 < j1; ++r) {
+    for_channels(c, nt, [&](i64 j0, i64 j1) {
+        for (i64 r = 0; r < e; ++r) {
             const T* ur = u + r * c;
             const T* qs = q + src[r] * c;
             const T* qt = q + tgt[r] * c;
@@ -375,7 +350,7 @@ void refine_fwd(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i
                 ag[j] += v;
             }
         }
-    }
+    });
 }
 
 // and backward, rows in parallel: G_ug = G_R[tgt] (+ G_in if smooth), G_u = G_ug ⊙ q[src] ⊙ q[tgt]
@@ -384,32 +359,27 @@ void refine_fwd(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i
 template <typename T>
 void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c,
                 int smooth, T* gu, T* ps, T* pt, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 b, en;
-        split(e, b, en);
-        for (i64 r = b; r < en; ++r) {
-            const T* ur = u + r * c;
-            const T* gi = gin + r * c;
-            const T* qs = q + src[r] * c;
-            const T* qt = q + tgt[r] * c;
-            const T* gr = gagg + tgt[r] * c;
-            T* o = gu ? gu + r * c : nullptr;
-            T* os = ps ? ps + r * c : nullptr;
-            T* ot = pt ? pt + r * c : nullptr;
+    for_rows(e, nt, [&](i64 r) {
+        const T* ur = u + r * c;
+        const T* gi = gin + r * c;
+        const T* qs = q + src[r] * c;
+        const T* qt = q + tgt[r] * c;
+        const T* gr = gagg + tgt[r] * c;
+        T* o = gu ? gu + r * c : nullptr;
+        T* os = ps ? ps + r * c : nullptr;
+        T* ot = pt ? pt + r * c : nullptr;
 #pragma omp simd
-            for (i64 j = 0; j < c; ++j) {
-                const T gug = smooth ? gr[j] + gi[j] : gr[j];
-                const T qsj = qs[j], qtj = qt[j];
-                if (o) o[j] = smooth ? (qsj * qtj) * gug : (qsj * qtj) * gug + gi[j];
-                if (os) {
-                    const T gg = gug * ur[j];
-                    os[j] = qtj * gg;
-                    ot[j] = qsj * gg;
-                }
+        for (i64 j = 0; j < c; ++j) {
+            const T gug = smooth ? gr[j] + gi[j] : gr[j];
+            const T qsj = qs[j], qtj = qt[j];
+            if (o) o[j] = smooth ? (qsj * qtj) * gug : (qsj * qtj) * gug + gi[j];
+            if (os) {
+                const T gg = gug * ur[j];
+                os[j] = qtj * gg;
+                ot[j] = qsj * gg;
             }
         }
-    }
+    });
 }
 
 }  // namespace

@@ -8,7 +8,8 @@ tested against each other and against the references.
 
 The library is compiled on first use with ``$CXX`` (default ``c++``; C++17 and OpenMP:
 GCC ≥ 7 or Clang ≥ 5) ``-O3 -march=native -fopenmp`` and cached under
-``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``), the hash covering the source,
+``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``; ``$MATRIS_NATIVE_CACHE``
+overrides the folder), the hash covering the source,
 the compiler, the flags and the CPU (``-march=native`` code must not run on another kind of CPU
 that shares the cache folder, e.g. a cluster's home directory), so it is built once per kind of
 machine (a few seconds). The build writes to a temporary name and renames it, so concurrent
@@ -41,7 +42,10 @@ class NativeBuildError(RuntimeError):
 
 
 def cache_root() -> Path:
-    """``$MATRIS_CACHE/native``, else ``$XDG_CACHE_HOME/matris/native``, else ``~/.cache/matris/native``."""
+    """``$MATRIS_NATIVE_CACHE``, else ``$MATRIS_CACHE/native``, else ``$XDG_CACHE_HOME/matris/native``,
+    else ``~/.cache/matris/native``."""
+    if os.environ.get("MATRIS_NATIVE_CACHE"):
+        return Path(os.environ["MATRIS_NATIVE_CACHE"]).expanduser()
     if os.environ.get("MATRIS_CACHE"):
         return Path(os.environ["MATRIS_CACHE"]).expanduser() / "native"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -6,6 +7,11 @@ import pytest
 import torch
 
 from matris import AtomicSystem, GraphBatch, MatRIS
+from matris.kernels import native
+
+# The fused CPU loops are compiled once for the whole run: tests and their subprocesses that point
+# MATRIS_CACHE at a private folder share one build instead of compiling it again each time.
+os.environ.setdefault("MATRIS_NATIVE_CACHE", str(native.cache_root()))
 
 FIXTURES = Path(__file__).parent / "fixtures" / "official-v0.9"
 # A 2-block, width-32 MatRIS with random weights (the package's first demo model): mechanics

@@ -3,9 +3,7 @@ determinism across thread counts, and how the library is built, cached and turne
 (Float64 agreement with the references, gradcheck and gradgradcheck: tests/test_chunked.py.)"""
 
 import math
-import os
-import subprocess
-import sys
+import warnings
 
 import pytest
 import torch
@@ -92,6 +90,9 @@ def test_results_do_not_depend_on_the_thread_count():
 
 
 def test_build_is_cached_atomic_and_keyed(tmp_path, monkeypatch):
+    monkeypatch.setenv("MATRIS_NATIVE_CACHE", str(tmp_path / "elsewhere"))
+    assert native.cache_root() == tmp_path / "elsewhere"
+    monkeypatch.delenv("MATRIS_NATIVE_CACHE")
     monkeypatch.setenv("MATRIS_CACHE", str(tmp_path))
     lib = native.build()
     assert lib.is_file() and lib.parent.parent == tmp_path / "native"
@@ -101,29 +102,35 @@ def test_build_is_cached_atomic_and_keyed(tmp_path, monkeypatch):
     assert native.build(force=True) == lib
 
 
-def test_without_a_compiler_the_cpu_path_warns_once_and_uses_pytorch_ops(tmp_path):
-    """A fresh process with no compiler on hand: one RuntimeWarning naming the problem, then the
-    same numbers from the PyTorch forms; MATRIS_NATIVE=1 makes it an error, =0 silences it."""
-    code = (
-        "import warnings, torch\n"
-        "from matris.kernels import native, gated_phi\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    assert native.library() is None and native.library() is None\n"
-        "print(len(w), str(w[0].message) if w else '')\n"
-    )
-    env = dict(os.environ, MATRIS_CACHE=str(tmp_path), CXX=str(tmp_path / "no-such-compiler"))
-    env.pop("MATRIS_NATIVE", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    count, message = out.stdout.split(" ", 1)
-    assert count == "1" and "no C++ compiler" in message and "MATRIS_NATIVE=0" in message
-    strict = subprocess.run([sys.executable, "-c", "from matris.kernels import native; native.library()"],
-                            env=dict(env, MATRIS_NATIVE="1"), capture_output=True, text=True, timeout=300)
-    assert strict.returncode != 0 and "NativeBuildError" in strict.stderr
-    off = subprocess.run([sys.executable, "-W", "error", "-c", code], env=dict(env, MATRIS_NATIVE="0"),
-                         capture_output=True, text=True, timeout=300)
-    assert off.returncode == 0 and off.stdout.startswith("0 "), off.stderr
+@pytest.fixture
+def fresh_load():
+    """native.library() loads anew inside the test, and the real library is back afterwards."""
+    native._load.cache_clear()
+    yield
+    native._load.cache_clear()
+
+
+def test_without_a_compiler_the_cpu_path_warns_once_and_uses_pytorch_ops(tmp_path, monkeypatch, fresh_load):
+    """No compiler on hand: one RuntimeWarning naming the problem, then the PyTorch forms (same
+    numbers); MATRIS_NATIVE=1 makes it an error, MATRIS_NATIVE=0 turns the loops off silently."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MATRIS_NATIVE_CACHE", str(tmp_path / "native"))
+    monkeypatch.delenv("MATRIS_NATIVE", raising=False)
+    with pytest.warns(RuntimeWarning, match="no C.. compiler.*MATRIS_NATIVE=0") as record:
+        assert native.library() is None
+        assert native.library() is None  # cached: warned once
+    assert len(record) == 1
+    rows = torch.randn(20, 4, dtype=torch.float64)
+    assert not native.usable(rows)
+    native._load.cache_clear()
+    monkeypatch.setenv("MATRIS_NATIVE", "1")
+    with pytest.raises(native.NativeBuildError, match="no C.. compiler"):
+        native.library()
+    native._load.cache_clear()
+    monkeypatch.setenv("MATRIS_NATIVE", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.library() is None
 
 
 def test_a_broken_compiler_names_itself(tmp_path, monkeypatch):
@@ -131,6 +138,7 @@ def test_a_broken_compiler_names_itself(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake 1.0; exit 0; fi\necho 'boom' >&2; exit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.delenv("MATRIS_NATIVE_CACHE", raising=False)
     monkeypatch.setenv("MATRIS_CACHE", str(tmp_path / "cache"))
     with pytest.raises(native.NativeBuildError, match="boom"):
         native.build()
