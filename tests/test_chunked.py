@@ -1,8 +1,9 @@
 """The chunked CPU forms (kernels/phi.py, refine.py, aggregate.attention_pair) against their
 PyTorch references: values, first derivatives through the fused backward, gradcheck and exact
 second derivatives (gradgradcheck), and the whole model against the composed ops on the fixtures.
-Every test runs twice: with the fused C++ loops (kernels/native.cpp) and with their PyTorch-op
-forms, so both stay equal to the references."""
+Every kernel test runs twice (the ``loops`` fixture): with the fused C++ loops
+(kernels/native.cpp) and with their PyTorch-op forms, so both stay equal to the references; the
+whole model runs once, on the default path."""
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from matris.structures import to_system
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, params=["native", "torch-ops"])
+@pytest.fixture(params=["native", "torch-ops"])
 def loops(request):
     """The elementwise steps as fused C++ loops, or as PyTorch ops."""
     if request.param == "native" and native.library() is None:
@@ -41,6 +42,7 @@ def phi_case(rows_term: bool, seed=0, e=37, b=9, d_r=5, h=4, d=6):
     return rows, row_weight, terms, weights
 
 
+@pytest.mark.usefixtures("loops")
 @pytest.mark.parametrize("rows_term", [True, False])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_gated_phi_matches_reference(rows_term, chunk):
@@ -57,6 +59,7 @@ def test_gated_phi_matches_reference(rows_term, chunk):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.usefixtures("loops")
 def test_gated_phi_gradcheck_and_gradgradcheck():
     rows, rw, terms, w = phi_case(True, e=11, b=4)
     eps = torch.finfo(F64).eps
@@ -89,6 +92,7 @@ def attention_case(projected: bool, seed=0, e=41, n=7, c=3, d=4):
     return r(e, d), r(2 * c, d), None, m, tgt, src, n
 
 
+@pytest.mark.usefixtures("loops")
 @pytest.mark.parametrize("projected", [False, True])
 @pytest.mark.parametrize("chunk", [1, 6, 100])
 def test_attention_pair_matches_reference(projected, chunk):
@@ -107,6 +111,7 @@ def test_attention_pair_matches_reference(projected, chunk):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.usefixtures("loops")
 @pytest.mark.parametrize("projected", [False, True])
 def test_attention_pair_gradcheck_and_gradgradcheck(projected):
     rows, w, ri, m, tgt, src, n = attention_case(projected, e=13, n=5)
@@ -126,6 +131,7 @@ def refine_case(seed=0, e=29, b=6, c=4, bias=True):
             r(e, c), r(1, c), r(c, c), r(c) if bias else None, r(c, c), r(c) if bias else None)
 
 
+@pytest.mark.usefixtures("loops")
 @pytest.mark.parametrize("smooth", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("chunk", [1, 7, 100])
@@ -142,6 +148,7 @@ def test_refine_edges_matches_reference(smooth, bias, chunk):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.usefixtures("loops")
 @pytest.mark.parametrize("smooth", [False, True])
 def test_refine_edges_gradcheck_and_gradgradcheck(smooth):
     u, q, src, tgt, n, y, rw, w1, b1, w2, b2 = refine_case(e=11, b=4, c=3)
@@ -162,11 +169,9 @@ def test_refine_edges_gradcheck_and_gradgradcheck(smooth):
 
 
 @pytest.mark.parametrize("folder", [f for f in FOLDERS if "float64" in f])
-def test_chunked_model_equals_composed_ops(folder, loops):
+def test_chunked_model_equals_composed_ops(folder):
     """The default CPU path (chunked) gives the composed ops' numbers to 1e-12 relative in float64
     (the fused loops' PyTorch forms are checked kernel by kernel above: one whole-model run)."""
-    if loops != "native" and native.library() is not None:
-        pytest.skip("the whole model runs once, on the default (fused-loop) path")
     model = load_fixture_model(folder, F64)
     systems = [to_system(a) for a in read(FIXTURES / folder / "structures.extxyz", ":")]
     assert load_reference(folder)["dtype"] == "float64"
