@@ -103,34 +103,34 @@ class _GatedPhi(torch.autograd.Function):
         out = torch.empty(n, d, **like)
         sig = torch.empty(n, d, **like)  # σ(gn), kept for the backward
         hid = torch.empty(min(chunk, n), two_h, **like)
-        lib = native.library() if native.usable(bias1, *projs, *indices) else None
-        if lib is not None:
-            _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs, indices, pre,
-                            hid, core, gate, r_c, r_g, sig, out)
-        tmp = torch.empty(min(chunk, n), two_h, **like) if lib is None else None
-        for s in range(0, n if lib is None else 0, chunk):
-            e = min(s + chunk, n)
-            p, hd, t = pre[s:e], hid[: e - s], tmp[: e - s]
-            k0 = 0
-            if rows is not None:
-                torch.addmm(bias1, rows[s:e], row_weight.T, out=p)
-            else:
-                torch.index_select(projs[0], 0, indices[0][s:e], out=p)
-                p.add_(bias1)
-                k0 = 1
-            for proj, index in zip(projs[k0:], indices[k0:]):
-                torch.index_select(proj, 0, index[s:e], out=t)
-                p.add_(t)
-            _aten.silu.out(p, out=hd)
-            c, g = core[s:e], gate[s:e]
-            torch.addmm(bc, hd[:, :h], wc.T, out=c)
-            torch.addmm(bg, hd[:, h:], wg.T, out=g)
-            rc, rg = _rms(c, eps), _rms(g, eps)
-            r_c[s:e], r_g[s:e] = rc, rg
-            cn = torch.mul(c, rc, out=t[:, :d]).mul_(nc)
-            sg = torch.mul(g, rg, out=sig[s:e]).mul_(ng).sigmoid_()
-            o = _aten.silu.out(cn, out=out[s:e])
-            o.mul_(sg)
+        if native.usable(bias1, *projs, *indices):
+            _forward_native(native.library(), rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs,
+                            indices, pre, hid, core, gate, r_c, r_g, sig, out)
+        else:
+            tmp = torch.empty(min(chunk, n), two_h, **like)
+            for s in range(0, n, chunk):
+                e = min(s + chunk, n)
+                p, hd, t = pre[s:e], hid[: e - s], tmp[: e - s]
+                k0 = 0
+                if rows is not None:
+                    torch.addmm(bias1, rows[s:e], row_weight.T, out=p)
+                else:
+                    torch.index_select(projs[0], 0, indices[0][s:e], out=p)
+                    p.add_(bias1)
+                    k0 = 1
+                for proj, index in zip(projs[k0:], indices[k0:]):
+                    torch.index_select(proj, 0, index[s:e], out=t)
+                    p.add_(t)
+                _aten.silu.out(p, out=hd)
+                c, g = core[s:e], gate[s:e]
+                torch.addmm(bc, hd[:, :h], wc.T, out=c)
+                torch.addmm(bg, hd[:, h:], wg.T, out=g)
+                rc, rg = _rms(c, eps), _rms(g, eps)
+                r_c[s:e], r_g[s:e] = rc, rg
+                cn = torch.mul(c, rc, out=t[:, :d]).mul_(nc)
+                sg = torch.mul(g, rg, out=sig[s:e]).mul_(ng).sigmoid_()
+                o = _aten.silu.out(cn, out=out[s:e])
+                o.mul_(sg)
         ctx.save_for_backward(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, pre, core, gate, r_c, r_g, sig,
                               *projs, *indices)
         ctx.eps, ctx.chunk, ctx.n_terms = eps, chunk, len(projs)
