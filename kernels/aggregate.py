@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import native
-from .backend import check_dtype, recompute_backward, triton_available, use_triton
+from .backend import check_dtype, recompute_backward, tile, triton_available, use_triton
 from .segment import scatter_sum, segment_softmax
 
 
@@ -216,9 +216,10 @@ def _forward_triton(logits, messages, segments):
     n, c = segments.num_segments, logits.shape[1]
     out = torch.empty((n, c), dtype=logits.dtype, device=logits.device)
     lse = torch.empty_like(out)
-    grid = (n, triton.cdiv(c, FWD_BLOCK_C))
+    block_e, block_c = tile(FWD_BLOCK_E, 64), tile(FWD_BLOCK_C, 128)
+    grid = (n, triton.cdiv(c, block_c))
     softmax_aggregate_fwd_kernel[grid](logits, messages, segments.order, segments.offsets, out, lse, c,
-                                       BLOCK_E=FWD_BLOCK_E, BLOCK_C=FWD_BLOCK_C)
+                                       BLOCK_E=block_e, BLOCK_C=block_c)
     return out, lse
 
 
@@ -226,9 +227,10 @@ def _backward_triton(logits, messages, out, lse, grad_out, grad_lse, index):
     e, c = logits.shape
     grad_logits = torch.empty_like(logits)
     grad_messages = torch.empty_like(messages)
-    grid = (triton.cdiv(e, BWD_BLOCK_E), triton.cdiv(c, BWD_BLOCK_C))
+    block_e, block_c = tile(BWD_BLOCK_E, 256), tile(BWD_BLOCK_C, 128)
+    grid = (triton.cdiv(e, block_e), triton.cdiv(c, block_c))
     softmax_aggregate_bwd_kernel[grid](logits, messages, index, out, lse, grad_out, grad_lse, grad_logits,
-                                       grad_messages, e, c, BLOCK_E=BWD_BLOCK_E, BLOCK_C=BWD_BLOCK_C)
+                                       grad_messages, e, c, BLOCK_E=block_e, BLOCK_C=block_c)
     return grad_logits, grad_messages
 
 

@@ -32,6 +32,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def tile(gpu: int, interpreted: int) -> int:
+    """A kernel's tile size: ``gpu`` on a device, ``interpreted`` under TRITON_INTERPRET=1, where
+    every program runs serially in Python at a fixed cost each, so fewer, larger tiles (the same
+    per-row formulas, tails masked alike) make the tests and CPU dry runs several times faster.
+    ``MATRIS_INTERPRET_TILES=gpu`` keeps the device's tiles in the interpreter (the kernel checks
+    of ``benchmarks/kernels.py``, which must see many programs and partial sums)."""
+    if interpreting() and os.environ.get("MATRIS_INTERPRET_TILES", "large") != "gpu":
+        return interpreted
+    return gpu
+
+
 def use_triton(device: torch.device, backend: str | None = None) -> bool:
     """Whether a kernel on ``device`` runs in Triton (see the module docstring)."""
     choice = backend or os.environ.get("MATRIS_KERNELS", "auto")

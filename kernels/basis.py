@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .backend import check_dtype, device_constants, recompute_backward, triton_available
+from .backend import check_dtype, device_constants, recompute_backward, tile, triton_available
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -358,8 +358,12 @@ if triton_available():
             tl.store(grad_rho_ptr + rows, g_r, mask=rmask)
 
 
+def _block() -> int:
+    return tile(BLOCK_ROWS, 512)
+
+
 def _grid(n):
-    return (max(1, triton.cdiv(n, BLOCK_ROWS)),)
+    return (max(1, triton.cdiv(n, _block())),)
 
 
 def _launch_bessel(r, freq, cutoff, p, grad, freq_grad=True):
@@ -369,7 +373,7 @@ def _launch_bessel(r, freq, cutoff, p, grad, freq_grad=True):
     if n:
         consts = device_constants((cutoff, math.sqrt(2 / cutoff)), r.dtype, r.device)
         bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, consts, n, K=k, KP=triton.next_power_of_2(k), P=p,
-                                BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad, BLOCK=BLOCK_ROWS)
+                                BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad, BLOCK=_block())
     return (grad_r, out) if grad is not None else out
 
 
@@ -386,7 +390,7 @@ def _launch_fourier(theta, freq, grad, freq_grad=True):
         consts = device_constants((FOURIER_CONSTANT, 1 / SQRT_PI), theta.dtype, theta.device)
         fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n, M=m, MP=max(1, triton.next_power_of_2(m)),
                                  BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad,
-                                 BLOCK=BLOCK_ROWS)
+                                 BLOCK=_block())
     return (grad_t, out) if grad is not None else out
 
 
@@ -400,10 +404,10 @@ def _launch_sh(theta, rho, factor, max_l, max_n, grad):
         out = torch.empty((n, max_l * max_n), dtype=theta.dtype, device=theta.device)
         if n:
             sh_kernel[_grid(n)](theta, rho, coef, out, out, theta, theta, consts, n, MAX_L=max_l, MAX_N=max_n,
-                                BACKWARD=False, BLOCK=BLOCK_ROWS)
+                                BACKWARD=False, BLOCK=_block())
         return out
     grad_t, grad_rho = torch.empty_like(theta), torch.empty_like(rho)
     if n:
         sh_kernel[_grid(n)](theta, rho, coef, grad, grad, grad_t, grad_rho, consts, n, MAX_L=max_l, MAX_N=max_n,
-                            BACKWARD=True, BLOCK=BLOCK_ROWS)
+                            BACKWARD=True, BLOCK=_block())
     return grad_t, grad_rho

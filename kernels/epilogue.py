@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import check_dtype, device_constants, recompute_backward, triton_available, use_triton
+from .backend import check_dtype, device_constants, recompute_backward, tile, triton_available, use_triton
 
 ACTIVATIONS = ("silu", "relu", "gelu", "softplus", "sigmoid", "tanh")
 NORMS = ("rms", "layer")
@@ -266,8 +266,9 @@ def _launch(core, gate, wc, bc, wg, bg, norm, act, eps, grad, weight_grad):
     bg = bg.to(core.dtype).contiguous() if bg is not None else wg
     # the weight sums loop over several tiles per program, so the partial sums stay small
     iters = WEIGHT_ITERS if weight_grad else 1
-    programs = triton.cdiv(n, BLOCK_ROWS * iters)
-    consts = dict(NORM=NORM_CODE[norm], ACT=ACT_CODE[act], BLOCK_R=BLOCK_ROWS,
+    block_r = tile(BLOCK_ROWS, 64)
+    programs = triton.cdiv(n, block_r * iters)
+    consts = dict(NORM=NORM_CODE[norm], ACT=ACT_CODE[act], BLOCK_R=block_r,
                   BLOCK_D=max(16, triton.next_power_of_2(d)), ITERS=iters)
     if grad is None:
         out = torch.empty_like(core)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import check_dtype, recompute_backward, triton_available, use_triton
+from .backend import check_dtype, recompute_backward, tile, triton_available, use_triton
 from .epilogue import ACT_CODE, ACTIVATIONS, _activate
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
@@ -192,8 +192,9 @@ def _launch(projs, indices, bias, act, n_rows, grad):
             slots += [ref, ref]
     out = torch.empty((n_rows, h), dtype=ref.dtype, device=ref.device)
     flags = {f"IDX{k}": k < len(indices) and indices[k] is not None for k in range(MAX_TERMS)}
-    grid = (triton.cdiv(n_rows, BLOCK_ROWS), triton.cdiv(h, BLOCK_COLS))
+    block_r, block_h = tile(BLOCK_ROWS, 128), tile(BLOCK_COLS, 128)
+    grid = (triton.cdiv(n_rows, block_r), triton.cdiv(h, block_h))
     gather_sum_kernel[grid](*slots, bias if bias is not None else ref, grad if grad is not None else ref, out,
                             n_rows, h, N_TERMS=len(projs), HAS_BIAS=bias is not None, ACT=ACT_CODE[act],
-                            BACKWARD=grad is not None, BLOCK_R=BLOCK_ROWS, BLOCK_H=BLOCK_COLS, **flags)
+                            BACKWARD=grad is not None, BLOCK_R=block_r, BLOCK_H=block_h, **flags)
     return out

@@ -355,30 +355,40 @@ void refine_fwd(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i
 
 // and backward, rows in parallel: G_ug = G_R[tgt] (+ G_in if smooth), G_u = G_ug ⊙ q[src] ⊙ q[tgt]
 // (+ G_in if not smooth), and the two terms of G_q: ps = G_ug ⊙ u ⊙ q[tgt] (summed by src) and
-// pt = G_ug ⊙ u ⊙ q[src] (summed by tgt), which scatter_add adds to G_q
+// pt = G_ug ⊙ u ⊙ q[src] (summed by tgt), which scatter_add adds to G_q. gin may be null (no
+// edge update, the model's last block): G_in = 0.
+template <typename T, bool HasIn>
+static inline void refine_bwd_row(const T* gr, const T* gi, const T* ur, const T* qs, const T* qt, i64 c, int smooth,
+                                  T* o, T* os, T* ot) {
+#pragma omp simd
+    for (i64 j = 0; j < c; ++j) {
+        const T in = HasIn ? gi[j] : T(0);
+        const T gug = smooth ? gr[j] + in : gr[j];
+        const T qsj = qs[j], qtj = qt[j];
+        if (o) o[j] = smooth ? (qsj * qtj) * gug : (qsj * qtj) * gug + in;
+        if (os) {
+            const T gg = gug * ur[j];
+            os[j] = qtj * gg;
+            ot[j] = qsj * gg;
+        }
+    }
+}
+
 template <typename T>
 void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c,
                 int smooth, T* gu, T* ps, T* pt, int nt) {
     for_rows(e, nt, [&](i64 r) {
         const T* ur = u + r * c;
-        const T* gi = gin + r * c;
         const T* qs = q + src[r] * c;
         const T* qt = q + tgt[r] * c;
         const T* gr = gagg + tgt[r] * c;
         T* o = gu ? gu + r * c : nullptr;
         T* os = ps ? ps + r * c : nullptr;
         T* ot = pt ? pt + r * c : nullptr;
-#pragma omp simd
-        for (i64 j = 0; j < c; ++j) {
-            const T gug = smooth ? gr[j] + gi[j] : gr[j];
-            const T qsj = qs[j], qtj = qt[j];
-            if (o) o[j] = smooth ? (qsj * qtj) * gug : (qsj * qtj) * gug + gi[j];
-            if (os) {
-                const T gg = gug * ur[j];
-                os[j] = qtj * gg;
-                ot[j] = qsj * gg;
-            }
-        }
+        if (gin)
+            refine_bwd_row<T, true>(gr, gin + r * c, ur, qs, qt, c, smooth, o, os, ot);
+        else
+            refine_bwd_row<T, false>(gr, nullptr, ur, qs, qt, c, smooth, o, os, ot);
     });
 }
 

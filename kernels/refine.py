@@ -31,20 +31,24 @@ _aten = torch.ops.aten
 CHUNK_BYTES = 2 << 20  # rows per chunk: 4,096 float32 rows of C = 128
 
 
-def refine_edges_reference(u, q, src, tgt, num_segments: int, y, res_weight, w1, b1, w2, b2,
-                           smooth: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch reference of the formulas above → ``(R [n, C], y' [E, C])``.
+def refine_edges_reference(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=None, b1=None, w2=None,
+                           b2=None, smooth: bool = False):
+    """PyTorch reference of the formulas above → ``(R [n, C], y' [E, C])``, or ``R`` alone
+    when ``y`` is None (no edge update: the model's last block).
 
     u, y: ``[E, C]``; q: ``[B, C]``; src, tgt: ``[E]``; res_weight: ``[1, C]``; w1, w2:
     ``[C, C]`` with biases ``[C]`` or None.
     """
     u_g = u * (q.index_select(0, src) * q.index_select(0, tgt))
+    agg = scatter_sum(u_g, tgt, num_segments)
+    if y is None:
+        return agg
     delta = F.linear(F.silu(F.linear(u_g if smooth else u, w1, b1)), w2, b2)
-    return scatter_sum(u_g, tgt, num_segments), delta + res_weight * y
+    return agg, delta + res_weight * y
 
 
-def refine_edges(u, q, src, tgt, num_segments: int, y, res_weight, w1, b1, w2, b2, smooth: bool,
-                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=None, b1=None, w2=None, b2=None,
+                 smooth: bool = False, chunk: int | None = None):
     """:func:`refine_edges_reference`, chunked (``chunk`` rows at a time)."""
     if u.shape[0] == 0:
         return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
@@ -57,24 +61,27 @@ class _RefineEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, q, src, tgt, n, y, res_weight, w1, b1, w2, b2, smooth, chunk):
         e, c = u.shape
+        edges = y is not None  # False: R only, no FFN_edge (see refine_edges_reference)
         like = dict(dtype=u.dtype, device=u.device)
         agg = torch.zeros(n, c, **like)
-        h = torch.empty(e, w1.shape[0], **like)
-        y_new = torch.empty(e, w2.shape[0], **like)
+        h = torch.empty(e, w1.shape[0], **like) if edges else None
+        y_new = torch.empty(e, w2.shape[0], **like) if edges else None
         ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h)
-        ctx.n, ctx.smooth, ctx.chunk = n, smooth, chunk
+        ctx.n, ctx.smooth, ctx.chunk, ctx.edges = n, smooth, chunk, edges
         if native.usable(u, q, src, tgt):
             _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new)
-            return agg, y_new
+            return (agg, y_new) if edges else agg
         k0 = min(chunk, e)
         ta, tb = torch.empty(k0, c, **like), torch.empty(k0, c, **like)
-        act = torch.empty(k0, w1.shape[0], **like)
+        act = torch.empty(k0, w1.shape[0], **like) if edges else None
         for s in range(0, e, chunk):
             k = min(chunk, e - s)
             idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
             g = torch.index_select(q, 0, idx_s, out=ta[:k]).mul_(torch.index_select(q, 0, idx_t, out=tb[:k]))
             u_g = g.mul_(u[s : s + chunk])
             agg.index_add_(0, idx_t, u_g)
+            if not edges:
+                continue
             hs = h[s : s + chunk]
             torch.mm(u_g if smooth else u[s : s + chunk], w1.T, out=hs)
             if b1 is not None:
@@ -84,13 +91,19 @@ class _RefineEdges(torch.autograd.Function):
             if b2 is not None:
                 yn.add_(b2)
             yn.addcmul_(y[s : s + chunk], res_weight)
-        return agg, y_new
+        return (agg, y_new) if edges else agg
 
     @staticmethod
-    def backward(ctx, g_agg, g_ynew):
+    def backward(ctx, g_agg, g_ynew=None):
         u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h = ctx.saved_tensors
         needs = ctx.needs_input_grad
         n, smooth, chunk = ctx.n, ctx.smooth, ctx.chunk
+        if not ctx.edges:
+            if torch.is_grad_enabled():
+                g = recompute_backward(lambda u_, q_: refine_edges_reference(u_, q_, src, tgt, n), (u, q), g_agg)
+                return g[0], g[1], *[None] * 11
+            g_u, g_q = _aggregate_backward(u, q, src, tgt, chunk, g_agg.contiguous(), needs[0], needs[1])
+            return g_u, g_q, *[None] * 11
         if torch.is_grad_enabled() or any(needs[6:11]):
             def ref(u_, q_, y_, rw, w1_, w2_, *biases):
                 bb = list(biases)
@@ -142,18 +155,20 @@ class _RefineEdges(torch.autograd.Function):
 
 def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new):
     """The forward's chunk loop with :mod:`.native`: u_g and the scatter in one pass, the FFN's
-    bias and SiLU in another, the GEMMs in PyTorch."""
+    bias and SiLU in another, the GEMMs in PyTorch (no FFN where ``y`` is None)."""
     e, c = u.shape
     lib, nt = native.library(), native.threads()
     fwd, act_fn = lib("refine_fwd", u.dtype), lib("gather_silu", u.dtype)
     k0 = min(chunk, e)
     ug = torch.empty(k0, c, dtype=u.dtype)
-    act = torch.empty(k0, w1.shape[0], dtype=u.dtype)
+    act = torch.empty(k0, w1.shape[0], dtype=u.dtype) if y is not None else None
     b1 = b1.contiguous() if b1 is not None else None
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
         fwd(u[s : s + chunk].data_ptr(), q.data_ptr(), src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(),
             k, c, ug.data_ptr(), agg.data_ptr(), nt)
+        if y is None:
+            continue
         hs = h[s : s + chunk]
         torch.mm(ug[:k] if smooth else u[s : s + chunk], w1.T, out=hs)
         act_fn(hs.data_ptr(), act.data_ptr(), k, hs.shape[1], native.ptr(b1), 0, 0, None, None, nt)
@@ -185,3 +200,41 @@ def _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_
         if g_q is not None:
             scatter(p_s.data_ptr(), k, c, 1, targets, native.ptr_array([src[s : s + chunk]]), nt)
             scatter(p_t.data_ptr(), k, c, 1, targets, native.ptr_array([tgt[s : s + chunk]]), nt)
+
+
+def _aggregate_backward(u, q, src, tgt, chunk, g_agg, need_u, need_q):
+    """Input gradients of ``R`` alone (no edge update): G_ug = G_R[tgt], G_u = G_ug ⊙ g and
+    the two terms of G_q, chunk by chunk → ``(G_u or None, G_q or None)``."""
+    e, c = u.shape
+    like = dict(dtype=u.dtype, device=u.device)
+    g_u = torch.empty_like(u) if need_u else None
+    g_q = torch.zeros_like(q) if need_q else None
+    k0 = min(chunk, e)
+    if native.usable(u, q, src, tgt, g_agg):
+        lib, nt = native.library(), native.threads()
+        bwd, scatter = lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
+        p_s, p_t = (torch.empty(k0, c, **like) for _ in range(2)) if need_q else (None, None)
+        targets = native.ptr_array([g_q]) if need_q else None
+        for s in range(0, e, chunk):
+            k = min(chunk, e - s)
+            bwd(g_agg.data_ptr(), None, u[s : s + chunk].data_ptr(), q.data_ptr(), src[s : s + chunk].data_ptr(),
+                tgt[s : s + chunk].data_ptr(), k, c, 1, g_u[s : s + chunk].data_ptr() if need_u else None,
+                native.ptr(p_s), native.ptr(p_t), nt)
+            if need_q:
+                scatter(p_s.data_ptr(), k, c, 1, targets, native.ptr_array([src[s : s + chunk]]), nt)
+                scatter(p_t.data_ptr(), k, c, 1, targets, native.ptr_array([tgt[s : s + chunk]]), nt)
+        return g_u, g_q
+    qs, qt, gug = (torch.empty(k0, c, **like) for _ in range(3))
+    for s in range(0, e, chunk):
+        k = min(chunk, e - s)
+        idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
+        g_ug = torch.index_select(g_agg, 0, idx_t, out=gug[:k])
+        q_s = torch.index_select(q, 0, idx_s, out=qs[:k])
+        q_t = torch.index_select(q, 0, idx_t, out=qt[:k])
+        if need_u:
+            torch.mul(q_s, q_t, out=g_u[s : s + chunk]).mul_(g_ug)
+        if need_q:
+            g_g = g_ug.mul_(u[s : s + chunk])
+            g_q.index_add_(0, idx_s, q_t.mul_(g_g))
+            g_q.index_add_(0, idx_t, q_s.mul_(g_g))
+    return g_u, g_q

@@ -168,6 +168,26 @@ def test_refine_edges_gradcheck_and_gradgradcheck(smooth):
     assert torch.autograd.gradgradcheck(everything, x)
 
 
+@pytest.mark.usefixtures("loops")
+@pytest.mark.parametrize("chunk", [1, 7, 100])
+def test_refine_edges_without_edge_update(chunk):
+    """R alone (the last block, whose edge update reaches no output): values, input gradients,
+    gradcheck and gradgradcheck against the reference."""
+    u, q, src, tgt, n = refine_case()[:5]
+    x = [u.clone().requires_grad_(True), q.clone().requires_grad_(True)]
+    got = refine_edges(*x, src, tgt, n, chunk=chunk)
+    want = refine_edges_reference(*x, src, tgt, n)
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(got, refine_edges_reference(*x, src, tgt, n, *refine_case()[5:], False)[0])
+    gr = torch.randn(n, 4, generator=_gen(5), dtype=F64)
+    for a, b in zip(torch.autograd.grad(got, x, gr), torch.autograd.grad(want, x, gr)):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+    x = [t.detach()[:11].clone().requires_grad_(True) if t.shape[0] == 29 else t.detach().clone().requires_grad_(True)
+         for t in (u, q)]
+    assert torch.autograd.gradcheck(lambda u_, q_: refine_edges(u_, q_, src[:11], tgt[:11], n, chunk=4), x)
+    assert torch.autograd.gradgradcheck(lambda u_, q_: refine_edges(u_, q_, src[:11], tgt[:11], n, chunk=4), x)
+
+
 @pytest.mark.parametrize("folder", [f for f in FOLDERS if "float64" in f])
 def test_chunked_model_equals_composed_ops(folder):
     """The default CPU path (chunked) gives the composed ops' numbers to 1e-12 relative in float64
@@ -183,3 +203,34 @@ def test_chunked_model_equals_composed_ops(folder):
         a, b = getattr(got, key), getattr(ref, key)
         err = (a - b).abs().max().item()
         assert err <= 1e-12 * b.abs().max().item(), f"{key}: {err:.2e}"
+
+
+@pytest.mark.parametrize("backend", ["torch", "chunked"])
+def test_last_block_skips_its_dead_edge_updates(backend, monkeypatch):
+    """The energy reads atoms only, so the last block's FFN_edge (bonds and angles) reaches no
+    output: it is not run; every other block runs both (values: the fixture parity tests)."""
+    import matris.model.refine as refine_module
+
+    chunked_calls = []
+
+    def recording(*args, **kw):
+        chunked_calls.append(len(args) > 5)  # y and the FFN's weights given: the edge update runs
+        return refine_edges(*args, **kw)
+
+    monkeypatch.setattr(refine_module, "refine_edges", recording)
+    model = load_fixture_model("small_sh_float64", F64)
+    model.kernel_backend = backend
+    calls = []
+    for k, block in enumerate(model.interaction_block):
+        for name in ("refine_block_line_graph", "refine_block_atom_graph"):
+            ffn = getattr(block, name).edge_FFN
+            ffn.register_forward_hook(lambda *_, k=k, name=name: calls.append((k, name)))
+    systems = [to_system(a) for a in read(FIXTURES / "small_sh_float64" / "structures.extxyz", ":")]
+    evaluate(model, systems[:1])
+    last = len(model.interaction_block) - 1
+    assert not [c for c in calls if c[0] == last]
+    # the chunked line-graph Refine runs its FFN inside refine_edges (its weights, not the module)
+    want = {(k, n) for k in range(last) for n in ("refine_block_line_graph", "refine_block_atom_graph")
+            if not (backend == "chunked" and n == "refine_block_line_graph")}
+    assert set(calls) == want
+    assert chunked_calls == ([True] * last + [False] if backend == "chunked" else [])

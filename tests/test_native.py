@@ -61,6 +61,9 @@ def _run_all(dtype, chunk=64):
         x = [u.clone().requires_grad_(True), q.clone().requires_grad_(True), yy.clone().requires_grad_(True)]
         agg, yn = refine_edges(x[0], x[1], rs, rt, n, x[2], rwt, w1, b1, w2, b2, smooth, chunk=chunk)
         outs += [agg, yn, *torch.autograd.grad([agg, yn], x, [torch.ones_like(agg), torch.ones_like(yn)])]
+    x = [u.clone().requires_grad_(True), q.clone().requires_grad_(True)]
+    agg = refine_edges(x[0], x[1], rs, rt, n, chunk=chunk)  # R alone (the last block)
+    outs += [agg, *torch.autograd.grad(agg, x, torch.ones_like(agg))]
     return outs
 
 

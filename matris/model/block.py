@@ -67,8 +67,10 @@ class InteractionBlock(nn.Module):
         self.refine_block_line_graph = Refine(config, d_e, d_t, d_e, config.num_angular, d_extra=d_n)
 
     def forward(
-        self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph
+        self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph, last: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``last``: the model's last block, whose Refine steps skip FFN_edge (their bond and angle
+        updates reach no output; ``e`` and ``a`` come back as the attention left them)."""
         step = _checkpointed if g.checkpoint else _direct
         fused = "chunked" if g.chunked and not g.fused_phi else g.fused_phi
         opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=fused)
@@ -80,10 +82,10 @@ class InteractionBlock(nn.Module):
                     segments=g.atom_segments, **opts)
         if g.has_angles:
             e_new, a = step(self.refine_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond, g.rbf_3b,
-                            extra=(h, g.angle_atom), **opts)
+                            extra=(h, g.angle_atom), update_edges=not last, **opts)
             e = _masked(g.line_mask, e_new, e)
         h, e = step(self.refine_block_atom_graph, h, e, g.edge_target, g.edge_source, g.rbf_pair, d2u=g.edge_bond,
-                    **opts)
+                    update_edges=not last, **opts)
         return h, e, a
 
 

@@ -359,8 +359,9 @@ class MatRIS(nn.Module):
             bg.atom_segments, bg.line_segments = g.segments()
         bg.chunked = kernels == "chunked"
         features = {"embedding": h} if return_node_features else {}
+        last = len(self.interaction_block) - 1
         for k, block in enumerate(self.interaction_block):
-            h, e, a = block(h, e, a, bg)
+            h, e, a = block(h, e, a, bg, last=k == last)
             if return_node_features:
                 features[f"block_{k}"] = h
 

@@ -41,6 +41,7 @@ class Refine(nn.Module):
         rewrite: bool = True,
         recompute_phi: bool = False,
         fused: bool | str = False,
+        update_edges: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
@@ -48,7 +49,8 @@ class Refine(nn.Module):
         recomputes Φ in the backward pass instead of storing its activations; ``fused`` selects
         the fused Triton kernels of Φ (first-layer gathers, gated epilogue); ``fused="chunked"``
         the chunked CPU forms of Φ and, on the line graph, of the edge side
-        (:func:`matris.kernels.refine_edges`)."""
+        (:func:`matris.kernels.refine_edges`). ``update_edges=False`` returns ``y`` unchanged
+        without computing FFN_edge: the last block's edge update reaches no output."""
         directed = d2u is not None
         q = self.learnable_envelope(basis)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
@@ -59,12 +61,17 @@ class Refine(nn.Module):
                           torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], dim=-1), fused)
         ffn = self.edge_FFN.layers
         if fused == "chunked" and not directed and not (self.training and ffn[2].p > 0):
-            agg, y_new = refine_edges(u, q, src, tgt, x.shape[0], y, self.edge_res_weight, ffn[0].weight, ffn[0].bias,
-                                      ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)
+            if update_edges:
+                agg, y_new = refine_edges(u, q, src, tgt, x.shape[0], y, self.edge_res_weight, ffn[0].weight,
+                                          ffn[0].bias, ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)
+            else:
+                agg, y_new = refine_edges(u, q, src, tgt, x.shape[0]), y
             return self.node_FFN(agg) + self.node_res_weight * x, y_new
         g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
         u_g = u * g
         x_new = self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])) + self.node_res_weight * x
+        if not update_edges:
+            return x_new, y
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
         y_new = (pool_directed(delta) if directed else delta) + self.edge_res_weight * y
         return x_new, y_new
