@@ -17,6 +17,8 @@
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <type_traits>
+#include <vector>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -123,10 +125,12 @@ template <typename F> static inline void for_channels(i64 w, int nt, F&& body) {
     }
 }
 
-// pre = (init ? 0 : pre) + bias + Σ_k P_k[idx_k]   [n, w];   hid = silu(pre)
+// pre = (init ? 0 : pre) + bias + Σ_k P_k[idx_k]   [n, w];   hid = silu(pre); with `slope`, pre is
+// then overwritten by silu'(pre) = σ(pre)·(1 + pre·(1 − σ(pre))): the only use of pre is the
+// backward's product with it, which becomes one multiplication instead of an exp and a division
 template <typename T>
 void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nterms, const T* const* projs,
-                 const i64* const* idx, int nt) {
+                 const i64* const* idx, int slope, int nt) {
     for_rows(n, nt, [&](i64 r) {
         T* p = pre + r * w;
         T* h = hid + r * w;
@@ -143,91 +147,102 @@ void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nter
 #pragma omp simd
             for (i64 j = 0; j < w; ++j) p[j] += q[j];
         }
+        if (slope) {
 #pragma omp simd
-        for (i64 j = 0; j < w; ++j) h[j] = p[j] / (T(1) + vexp(-p[j]));
+            for (i64 j = 0; j < w; ++j) {
+                const T x = p[j], sg = sigm(x);
+                h[j] = x * sg;
+                p[j] = sg * (T(1) + x * (T(1) - sg));
+            }
+        } else {
+#pragma omp simd
+            for (i64 j = 0; j < w; ++j) h[j] = p[j] / (T(1) + vexp(-p[j]));
+        }
     });
 }
 
 // Gated epilogue: rc = rsqrt(mean(core²) + eps) (rg likewise), sig = σ(gate·rg·ng),
 // out = silu(core·rc·nc) ⊙ sig
 // The biases bc, bg (nullable) are added to core and gate in place first (the GEMMs before run
-// without them, so no pass copies a bias into their outputs).
+// without them, so no pass copies a bias into their outputs). HasBias is a template argument:
+// a null test inside the loop made GCC emit masked gathers (measured 1.4x slower).
+template <typename T, bool HasBias>
+static inline void gated_fwd_row(T* c, T* g, i64 d, const T* bc, const T* bg, const T* nc, const T* ng, T eps,
+                                 T* rc, T* rg, T* s, T* o) {
+    T sc = 0, sg = 0;
+#pragma omp simd reduction(+ : sc, sg)
+    for (i64 j = 0; j < d; ++j) {
+        const T cv = HasBias ? c[j] + bc[j] : c[j], gv = HasBias ? g[j] + bg[j] : g[j];
+        if (HasBias) {
+            c[j] = cv;
+            g[j] = gv;
+        }
+        sc += cv * cv;
+        sg += gv * gv;
+    }
+    const T a = T(1) / std::sqrt(sc / T(d) + eps), bb = T(1) / std::sqrt(sg / T(d) + eps);
+    *rc = a;
+    *rg = bb;
+#pragma omp simd
+    for (i64 j = 0; j < d; ++j) {
+        const T cn = c[j] * a * nc[j];
+        const T sv = sigm(g[j] * bb * ng[j]);
+        s[j] = sv;
+        o[j] = cn / (T(1) + vexp(-cn)) * sv;
+    }
+}
+
 template <typename T>
 void gated_fwd(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc, const T* ng, T eps, T* rc,
                T* rg, T* sig, T* out, int nt) {
+    if (bc || bg) {  // one bias alone: the other reads zeros
+        std::vector<T> zc(bc ? 0 : d, T(0)), zg(bg ? 0 : d, T(0));
+        const T* bcc = bc ? bc : zc.data();
+        const T* bgg = bg ? bg : zg.data();
+        for_rows(n, nt, [&](i64 r) {
+            gated_fwd_row<T, true>(core + r * d, gate + r * d, d, bcc, bgg, nc, ng, eps, rc + r, rg + r,
+                                   sig + r * d, out + r * d);
+        });
+        return;
+    }
     for_rows(n, nt, [&](i64 r) {
-        T* c = core + r * d;
-        T* g = gate + r * d;
-        T sc = 0, sg = 0;
-#pragma omp simd reduction(+ : sc, sg)
-        for (i64 j = 0; j < d; ++j) {
-            const T cv = bc ? c[j] + bc[j] : c[j], gv = bg ? g[j] + bg[j] : g[j];
-            c[j] = cv;
-            g[j] = gv;
-            sc += cv * cv;
-            sg += gv * gv;
-        }
-        const T a = T(1) / std::sqrt(sc / T(d) + eps), bb = T(1) / std::sqrt(sg / T(d) + eps);
-        rc[r] = a;
-        rg[r] = bb;
-        T* s = sig + r * d;
-        T* o = out + r * d;
-#pragma omp simd
-        for (i64 j = 0; j < d; ++j) {
-            const T cn = c[j] * a * nc[j];
-            const T sv = sigm(g[j] * bb * ng[j]);
-            s[j] = sv;
-            o[j] = cn / (T(1) + vexp(-cn)) * sv;
-        }
+        gated_fwd_row<T, false>(core + r * d, gate + r * d, d, nullptr, nullptr, nc, ng, eps, rc + r, rg + r,
+                                sig + r * d, out + r * d);
     });
 }
 
 // Its backward (input gradients): G → (G_core, G_gate), the formulas of kernels/phi.py
 template <typename T>
+static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* s, const T* nc, const T* ng, i64 d,
+                                 T a, T bb, T* oc, T* og) {
+    T dc = 0, dg = 0;
+#pragma omp simd reduction(+ : dc, dg)
+    for (i64 j = 0; j < d; ++j) {
+        const T cn = c[j] * a * nc[j];
+        const T sc = sigm(cn);
+        const T sv = s[j];
+        const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
+        const T xg = G[j] * cn * sc * sv * (T(1) - sv) * ng[j];            // ∂L/∂(gate·rg)
+        oc[j] = xc;
+        og[j] = xg;
+        dc += xc * c[j];
+        dg += xg * g[j];
+    }
+    const T kc = dc * a * a * a / T(d), kg = dg * bb * bb * bb / T(d);
+#pragma omp simd
+    for (i64 j = 0; j < d; ++j) {
+        oc[j] = oc[j] * a - c[j] * kc;
+        og[j] = og[j] * bb - g[j] * kg;
+    }
+}
+
+template <typename T>
 void gated_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* rg, const T* sig, const T* nc,
                const T* ng, i64 n, i64 d, T* gcore, T* ggate, int nt) {
     for_rows(n, nt, [&](i64 r) {
-        const T* c = core + r * d;
-        const T* g = gate + r * d;
-        const T* G = grad + r * d;
-        const T* s = sig + r * d;
-        T* oc = gcore + r * d;
-        T* og = ggate + r * d;
-        const T a = rc[r], bb = rg[r];
-        T dc = 0, dg = 0;
-#pragma omp simd reduction(+ : dc, dg)
-        for (i64 j = 0; j < d; ++j) {
-            const T cn = c[j] * a * nc[j];
-            const T sc = sigm(cn);
-            const T sv = s[j];
-            const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
-            const T xg = G[j] * cn * sc * sv * (T(1) - sv) * ng[j];            // ∂L/∂(gate·rg)
-            oc[j] = xc;
-            og[j] = xg;
-            dc += xc * c[j];
-            dg += xg * g[j];
-        }
-        const T kc = dc * a * a * a / T(d), kg = dg * bb * bb * bb / T(d);
-#pragma omp simd
-        for (i64 j = 0; j < d; ++j) {
-            oc[j] = oc[j] * a - c[j] * kc;
-            og[j] = og[j] * bb - g[j] * kg;
-        }
+        const i64 o = r * d;
+        gated_bwd_row(core + o, gate + o, grad + o, sig + o, nc, ng, d, rc[r], rg[r], gcore + o, ggate + o);
     });
-}
-
-// g ← g ⊙ silu'(x) over `count` entries
-template <typename T> void silu_bwd(T* g, const T* x, i64 count, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 b, e;
-        split(count, b, e);
-#pragma omp simd
-        for (i64 j = b; j < e; ++j) {
-            const T s = sigm(x[j]);
-            g[j] *= s * (T(1) + x[j] * (T(1) - s));
-        }
-    }
 }
 
 // out_k[idx_k[r]] += src[r]   (src [n, w], out_k [*, w]); threads own channel ranges
@@ -311,24 +326,32 @@ template <typename T> void attn_finish(i64 nseg, i64 c, T* out, T* lse, const T*
 
 // Its backward for rows [0, e) (callers pass chunk-offset pointers): p = exp(α − lse[idx]),
 // ∂L/∂m = p_s·G_s[src] + p_t·G_t[tgt], ∂L/∂α_x = p_x·(m − out_x[idx])·G_x[idx] → galpha [e, 2c]
+template <typename T, bool HasGm>
+static inline void attn_bwd_row(const T* a, const T* mv, const T* out_s, const T* out_t, const T* lse_s,
+                                const T* lse_t, const T* g_s, const T* g_t, i64 c, T* ga, T* gmr) {
+#pragma omp simd
+    for (i64 j = 0; j < c; ++j) {
+        const T ps = vexp(a[j] - lse_s[j]), pt = vexp(a[c + j] - lse_t[j]);
+        const T gs = g_s[j], gt = g_t[j];
+        ga[j] = ps * (mv[j] - out_s[j]) * gs;
+        ga[c + j] = pt * (mv[j] - out_t[j]) * gt;
+        if (HasGm) gmr[j] = ps * gs + pt * gt;
+    }
+}
+
 template <typename T>
 void attn_bwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c,
               const T* out_s, const T* out_t, const T* lse_s, const T* lse_t, const T* g_s, const T* g_t, T* gm,
               T* galpha, int nt) {
     for_rows(e, nt, [&](i64 r) {
         const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c;
-        const T* mv = m + r * c;
         const i64 os = src[r] * c, ot = tgt[r] * c;
-        T* ga = galpha + r * 2 * c;
-        T* gmr = gm ? gm + r * c : nullptr;
-#pragma omp simd
-        for (i64 j = 0; j < c; ++j) {
-            const T ps = vexp(a[j] - lse_s[os + j]), pt = vexp(a[c + j] - lse_t[ot + j]);
-            const T gs = g_s[os + j], gt = g_t[ot + j];
-            ga[j] = ps * (mv[j] - out_s[os + j]) * gs;
-            ga[c + j] = pt * (mv[j] - out_t[ot + j]) * gt;
-            if (gmr) gmr[j] = ps * gs + pt * gt;
-        }
+        if (gm)
+            attn_bwd_row<T, true>(a, m + r * c, out_s + os, out_t + ot, lse_s + os, lse_t + ot, g_s + os, g_t + ot,
+                                  c, galpha + r * 2 * c, gm + r * c);
+        else
+            attn_bwd_row<T, false>(a, m + r * c, out_s + os, out_t + ot, lse_s + os, lse_t + ot, g_s + os, g_t + ot,
+                                   c, galpha + r * 2 * c, nullptr);
     });
 }
 
@@ -357,7 +380,7 @@ void refine_fwd(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i
 // (+ G_in if not smooth), and the two terms of G_q: ps = G_ug ⊙ u ⊙ q[tgt] (summed by src) and
 // pt = G_ug ⊙ u ⊙ q[src] (summed by tgt), which scatter_add adds to G_q. gin may be null (no
 // edge update, the model's last block): G_in = 0.
-template <typename T, bool HasIn>
+template <typename T, bool HasIn, bool HasU, bool HasQ>
 static inline void refine_bwd_row(const T* gr, const T* gi, const T* ur, const T* qs, const T* qt, i64 c, int smooth,
                                   T* o, T* os, T* ot) {
 #pragma omp simd
@@ -365,8 +388,8 @@ static inline void refine_bwd_row(const T* gr, const T* gi, const T* ur, const T
         const T in = HasIn ? gi[j] : T(0);
         const T gug = smooth ? gr[j] + in : gr[j];
         const T qsj = qs[j], qtj = qt[j];
-        if (o) o[j] = smooth ? (qsj * qtj) * gug : (qsj * qtj) * gug + in;
-        if (os) {
+        if (HasU) o[j] = smooth ? (qsj * qtj) * gug : (qsj * qtj) * gug + in;
+        if (HasQ) {
             const T gg = gug * ur[j];
             os[j] = qtj * gg;
             ot[j] = qsj * gg;
@@ -374,30 +397,40 @@ static inline void refine_bwd_row(const T* gr, const T* gi, const T* ur, const T
     }
 }
 
+// the variants as template arguments: null tests inside the vector loop make GCC emit masked
+// gathers and stores
+template <typename T, bool HasIn>
+static inline void refine_bwd_rows(const T* gagg, const T* gin, const T* u, const T* q, const i64* src,
+                                   const i64* tgt, i64 e, i64 c, int smooth, T* gu, T* ps, T* pt, int nt) {
+    auto run = [&](auto has_u, auto has_q) {
+        for_rows(e, nt, [&](i64 r) {
+            refine_bwd_row<T, HasIn, decltype(has_u)::value, decltype(has_q)::value>(
+                gagg + tgt[r] * c, HasIn ? gin + r * c : nullptr, u + r * c, q + src[r] * c, q + tgt[r] * c, c,
+                smooth, gu ? gu + r * c : nullptr, ps ? ps + r * c : nullptr, pt ? pt + r * c : nullptr);
+        });
+    };
+    using Y = std::true_type;
+    using N = std::false_type;
+    if (gu && ps) run(Y{}, Y{});
+    else if (gu) run(Y{}, N{});
+    else if (ps) run(N{}, Y{});
+}
+
 template <typename T>
 void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c,
                 int smooth, T* gu, T* ps, T* pt, int nt) {
-    for_rows(e, nt, [&](i64 r) {
-        const T* ur = u + r * c;
-        const T* qs = q + src[r] * c;
-        const T* qt = q + tgt[r] * c;
-        const T* gr = gagg + tgt[r] * c;
-        T* o = gu ? gu + r * c : nullptr;
-        T* os = ps ? ps + r * c : nullptr;
-        T* ot = pt ? pt + r * c : nullptr;
-        if (gin)
-            refine_bwd_row<T, true>(gr, gin + r * c, ur, qs, qt, c, smooth, o, os, ot);
-        else
-            refine_bwd_row<T, false>(gr, nullptr, ur, qs, qt, c, smooth, o, os, ot);
-    });
+    if (gin)
+        refine_bwd_rows<T, true>(gagg, gin, u, q, src, tgt, e, c, smooth, gu, ps, pt, nt);
+    else
+        refine_bwd_rows<T, false>(gagg, gin, u, q, src, tgt, e, c, smooth, gu, ps, pt, nt);
 }
 
 }  // namespace
 
 #define MATRIS_EXPORT(T, S)                                                                                        \
     extern "C" void gather_silu_##S(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nterms,           \
-                                    const T* const* projs, const i64* const* idx, int nt) {                       \
-        gather_silu<T>(pre, hid, n, w, bias, init, nterms, projs, idx, nt);                                        \
+                                    const T* const* projs, const i64* const* idx, int slope, int nt) {            \
+        gather_silu<T>(pre, hid, n, w, bias, init, nterms, projs, idx, slope, nt);                                 \
     }                                                                                                              \
     extern "C" void gated_fwd_##S(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc,           \
                                   const T* ng, T eps, T* rc, T* rg, T* sig, T* out, int nt) {                      \
@@ -408,7 +441,6 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
                                   int nt) {                                                                        \
         gated_bwd<T>(grad, core, gate, rc, rg, sig, nc, ng, n, d, gcore, ggate, nt);                               \
     }                                                                                                              \
-    extern "C" void silu_bwd_##S(T* g, const T* x, i64 count, int nt) { silu_bwd<T>(g, x, count, nt); }          \
     extern "C" void scatter_add_##S(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, \
                                     int nt) {                                                                      \
         scatter_add<T>(src, n, w, nterms, outs, idx, nt);                                                          \
@@ -442,4 +474,4 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 1; }
+extern "C" int matris_native_abi() { return 2; }

@@ -34,7 +34,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 1
+ABI = 2
 
 
 class NativeBuildError(RuntimeError):
@@ -104,10 +104,9 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _SIGNATURES = {
-    "gather_silu": [_P, _P, _I64, _I64, _P, _INT, _INT, _P, _P, _INT],
+    "gather_silu": [_P, _P, _I64, _I64, _P, _INT, _INT, _P, _P, _INT, _INT],
     "gated_fwd": [_P, _P, _I64, _I64, _P, _P, _P, _P, None, _P, _P, _P, _P, _INT],
     "gated_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _INT],
-    "silu_bwd": [_P, _P, _I64, _INT],
     "scatter_add": [_P, _I64, _I64, _INT, _P, _P, _INT],
     "attn_init": [_I64, _I64, _P, _P, _P, _P, _P, _P],
     "attn_fwd": [_P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT],

@@ -15,9 +15,10 @@ term is gathered), ``P_k [n_k, 2H]`` the per-node projections of the projection 
 Why: on a CPU these tensors (29k angles × 256 floats for Si64) do not fit in cache, and the
 composed PyTorch ops make about fifteen passes over them in each direction, each allocating
 a fresh tensor. Here each chunk of rows goes through every step while it is in cache, into
-preallocated buffers. The forward keeps ``pre``, ``core``, ``gate``, ``σ(gn)`` and the two row
-statistics (4H + d + 2 floats per row, less than the composed ops keep); the backward reads
-them once per chunk:
+preallocated buffers. The forward keeps ``pre`` (the fused loops keep ``silu'(pre)`` in its place,
+so the backward multiplies by it instead of recomputing it), ``core``, ``gate``, ``σ(gn)`` and the
+two row statistics (4H + d + 2 floats per row, less than the composed ops keep); the backward
+reads them once per chunk:
 
     G_cn = silu'(cn) ⊙ σ(gn) ⊙ G,       G_gn = σ'(gn) ⊙ silu(cn) ⊙ G
     G_core = r_c·(w_c⊙G_cn) − core·r_c³·mean(w_c⊙G_cn⊙core)      (likewise gate)
@@ -103,7 +104,8 @@ class _GatedPhi(torch.autograd.Function):
         out = torch.empty(n, d, **like)
         sig = torch.empty(n, d, **like)  # σ(gn), kept for the backward
         hid = torch.empty(min(chunk, n), two_h, **like)
-        if native.usable(bias1, *projs, *indices):
+        ctx.slope = native.usable(bias1, *projs, *indices)  # pre holds silu'(pre)
+        if ctx.slope:
             _forward_native(native.library(), rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs,
                             indices, pre, hid, core, gate, r_c, r_g, sig, out)
         else:
@@ -167,8 +169,8 @@ class _GatedPhi(torch.autograd.Function):
         m = min(chunk, n)
         g_hid = torch.empty(m, pre.shape[1], **like)
         if native.usable(grad, pre, *indices):
-            _backward_native(native.library(), grad, rows, row_weight, wc, wg, nc, ng, pre, core, gate, r_c, r_g,
-                             sig, indices, g_rows, g_projs, g_hid, chunk)
+            _backward_native(native.library(), grad, rows, row_weight, wc, wg, nc, ng, pre, ctx.slope, core, gate,
+                             r_c, r_g, sig, indices, g_rows, g_projs, g_hid, chunk)
             return (g_rows, None, None, None, None, None, None, None, None, None, None,
                     *[x for gp in g_projs for x in (gp, None)])
         ta, tb, tc, td = (torch.empty(m, d, **like) for _ in range(4))
@@ -185,7 +187,7 @@ class _GatedPhi(torch.autograd.Function):
             gh = g_hid[: e - s]
             torch.mm(_rms_backward(g_cn.mul_(nc), c, rc, b, d), wc, out=gh[:, :h])
             torch.mm(_rms_backward(g_gn.mul_(ng), gt, rg, b, d), wg, out=gh[:, h:])
-            g_pre = _aten.silu_backward.grad_input(gh, pre[s:e], grad_input=gh)
+            g_pre = gh.mul_(pre[s:e]) if ctx.slope else _aten.silu_backward.grad_input(gh, pre[s:e], grad_input=gh)
             if g_rows is not None:
                 torch.mm(g_pre, row_weight, out=g_rows[s:e])
             for gp, index in zip(g_projs, indices):
@@ -211,7 +213,7 @@ def _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, c
             torch.mm(rows[s:e], row_weight.T, out=p)
         idx_ptrs = native.ptr_array([ix[s:e] for ix in indices])
         gather(p.data_ptr(), hd.data_ptr(), k, two_h, bias.data_ptr(), int(rows is None), len(projs), proj_ptrs,
-               idx_ptrs, nt)
+               idx_ptrs, 1, nt)
         c, g = core[s:e], gate[s:e]
         torch.mm(hd[:, :h], wc.T, out=c)
         torch.mm(hd[:, h:], wg.T, out=g)
@@ -219,13 +221,14 @@ def _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, c
                  r_c[s:e].data_ptr(), r_g[s:e].data_ptr(), sig[s:e].data_ptr(), out[s:e].data_ptr(), nt)
 
 
-def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, core, gate, r_c, r_g, sig, indices, g_rows,
-                     g_projs, g_hid, chunk):
+def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, core, gate, r_c, r_g, sig, indices,
+                     g_rows, g_projs, g_hid, chunk):
     """The backward's chunk loop with the fused loops of :mod:`.native` between the GEMMs; each
-    chunk's ∂L/∂pre is scattered to the projections while it is in cache."""
+    chunk's ∂L/∂pre is scattered to the projections while it is in cache. ``slope``: ``pre``
+    holds silu'(pre) (a forward with the fused loops), else the pre-activation itself."""
     n, two_h, h, d = pre.shape[0], pre.shape[1], wc.shape[1], wc.shape[0]
     dt = pre.dtype
-    gated, silu_bwd, scatter = lib("gated_bwd", dt), lib("silu_bwd", dt), lib("scatter_add", dt)
+    gated, scatter = lib("gated_bwd", dt), lib("scatter_add", dt)
     nt = native.threads()
     m = g_hid.shape[0]
     g_core, g_gate = torch.empty(m, d, dtype=dt), torch.empty(m, d, dtype=dt)
@@ -241,7 +244,10 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, core, gat
               gg.data_ptr(), nt)
         torch.mm(gc, wc, out=gh[:, :h])
         torch.mm(gg, wg, out=gh[:, h:])
-        silu_bwd(gh.data_ptr(), pre[s:e].data_ptr(), k * two_h, nt)
+        if slope:
+            gh.mul_(pre[s:e])
+        else:
+            _aten.silu_backward.grad_input(gh, pre[s:e], grad_input=gh)
         if g_rows is not None:
             torch.mm(gh, row_weight, out=g_rows[s:e])
         if wanted:

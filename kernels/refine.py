@@ -7,8 +7,8 @@
 
 ``u`` is Φ's output. The composed PyTorch ops write about eight edge-sized tensors in the
 forward pass and more in the backward; here each chunk of rows goes through every step in
-cache. The forward keeps the FFN's pre-activation ``[E, C]``; the backward recomputes
-``g`` per chunk:
+cache. The forward keeps the FFN's pre-activation ``[E, C]`` (the fused loops keep its SiLU slope
+in its place); the backward recomputes ``g`` per chunk:
 
     G_h  = silu'(h) ⊙ (G_y'·W₂),   G_in = G_h·W₁,   G_y = w ⊙ G_y'
     G_ug = G_R[tgt] (+ G_in if smooth),   G_u = G_ug ⊙ g (+ G_in if not smooth)
@@ -68,7 +68,8 @@ class _RefineEdges(torch.autograd.Function):
         y_new = torch.empty(e, w2.shape[0], **like) if edges else None
         ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h)
         ctx.n, ctx.smooth, ctx.chunk, ctx.edges = n, smooth, chunk, edges
-        if native.usable(u, q, src, tgt):
+        ctx.slope = native.usable(u, q, src, tgt)  # h holds silu'(h), the FFN's slope
+        if ctx.slope:
             _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new)
             return (agg, y_new) if edges else agg
         k0 = min(chunk, e)
@@ -125,7 +126,7 @@ class _RefineEdges(torch.autograd.Function):
         g_q = torch.zeros_like(q) if needs[1] else None
         g_y = torch.mul(g_ynew, res_weight) if needs[5] else None
         if native.usable(u, q, src, tgt, g_agg, g_ynew, h):
-            _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q)
+            _backward_native(u, q, src, tgt, w1, w2, h, ctx.slope, smooth, chunk, g_agg, g_ynew, g_u, g_q)
             return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
         k0 = min(chunk, e)
         qs, qt, gug, tmp = (torch.empty(k0, c, **like) for _ in range(4))
@@ -135,7 +136,8 @@ class _RefineEdges(torch.autograd.Function):
             idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
             us = u[s : s + chunk]
             torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
-            g_h = _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k])
+            g_h = (gh[:k].mul_(h[s : s + chunk]) if ctx.slope else
+                   _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k]))
             g_in = torch.mm(g_h, w1, out=tmp[:k])
             g_ug = torch.index_select(g_agg, 0, idx_t, out=gug[:k])
             if smooth:
@@ -171,19 +173,20 @@ def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk
             continue
         hs = h[s : s + chunk]
         torch.mm(ug[:k] if smooth else u[s : s + chunk], w1.T, out=hs)
-        act_fn(hs.data_ptr(), act.data_ptr(), k, hs.shape[1], native.ptr(b1), 0, 0, None, None, nt)
+        act_fn(hs.data_ptr(), act.data_ptr(), k, hs.shape[1], native.ptr(b1), 0, 0, None, None, 1, nt)
         yn = torch.mm(act[:k], w2.T, out=y_new[s : s + chunk])
         if b2 is not None:
             yn.add_(b2)
         yn.addcmul_(y[s : s + chunk], res_weight)
 
 
-def _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q):
+def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_ynew, g_u, g_q):
     """The backward's chunk loop with :mod:`.native` (the formulas of the module docstring): the
-    rows in one pass, then the two terms of ∂L/∂q scattered by source and by target."""
+    rows in one pass, then the two terms of ∂L/∂q scattered by source and by target. ``slope``:
+    ``h`` holds silu'(h) (a forward with the fused loops), else the pre-activation itself."""
     e, c = u.shape
     lib, nt = native.library(), native.threads()
-    silu_bwd, bwd, scatter = lib("silu_bwd", u.dtype), lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
+    bwd, scatter = lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
     k0 = min(chunk, e)
     gh = torch.empty(k0, w1.shape[0], dtype=u.dtype)
     g_in = torch.empty(k0, c, dtype=u.dtype)
@@ -192,7 +195,10 @@ def _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
         torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
-        silu_bwd(gh.data_ptr(), h[s : s + chunk].data_ptr(), k * gh.shape[1], nt)
+        if slope:
+            gh[:k].mul_(h[s : s + chunk])
+        else:
+            _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k])
         torch.mm(gh[:k], w1, out=g_in[:k])
         bwd(g_agg.data_ptr(), g_in.data_ptr(), u[s : s + chunk].data_ptr(), q.data_ptr(),
             src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(), k, c, int(smooth),
