@@ -99,13 +99,10 @@ class _RefineEdges(torch.autograd.Function):
         u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h = ctx.saved_tensors
         needs = ctx.needs_input_grad
         n, smooth, chunk = ctx.n, ctx.smooth, ctx.chunk
-        if not ctx.edges:
-            if torch.is_grad_enabled():
-                g = recompute_backward(lambda u_, q_: refine_edges_reference(u_, q_, src, tgt, n), (u, q), g_agg)
-                return g[0], g[1], *[None] * 11
-            g_u, g_q = _aggregate_backward(u, q, src, tgt, chunk, g_agg.contiguous(), needs[0], needs[1])
-            return g_u, g_q, *[None] * 11
-        if torch.is_grad_enabled() or any(needs[6:11]):
+        if not ctx.edges and torch.is_grad_enabled():
+            g = recompute_backward(lambda u_, q_: refine_edges_reference(u_, q_, src, tgt, n), (u, q), g_agg)
+            return g[0], g[1], *[None] * 11
+        if ctx.edges and (torch.is_grad_enabled() or any(needs[6:11])):
             def ref(u_, q_, y_, rw, w1_, w2_, *biases):
                 bb = list(biases)
                 b1_ = bb.pop(0) if b1 is not None else None
@@ -121,32 +118,35 @@ class _RefineEdges(torch.autograd.Function):
         e, c = u.shape
         like = dict(dtype=u.dtype, device=u.device)
         g_agg = torch.zeros(n, c, **like) if g_agg is None else g_agg.contiguous()
-        g_ynew = torch.zeros(e, c, **like) if g_ynew is None else g_ynew.contiguous()
+        # None: no FFN backward (no edge update, or y' reaches no output): G_in = 0
+        g_ynew = g_ynew.contiguous() if g_ynew is not None else None
         g_u = torch.empty_like(u) if needs[0] else None
         g_q = torch.zeros_like(q) if needs[1] else None
-        g_y = torch.mul(g_ynew, res_weight) if needs[5] else None
+        g_y = torch.mul(g_ynew, res_weight) if needs[5] and g_ynew is not None else None
         if native.usable(u, q, src, tgt, g_agg, g_ynew, h):
             _backward_native(u, q, src, tgt, w1, w2, h, ctx.slope, smooth, chunk, g_agg, g_ynew, g_u, g_q)
             return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
         k0 = min(chunk, e)
         qs, qt, gug, tmp = (torch.empty(k0, c, **like) for _ in range(4))
-        gh = torch.empty(k0, w1.shape[0], **like)
+        gh = torch.empty(k0, w1.shape[0], **like) if g_ynew is not None else None
         for s in range(0, e, chunk):
             k = min(chunk, e - s)
             idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
             us = u[s : s + chunk]
-            torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
-            g_h = (gh[:k].mul_(h[s : s + chunk]) if ctx.slope else
-                   _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k]))
-            g_in = torch.mm(g_h, w1, out=tmp[:k])
+            g_in = None
+            if g_ynew is not None:
+                torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
+                g_h = (gh[:k].mul_(h[s : s + chunk]) if ctx.slope else
+                       _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k]))
+                g_in = torch.mm(g_h, w1, out=tmp[:k])
             g_ug = torch.index_select(g_agg, 0, idx_t, out=gug[:k])
-            if smooth:
+            if smooth and g_in is not None:
                 g_ug.add_(g_in)
             q_s = torch.index_select(q, 0, idx_s, out=qs[:k])
             q_t = torch.index_select(q, 0, idx_t, out=qt[:k])
             if g_u is not None:
                 gu = torch.mul(q_s, q_t, out=g_u[s : s + chunk]).mul_(g_ug)
-                if not smooth:
+                if not smooth and g_in is not None:
                     gu.add_(g_in)
             if g_q is not None:
                 g_g = g_ug.mul_(us)  # ∂L/∂g = G_ug ⊙ u
@@ -183,64 +183,29 @@ def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk
 def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_ynew, g_u, g_q):
     """The backward's chunk loop with :mod:`.native` (the formulas of the module docstring): the
     rows in one pass, then the two terms of ∂L/∂q scattered by source and by target. ``slope``:
-    ``h`` holds silu'(h) (a forward with the fused loops), else the pre-activation itself."""
+    ``h`` holds silu'(h) (a forward with the fused loops), else the pre-activation itself.
+    ``g_ynew`` None: no FFN backward (G_in = 0)."""
     e, c = u.shape
     lib, nt = native.library(), native.threads()
     bwd, scatter = lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
     k0 = min(chunk, e)
-    gh = torch.empty(k0, w1.shape[0], dtype=u.dtype)
-    g_in = torch.empty(k0, c, dtype=u.dtype)
+    ffn = g_ynew is not None
+    gh = torch.empty(k0, w1.shape[0], dtype=u.dtype) if ffn else None
+    g_in = torch.empty(k0, c, dtype=u.dtype) if ffn else None
     p_s, p_t = (torch.empty(k0, c, dtype=u.dtype) for _ in range(2)) if g_q is not None else (None, None)
     targets = native.ptr_array([g_q]) if g_q is not None else None
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
-        torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
-        if slope:
-            gh[:k].mul_(h[s : s + chunk])
-        else:
-            _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k])
-        torch.mm(gh[:k], w1, out=g_in[:k])
-        bwd(g_agg.data_ptr(), g_in.data_ptr(), u[s : s + chunk].data_ptr(), q.data_ptr(),
+        if ffn:
+            torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
+            if slope:
+                gh[:k].mul_(h[s : s + chunk])
+            else:
+                _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k])
+            torch.mm(gh[:k], w1, out=g_in[:k])
+        bwd(g_agg.data_ptr(), native.ptr(g_in), u[s : s + chunk].data_ptr(), q.data_ptr(),
             src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(), k, c, int(smooth),
             g_u[s : s + chunk].data_ptr() if g_u is not None else None, native.ptr(p_s), native.ptr(p_t), nt)
         if g_q is not None:
             scatter(p_s.data_ptr(), k, c, 1, targets, native.ptr_array([src[s : s + chunk]]), nt)
             scatter(p_t.data_ptr(), k, c, 1, targets, native.ptr_array([tgt[s : s + chunk]]), nt)
-
-
-def _aggregate_backward(u, q, src, tgt, chunk, g_agg, need_u, need_q):
-    """Input gradients of ``R`` alone (no edge update): G_ug = G_R[tgt], G_u = G_ug ⊙ g and
-    the two terms of G_q, chunk by chunk → ``(G_u or None, G_q or None)``."""
-    e, c = u.shape
-    like = dict(dtype=u.dtype, device=u.device)
-    g_u = torch.empty_like(u) if need_u else None
-    g_q = torch.zeros_like(q) if need_q else None
-    k0 = min(chunk, e)
-    if native.usable(u, q, src, tgt, g_agg):
-        lib, nt = native.library(), native.threads()
-        bwd, scatter = lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
-        p_s, p_t = (torch.empty(k0, c, **like) for _ in range(2)) if need_q else (None, None)
-        targets = native.ptr_array([g_q]) if need_q else None
-        for s in range(0, e, chunk):
-            k = min(chunk, e - s)
-            bwd(g_agg.data_ptr(), None, u[s : s + chunk].data_ptr(), q.data_ptr(), src[s : s + chunk].data_ptr(),
-                tgt[s : s + chunk].data_ptr(), k, c, 1, g_u[s : s + chunk].data_ptr() if need_u else None,
-                native.ptr(p_s), native.ptr(p_t), nt)
-            if need_q:
-                scatter(p_s.data_ptr(), k, c, 1, targets, native.ptr_array([src[s : s + chunk]]), nt)
-                scatter(p_t.data_ptr(), k, c, 1, targets, native.ptr_array([tgt[s : s + chunk]]), nt)
-        return g_u, g_q
-    qs, qt, gug = (torch.empty(k0, c, **like) for _ in range(3))
-    for s in range(0, e, chunk):
-        k = min(chunk, e - s)
-        idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
-        g_ug = torch.index_select(g_agg, 0, idx_t, out=gug[:k])
-        q_s = torch.index_select(q, 0, idx_s, out=qs[:k])
-        q_t = torch.index_select(q, 0, idx_t, out=qt[:k])
-        if need_u:
-            torch.mul(q_s, q_t, out=g_u[s : s + chunk]).mul_(g_ug)
-        if need_q:
-            g_g = g_ug.mul_(u[s : s + chunk])
-            g_q.index_add_(0, idx_s, q_t.mul_(g_g))
-            g_q.index_add_(0, idx_t, q_s.mul_(g_g))
-    return g_u, g_q
