@@ -245,12 +245,18 @@ void gated_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T
     });
 }
 
-// out_k[idx_k[r]] += src[r]   (src [n, w], out_k [*, w]); threads own channel ranges
-template <typename T>
-void scatter_add(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, int nt) {
+// out_k[idx_k[r]] += src[r]   (src [n, w], out_k [*, w]); threads own channel ranges. With Scale,
+// src is first multiplied by scale in place (the backward's silu' factor) in the same pass.
+template <typename T, bool Scale>
+void scatter_add(T* src, const T* scale, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, int nt) {
     for_channels(w, nt, [&](i64 j0, i64 j1) {
         for (i64 r = 0; r < n; ++r) {
-            const T* s = src + r * w;
+            T* s = src + r * w;
+            if (Scale) {
+                const T* f = scale + r * w;
+#pragma omp simd
+                for (i64 j = j0; j < j1; ++j) s[j] *= f[j];
+            }
             for (int k = 0; k < nterms; ++k) {
                 T* o = outs[k] + idx[k][r] * w;
 #pragma omp simd
@@ -443,7 +449,11 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
     }                                                                                                              \
     extern "C" void scatter_add_##S(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, \
                                     int nt) {                                                                      \
-        scatter_add<T>(src, n, w, nterms, outs, idx, nt);                                                          \
+        scatter_add<T, false>(const_cast<T*>(src), nullptr, n, w, nterms, outs, idx, nt);                          \
+    }                                                                                                              \
+    extern "C" void scale_scatter_add_##S(T* src, const T* scale, i64 n, i64 w, int nterms, T* const* outs,       \
+                                          const i64* const* idx, int nt) {                                         \
+        scatter_add<T, true>(src, scale, n, w, nterms, outs, idx, nt);                                             \
     }                                                                                                              \
     extern "C" void attn_init_##S(i64 nseg, i64 c, T* out_s, T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t) {  \
         attn_init<T>(nseg, c, out_s, out_t, lse_s, lse_t, sum_s, sum_t);                                           \
@@ -474,4 +484,4 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 2; }
+extern "C" int matris_native_abi() { return 3; }

@@ -34,7 +34,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 2
+ABI = 3
 
 
 class NativeBuildError(RuntimeError):
@@ -108,6 +108,7 @@ _SIGNATURES = {
     "gated_fwd": [_P, _P, _I64, _I64, _P, _P, _P, _P, None, _P, _P, _P, _P, _INT],
     "gated_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _INT],
     "scatter_add": [_P, _I64, _I64, _INT, _P, _P, _INT],
+    "scale_scatter_add": [_P, _P, _I64, _I64, _INT, _P, _P, _INT],
     "attn_init": [_I64, _I64, _P, _P, _P, _P, _P, _P],
     "attn_fwd": [_P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT],
     "attn_finish": [_I64, _I64, _P, _P, _P],

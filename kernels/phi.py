@@ -228,7 +228,7 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, co
     holds silu'(pre) (a forward with the fused loops), else the pre-activation itself."""
     n, two_h, h, d = pre.shape[0], pre.shape[1], wc.shape[1], wc.shape[0]
     dt = pre.dtype
-    gated, scatter = lib("gated_bwd", dt), lib("scatter_add", dt)
+    gated, scatter, scale_scatter = lib("gated_bwd", dt), lib("scatter_add", dt), lib("scale_scatter_add", dt)
     nt = native.threads()
     m = g_hid.shape[0]
     g_core, g_gate = torch.empty(m, d, dtype=dt), torch.empty(m, d, dtype=dt)
@@ -244,15 +244,17 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, co
               gg.data_ptr(), nt)
         torch.mm(gc, wc, out=gh[:, :h])
         torch.mm(gg, wg, out=gh[:, h:])
-        if slope:
+        idx_ptrs = native.ptr_array([ix[s:e] for _, ix in wanted]) if wanted else None
+        if slope and wanted:  # ∂L/∂pre = silu'(pre) ⊙ gh, scattered in the same pass
+            scale_scatter(gh.data_ptr(), pre[s:e].data_ptr(), k, two_h, len(wanted), out_ptrs, idx_ptrs, nt)
+        elif slope:
             gh.mul_(pre[s:e])
         else:
             _aten.silu_backward.grad_input(gh, pre[s:e], grad_input=gh)
+            if wanted:
+                scatter(gh.data_ptr(), k, two_h, len(wanted), out_ptrs, idx_ptrs, nt)
         if g_rows is not None:
             torch.mm(gh, row_weight, out=g_rows[s:e])
-        if wanted:
-            scatter(gh.data_ptr(), k, two_h, len(wanted), out_ptrs, native.ptr_array([ix[s:e] for _, ix in wanted]),
-                    nt)
 
 
 def _rms_backward(g_xn: torch.Tensor, x: torch.Tensor, r: torch.Tensor, scratch: torch.Tensor, d: int) -> torch.Tensor:

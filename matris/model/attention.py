@@ -83,7 +83,8 @@ class SeparableAttention(nn.Module):
         return self._update(x, y, m, t_agg, s_agg, directed, fused)
 
     def _update(self, x, y, m, t_agg, s_agg, directed, fused):
-        x_new = apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused) \
-            + self.node_res_weight * x
-        y_new = (pool_directed(m) if directed else m) + self.edge_res_weight * y
+        # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
+        x_new = torch.addcmul(apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused),
+                              self.node_res_weight, x)
+        y_new = torch.addcmul(pool_directed(m) if directed else m, self.edge_res_weight, y)
         return x_new, y_new

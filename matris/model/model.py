@@ -15,7 +15,7 @@ from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..targets import DEFAULT_TARGETS, normalize_targets
-from ..kernels import use_chunked, use_triton
+from ..kernels import heap, use_chunked, use_triton
 from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
@@ -241,6 +241,8 @@ class MatRIS(nn.Module):
         # decided on the host, outside the (possibly compiled) energy function
         compiled = self._compile_options is not None and not create_graph and not return_node_features
         kernels = self.kernels_for(positions.device, create_graph, compiled)
+        if positions.device.type == "cpu":
+            heap.keep_freed_memory()  # once per process: calls reuse freed memory (no page faults)
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
         if compiled:
             if self._compiled is None:

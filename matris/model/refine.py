@@ -66,12 +66,12 @@ class Refine(nn.Module):
                                           ffn[0].bias, ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)
             else:
                 agg, y_new = refine_edges(u, q, src, tgt, x.shape[0]), y
-            return self.node_FFN(agg) + self.node_res_weight * x, y_new
+            return torch.addcmul(self.node_FFN(agg), self.node_res_weight, x), y_new
         g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
         u_g = u * g
-        x_new = self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])) + self.node_res_weight * x
+        x_new = torch.addcmul(self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])), self.node_res_weight, x)
         if not update_edges:
             return x_new, y
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
-        y_new = (pool_directed(delta) if directed else delta) + self.edge_res_weight * y
+        y_new = torch.addcmul(pool_directed(delta) if directed else delta, self.edge_res_weight, y)
         return x_new, y_new

@@ -1,0 +1,73 @@
+"""CPU memory reuse (matris.kernels.heap): freed blocks stay in the heap, so a repeated call
+touches no fresh pages; MATRIS_CPU_HEAP=0 leaves glibc's defaults."""
+
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                           reason="the setting applies to glibc only")
+
+# A call-like sequence of blocks (64, 20 and 36 MiB: above glibc's largest mmap threshold,
+# 32 MiB, or near it) allocated, touched and freed eight times; prints the minor page faults
+# of the last three rounds (the first rounds warm the heap up).
+PROBE = textwrap.dedent("""
+    import resource, sys
+    import torch
+    from matris.kernels import heap
+    print(heap.keep_freed_memory(), file=sys.stderr)
+    for k in range(8):
+        if k == 5:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        x = torch.ones(16 << 20)
+        y = torch.ones(5 << 20)
+        del x
+        z = torch.ones(9 << 20)
+        del y, z
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+def _faults(env_value: str) -> tuple[int, str]:
+    env = dict(os.environ, MATRIS_CPU_HEAP=env_value)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120,
+                         check=True)
+    return int(out.stdout.strip()), out.stderr.strip().splitlines()[-1]
+
+
+@glibc
+def test_freed_memory_is_reused_without_page_faults():
+    kept, active = _faults("1")
+    default, inactive = _faults("0")
+    assert (active, inactive) == ("True", "False")
+    # 120 MiB a round is 30,720 pages of 4 KiB: glibc's default maps (and faults in) them again
+    assert default > 3 * 20_000
+    assert kept < 1_000
+
+
+MODEL_CALL = textwrap.dedent("""
+    import torch
+    from ase.build import bulk
+    from matris import MatRIS, MatRISCalculator, MatRISConfig
+    from matris.kernels import heap
+    assert not heap._state["applied"]
+    torch.manual_seed(0)
+    model = MatRIS(MatRISConfig(num_layers=1, node_feat_dim=8, edge_feat_dim=8, three_body_feat_dim=8,
+                                mlp_hidden_dims=[8], num_radial=4, num_angular=4, max_l=2, max_n=2)).eval()
+    MatRISCalculator(model, device="cpu").get_potential_energy(bulk("Si", "diamond", a=5.43))
+    print(heap._state["applied"], heap._state["active"], isinstance(heap.release_memory(), bool))
+""")
+
+
+@glibc
+def test_a_cpu_model_call_turns_it_on_once():
+    for value, expected in (("1", "True True True"), ("0", "True False True")):
+        env = dict(os.environ, MATRIS_CPU_HEAP=value)
+        out = subprocess.run([sys.executable, "-c", MODEL_CALL], capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split("\n")[-2] == expected
