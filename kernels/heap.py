@@ -25,7 +25,7 @@ import os
 import platform
 import sys
 
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 _KEEP_BYTES = 2**31 - 1  # mallopt takes an int
 _state: dict[str, object] = {"applied": False}
 
@@ -48,11 +48,27 @@ def keep_freed_memory() -> bool:
     _state["active"] = False
     if os.environ.get("MATRIS_CPU_HEAP", "1") == "0":
         return False
+    return set_keep(True)
+
+
+def set_keep(keep: bool) -> bool:
+    """Switch the setting on (as :func:`keep_freed_memory`) or back to glibc's behaviour in a
+    long-running process (free memory released now; blocks from 32 MiB up mmapped, free memory
+    above 64 MiB at the heap's top trimmed: where glibc's dynamic thresholds settle once a 32 MiB
+    block has been freed, and the most memory glibc keeps by itself); benchmarks compare the two
+    in one process. Returns whether the setting is on; False off glibc."""
     libc = _glibc()
     if libc is None:
         return False
-    # mallopt returns 1 on success
-    _state["active"] = bool(libc.mallopt(_M_MMAP_MAX, 0)) & bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))
+    _state["applied"] = True
+    if keep:  # mallopt returns 1 on success
+        _state["active"] = bool(libc.mallopt(_M_MMAP_MAX, 0)) & bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))
+    else:
+        libc.mallopt(_M_MMAP_MAX, 65536)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+        libc.malloc_trim(0)
+        _state["active"] = False
     return bool(_state["active"])
 
 

@@ -20,6 +20,8 @@ PROBE = textwrap.dedent("""
     import torch
     from matris.kernels import heap
     print(heap.keep_freed_memory(), file=sys.stderr)
+    if sys.argv[1:] == ["off"]:  # on, then back to glibc's long-run limits (the benchmarks' toggle)
+        print(heap.set_keep(False), file=sys.stderr)
     for k in range(8):
         if k == 5:
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -32,10 +34,10 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def _faults(env_value: str) -> tuple[int, str]:
+def _faults(env_value: str, *args: str) -> tuple[int, str]:
     env = dict(os.environ, MATRIS_CPU_HEAP=env_value)
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
     return int(out.stdout.strip()), out.stderr.strip().splitlines()[-1]
 
 
@@ -47,6 +49,8 @@ def test_freed_memory_is_reused_without_page_faults():
     # 120 MiB a round is 30,720 pages of 4 KiB: glibc's default maps (and faults in) them again
     assert default > 3 * 20_000
     assert kept < 1_000
+    switched_off, state = _faults("1", "off")
+    assert state == "False" and switched_off > 3 * 10_000  # the 64 MiB block is mapped afresh each round
 
 
 MODEL_CALL = textwrap.dedent("""
