@@ -77,3 +77,19 @@ def release_memory() -> bool:
     some was released. The setting of :func:`keep_freed_memory` stays in effect."""
     libc = _glibc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def free_bytes() -> int:
+    """Bytes the heap holds free for reuse (glibc ≥ 2.33 ``mallinfo2().fordblks``; 0 elsewhere).
+    The model counts them as available when it chooses a memory level: kept memory is not lost."""
+    libc = _glibc()
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is None:
+        return 0
+    fn.restype = _MallInfo2
+    return int(fn().fordblks)

@@ -29,7 +29,8 @@ ANGLE_SHRINK = 1 - 1e-6
 
 
 def available_memory(device: torch.device) -> int:
-    """Bytes of memory free for new tensors on ``device`` (CPU: MemAvailable)."""
+    """Bytes of memory free for new tensors on ``device`` (CPU: MemAvailable plus what the heap
+    keeps free for reuse, :mod:`matris.kernels.heap`)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
@@ -37,7 +38,7 @@ def available_memory(device: torch.device) -> int:
         with open("/proc/meminfo") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    return int(line.split()[1]) * 1024 + heap.free_bytes()
     except OSError:
         pass
     try:
