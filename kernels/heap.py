@@ -20,6 +20,7 @@ long-lived process. Other C libraries (macOS, musl) are left alone.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -29,13 +30,23 @@ _KEEP_BYTES = 2**31 - 1  # mallopt takes an int
 _state: dict[str, object] = {"applied": False}
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.lru_cache(maxsize=1)
 def _glibc():
+    # once: platform.libc_ver() reads the interpreter's binary, and free_bytes() runs on every CPU call
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        return ctypes.CDLL("libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return None
+    if hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = _MallInfo2
+    return libc
 
 
 def keep_freed_memory() -> bool:
@@ -78,17 +89,10 @@ def release_memory() -> bool:
     return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
 def free_bytes() -> int:
     """Bytes the heap holds free for reuse (glibc ≥ 2.33 ``mallinfo2().fordblks``; 0 elsewhere).
     The model counts them as available when it chooses a memory level: kept memory is not lost."""
     libc = _glibc()
-    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
-    if fn is None:
+    if libc is None or not hasattr(libc, "mallinfo2"):
         return 0
-    fn.restype = _MallInfo2
-    return int(fn().fordblks)
+    return int(libc.mallinfo2().fordblks)
