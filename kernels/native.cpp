@@ -55,7 +55,9 @@ template <typename To, typename From> static inline To bits(From x) {
 
 // exp(x): x = k·ln2 + r with |r| ≤ ln2/2, exp(r) by its Taylor series (degree 7 in float32,
 // 13 in float64: truncation below half an ulp), times 2^k built in the exponent bits.
-// Below `lo` it returns 0 (exp(-87) ≈ 1.6e-38), above `hi` it saturates; NaN propagates.
+// Below `lo` it returns 0 (exp(-87) ≈ 1.6e-38), above `hi` it saturates; NaN propagates through
+// the arithmetic (r and p are NaN, so p·scale is), with no select of its own: a select on x == x
+// made GCC compute every 1/(1 + vexp(·)) twice, once per branch (two vdivps instead of one).
 template <typename T> static inline T vexp(T x) {
     using C = ExpConst<T>;
     using I = typename C::I;
@@ -70,7 +72,7 @@ template <typename T> static inline T vexp(T x) {
     const I k = kbits - bits<I>(C::magic);
     const T scale = bits<T>((I)((k + C::bias) << C::shift));
     const T res = p * scale;
-    return x < C::lo ? T(0) : (x == x ? res : x);
+    return x < C::lo ? T(0) : res;
 }
 
 template <typename T> static inline T sigm(T x) { return T(1) / (T(1) + vexp(-x)); }
