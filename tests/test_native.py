@@ -41,9 +41,9 @@ def _cases(dtype, seed=0, e=300, b=23, c=32):
     return phi, attn, refine
 
 
-def _run_all(dtype, chunk=64):
+def _run_all(dtype, chunk=64, c=32):
     """Values and input gradients of the three chunked kernels (frozen weights: fused backwards)."""
-    (rows, rw, terms, w), (a_rows, wst, m, tgt, src, b), rf = _cases(dtype)
+    (rows, rw, terms, w), (a_rows, wst, m, tgt, src, b), rf = _cases(dtype, c=c)
     eps = torch.finfo(dtype).eps
     outs = []
     x = [rows.clone().requires_grad_(True)] + [p.clone().requires_grad_(True) for p, _ in terms]
@@ -67,15 +67,18 @@ def _run_all(dtype, chunk=64):
     return outs
 
 
-def test_float32_agrees_with_the_pytorch_forms():
-    got = _run_all(torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("c", [32, 6])  # 6: rows that are no whole number of vectors (plain stores)
+def test_agrees_with_the_pytorch_forms(dtype, c):
+    got = _run_all(dtype, c=c)
     previous = native.set_enabled(False)
     try:
-        want = _run_all(torch.float32)
+        want = _run_all(dtype, c=c)
     finally:
         native.set_enabled(previous)
+    tol = 2e-5 if dtype == torch.float32 else 1e-12
     for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 def test_results_do_not_depend_on_the_thread_count():
