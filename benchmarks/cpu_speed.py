@@ -192,6 +192,58 @@ def train_steps(rounds: int) -> list[dict]:
     return out
 
 
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
+    """How far the GEMMs alone are from the target: the GEMM FLOPs of one E+F+S call (every
+    ``mm``/``addmm``/``bmm`` counted as it is dispatched, each also timed there), and this
+    machine's GEMM rate right after it on the call's dominant shape (4,096 angle rows × 128 →
+    256, operands in cache) and on a 1,024³ GEMM. ``floor_seconds`` is the call's GEMM FLOPs at
+    the dominant shape's rate: no formulation of the same model runs faster on this machine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    flops, seconds, calls = [0], [0.0], [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name not in GEMM_OPS:
+                return func(*args, **(kwargs or {}))
+            a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
+            batch = a.shape[0] if a.dim() == 3 else 1
+            t0 = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            seconds[0] += time.perf_counter() - t0
+            flops[0] += 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+            calls[0] += 1
+            return out
+
+    calc.reset()
+    with Count():
+        calc.calculate(atoms, ["energy", "forces", "stress"])
+
+    def rate(m: int, k: int, n: int, reps: int) -> float:
+        x, w, out = torch.randn(m, k), torch.randn(n, k), torch.empty(m, n)
+        for _ in range(3):
+            torch.mm(x, w.T, out=out)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            torch.mm(x, w.T, out=out)
+            ts.append(time.perf_counter() - t0)
+        return 2 * m * k * n / statistics.median(ts) / 1e9
+
+    hot, square = rate(4096, 128, 256, 50), rate(1024, 1024, 1024, 10)
+    gflop = flops[0] / 1e9
+    result = {"gemm_calls": calls[0], "gflop": gflop, "in_call_seconds": seconds[0],
+              "in_call_gflops": gflop / seconds[0], "hot_gflops_4096x128x256": hot, "hot_gflops_1024cubed": square,
+              "floor_seconds": gflop / hot}
+    if chgnet_seconds:
+        result["floor_ratio_vs_chgnet"] = result["floor_seconds"] / chgnet_seconds
+    return result
+
+
 def markdown(path: str, command: bool = True) -> str:
     """The docs' table from a results file (so the numbers are never retyped); ``command``:
     name the command and commit that made it (the docs give them in a line of their own)."""
@@ -221,6 +273,14 @@ def markdown(path: str, command: bool = True) -> str:
         fams = data["op_shares"]["families"]
         lines.append("\nOne Si64 call of the default path, torch.profiler self CPU time: " + ", ".join(
             f"{k} {100 * v['share']:.0f} %" for k, v in fams.items()) + ".")
+    if data.get("gemm_floor"):
+        g = data["gemm_floor"]
+        ratio = (f", {g['floor_ratio_vs_chgnet']:.1f}× CHGNet's median" if "floor_ratio_vs_chgnet" in g else "")
+        lines.append(f"\nThe GEMMs of one Si64 call: {g['gemm_calls']:,} calls, {g['gflop']:.1f} GFLOP, "
+                     f"{g['in_call_seconds']:.2f} s ({g['in_call_gflops']:.0f} GFLOP/s) within the call. In cache, right "
+                     f"after it, the dominant shape (4,096 × 128 → 256) ran at {g['hot_gflops_4096x128x256']:.0f} GFLOP/s "
+                     f"and a 1,024³ GEMM at {g['hot_gflops_1024cubed']:.0f}: the GEMMs alone need at least "
+                     f"{g['floor_seconds']:.2f} s{ratio}.")
     meta = data["meta"]
     how = f"{data['threads']} threads, {data['rounds']} interleaved rounds (medians)."
     lines.append(f"\n`{meta['command']}` at commit `{(meta['commit'] or '')[:10]}`, {how}" if command else f"\n{how}")
@@ -338,12 +398,14 @@ def main(argv=None) -> int:
                                    "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
                                    "native_loops": native.library() is not None,
                                    "compile_seconds": compile_times, "compile_errors": compile_errors,
-                                   "op_shares": shares, "train_steps": train_rows, "chgnet_allocator": alloc})
+                                   "op_shares": shares, "train_steps": train_rows, "chgnet_allocator": alloc,
+                                   "gemm_floor": floor})
 
     alloc = chgnet_allocator(chgnet, args.rounds) if chgnet is not None else None
     if alloc:
         print(f"CHGNet Si64 E+F+S: {alloc['seconds']['kept']:.4f} s with the kept-memory setting (as above), "
               f"{alloc['seconds']['glibc']:.4f} s with glibc's limits put back")
+    floor = None
     save([], None)  # what is measured so far survives a later failure
     train_rows = train_steps(args.rounds) if args.train else []
 
@@ -356,6 +418,14 @@ def main(argv=None) -> int:
         for fam, v in shares["families"].items():
             print(f"  {fam:20s} {v['ms']:9.1f} ms  {100 * v['share']:5.1f} %")
         print("  top ops: " + ", ".join(f"{o['op'].removeprefix('aten::')} {o['ms']:.0f} ms" for o in shares["top_ops"]))
+        si64 = next((r for r in rows if r["structure"] == "Si64" and r["kind"] == "E+F+S"), None)
+        floor = gemm_floor(calcs[default], standard_structure("si", 64).atoms,
+                           si64["seconds"].get("CHGNet") if si64 else None)
+        print(f"  GEMMs: {floor['gemm_calls']} calls, {floor['gflop']:.1f} GFLOP, {floor['in_call_seconds']:.2f} s in the "
+              f"call ({floor['in_call_gflops']:.0f} GFLOP/s); in cache {floor['hot_gflops_4096x128x256']:.0f} GFLOP/s "
+              f"(4096x128->256), {floor['hot_gflops_1024cubed']:.0f} GFLOP/s (1024^3): floor "
+              f"{floor['floor_seconds']:.2f} s" + (f" = {floor['floor_ratio_vs_chgnet']:.1f}x CHGNet"
+                                                    if "floor_ratio_vs_chgnet" in floor else ""))
 
     save(train_rows, shares)
     if args.json:
