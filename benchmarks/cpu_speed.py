@@ -31,7 +31,9 @@ table: freeing the heap there would make our next call fault all its memory back
 
 The op table is torch.profiler's self CPU time of one Si64 call of the default variant,
 grouped by family, so the next person sees where the time goes; "fused C++ loops" is the self
-time of the chunked kernels' autograd Functions (their native loops and Python glue).
+time of the chunked kernels' autograd Functions (their native loops and Python glue). Under it,
+the GEMM floor: the GEMM FLOPs of one Si64 call, their rate inside the call, this machine's
+in-cache GEMM rate right after, and the least time those GEMMs need at that rate.
 
 ``--train`` also times one training step (energy, force, stress and magmom loss with
 ``create_graph``, backward) of Si8 (Si64 needs more than 24 GB with the 10M config) for
@@ -192,7 +194,7 @@ def train_steps(rounds: int) -> list[dict]:
     return out
 
 
-GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")  # the dispatched ops; matmul and linear reach these
 
 
 def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
@@ -200,7 +202,7 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
     ``mm``/``addmm``/``bmm`` counted as it is dispatched, each also timed there), and this
     machine's GEMM rate right after it on the call's dominant shape (4,096 angle rows × 128 →
     256, operands in cache) and on a 1,024³ GEMM. ``floor_seconds`` is the call's GEMM FLOPs at
-    the dominant shape's rate: no formulation of the same model runs faster on this machine."""
+    the dominant shape's rate: the least time these GEMMs need on this machine at that moment."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     flops, seconds, calls = [0], [0.0], [0]
@@ -298,7 +300,7 @@ def main(argv=None) -> int:
                    help="chunked, chunked-ops, torch, compiled")
     p.add_argument("--md-steps", type=int, default=5, help="VelocityVerlet steps of Si64 per variant (0: skip)")
     p.add_argument("--no-chgnet", action="store_true", help="do not compare with CHGNet")
-    p.add_argument("--no-profile", action="store_true", help="skip the op-family table")
+    p.add_argument("--no-profile", action="store_true", help="skip the op-family table and the GEMM floor")
     p.add_argument("--train", action="store_true", help="also time a training step (tiny and 10M configs)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = p.parse_args(argv)
