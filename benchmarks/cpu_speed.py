@@ -73,9 +73,12 @@ FAMILIES = {
 
 FUSED = ("_GatedPhi", "_GatedPhiBackward", "_AttentionPair", "_AttentionPairBackward", "_RefineEdges",
          "_RefineEdgesBackward")
+NATIVE_GEMM = "matris::native_gemm"  # the profiler's name for native.Matmul's calls (see op_shares)
 
 
 def family(op: str) -> str:
+    if op == NATIVE_GEMM:
+        return "GEMM"
     if op in FUSED:
         return "fused C++ loops"
     name = op.removeprefix("aten::")
@@ -87,15 +90,21 @@ def family(op: str) -> str:
 
 def op_shares(calc, atoms) -> dict:
     """Self CPU time (ms) per op family and the top ops of one E+F+S call."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    def recorded(call):  # the native GEMM runs inside the fused Functions: give it an event of its own
+        def wrapper(self, x, out):
+            with record_function(NATIVE_GEMM):
+                return call(self, x, out)
+        return wrapper
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof, _patched(native.Matmul, "__call__", recorded):
         calc.reset()
         calc.calculate(atoms, ["energy", "forces", "stress"])
     per_family: dict[str, float] = {}
     ops = []
     for ev in prof.key_averages():
-        if not ev.key.startswith("aten::") and ev.key not in FUSED:
+        if not ev.key.startswith("aten::") and ev.key not in FUSED and ev.key != NATIVE_GEMM:
             continue
         ms = ev.self_cpu_time_total / 1e3
         per_family[family(ev.key)] = per_family.get(family(ev.key), 0.0) + ms
@@ -197,20 +206,53 @@ def train_steps(rounds: int) -> list[dict]:
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")  # the dispatched ops; matmul and linear reach these
 
 
+@contextlib.contextmanager
+def _patched(owner, name: str, wrap):
+    """``owner.name`` replaced by ``wrap(original)`` inside the block."""
+    original = getattr(owner, name)
+    setattr(owner, name, wrap(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
     """How far the GEMMs alone are from the target: the GEMM FLOPs of one E+F+S call (every
-    ``mm``/``addmm``/``bmm`` counted as it is dispatched, each also timed there), and this
+    ``mm``/``addmm``/``bmm`` counted as it is dispatched and every native GEMM of
+    :class:`matris.kernels.native.Matmul` as it is called, each also timed there), and this
     machine's GEMM rate right after it on the call's dominant shape (4,096 angle rows × 128 →
-    256, operands in cache) and on a 1,024³ GEMM. ``floor_seconds`` is the call's GEMM FLOPs at
-    the dominant shape's rate: the least time these GEMMs need on this machine at that moment."""
+    256, operands in cache; MKL's and, where it is on, the native kernel's) and on a 1,024³ GEMM.
+    ``floor_seconds`` is the call's GEMM FLOPs at the faster in-cache rate of the dominant shape:
+    the least time these GEMMs need on this machine at that moment."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     flops, seconds, calls = [0], [0.0], [0]
+    native_stats = {"calls": 0, "flops": 0, "seconds": 0.0}
+    inside = [False]  # a Matmul that falls back to torch.mm is counted once, by the wrapper
+
+    def counted(call):
+        def wrapper(self, x, out):
+            inside[0] = True
+            t0 = time.perf_counter()
+            try:
+                return call(self, x, out)
+            finally:
+                dt = time.perf_counter() - t0
+                inside[0] = False
+                seconds[0] += dt
+                flops[0] += 2 * x.shape[0] * self.k * self.n
+                calls[0] += 1
+                if self.lib is not None:
+                    native_stats["calls"] += 1
+                    native_stats["flops"] += 2 * x.shape[0] * self.k * self.n
+                    native_stats["seconds"] += dt
+        return wrapper
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.__name__.split(".")[0]
-            if name not in GEMM_OPS:
+            if name not in GEMM_OPS or inside[0]:
                 return func(*args, **(kwargs or {}))
             a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
             batch = a.shape[0] if a.dim() == 3 else 1
@@ -222,25 +264,32 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
             return out
 
     calc.reset()
-    with Count():
+    with Count(), _patched(native.Matmul, "__call__", counted):
         calc.calculate(atoms, ["energy", "forces", "stress"])
 
-    def rate(m: int, k: int, n: int, reps: int) -> float:
+    def rate(m: int, k: int, n: int, reps: int, use_native: bool = False) -> float:
         x, w, out = torch.randn(m, k), torch.randn(n, k), torch.empty(m, n)
+        mm = native.Matmul(w.T) if use_native else (lambda a, out: torch.mm(a, w.T, out=out))
         for _ in range(3):
-            torch.mm(x, w.T, out=out)
+            mm(x, out=out)
         ts = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            torch.mm(x, w.T, out=out)
+            mm(x, out=out)
             ts.append(time.perf_counter() - t0)
         return 2 * m * k * n / statistics.median(ts) / 1e9
 
     hot, square = rate(4096, 128, 256, 50), rate(1024, 1024, 1024, 10)
+    hot_native = rate(4096, 128, 256, 50, use_native=True) if native.gemm_enabled() else None
     gflop = flops[0] / 1e9
     result = {"gemm_calls": calls[0], "gflop": gflop, "in_call_seconds": seconds[0],
               "in_call_gflops": gflop / seconds[0], "hot_gflops_4096x128x256": hot, "hot_gflops_1024cubed": square,
-              "floor_seconds": gflop / hot}
+              "floor_seconds": gflop / max(hot, hot_native or 0.0)}
+    if native_stats["calls"]:
+        result.update(native_gemm_calls=native_stats["calls"], native_gflop=native_stats["flops"] / 1e9,
+                      native_in_call_seconds=native_stats["seconds"],
+                      native_in_call_gflops=native_stats["flops"] / 1e9 / native_stats["seconds"],
+                      hot_native_gflops_4096x128x256=hot_native)
     if chgnet_seconds:
         result["floor_ratio_vs_chgnet"] = result["floor_seconds"] / chgnet_seconds
     return result
@@ -278,11 +327,15 @@ def markdown(path: str, command: bool = True) -> str:
     if data.get("gemm_floor"):
         g = data["gemm_floor"]
         ratio = (f", {g['floor_ratio_vs_chgnet']:.1f}× CHGNet's median" if "floor_ratio_vs_chgnet" in g else "")
+        own = (f" ({g['native_gflop']:.1f} GFLOP of it in the native kernel: {g['native_in_call_seconds']:.2f} s, "
+               f"{g['native_in_call_gflops']:.0f} GFLOP/s)" if g.get("native_gemm_calls") else "")
+        own_hot = (f", {g['hot_native_gflops_4096x128x256']:.0f} in the native kernel"
+                   if g.get("hot_native_gflops_4096x128x256") else "")
         lines.append(f"\nThe GEMMs of one Si64 call: {g['gemm_calls']:,} calls, {g['gflop']:.1f} GFLOP, "
-                     f"{g['in_call_seconds']:.2f} s ({g['in_call_gflops']:.0f} GFLOP/s) within the call. In cache, right "
-                     f"after it, the dominant shape (4,096 × 128 → 256) ran at {g['hot_gflops_4096x128x256']:.0f} GFLOP/s "
-                     f"and a 1,024³ GEMM at {g['hot_gflops_1024cubed']:.0f}: the GEMMs alone need at least "
-                     f"{g['floor_seconds']:.2f} s{ratio}.")
+                     f"{g['in_call_seconds']:.2f} s ({g['in_call_gflops']:.0f} GFLOP/s) within the call{own}. In cache, "
+                     f"right after it, the dominant shape (4,096 × 128 → 256) ran at {g['hot_gflops_4096x128x256']:.0f} "
+                     f"GFLOP/s in MKL{own_hot}, and a 1,024³ GEMM at {g['hot_gflops_1024cubed']:.0f}: the GEMMs alone "
+                     f"need at least {g['floor_seconds']:.2f} s{ratio}.")
     meta = data["meta"]
     how = f"{data['threads']} threads, {data['rounds']} interleaved rounds (medians)."
     lines.append(f"\n`{meta['command']}` at commit `{(meta['commit'] or '')[:10]}`, {how}" if command else f"\n{how}")
@@ -423,8 +476,12 @@ def main(argv=None) -> int:
         si64 = next((r for r in rows if r["structure"] == "Si64" and r["kind"] == "E+F+S"), None)
         floor = gemm_floor(calcs[default], standard_structure("si", 64).atoms,
                            si64["seconds"].get("CHGNet") if si64 else None)
+        if floor.get("native_gemm_calls"):
+            print(f"  native GEMM: {floor['native_gemm_calls']} calls, {floor['native_gflop']:.1f} GFLOP, "
+                  f"{floor['native_in_call_seconds']:.2f} s in the call ({floor['native_in_call_gflops']:.0f} GFLOP/s); "
+                  f"in cache {floor['hot_native_gflops_4096x128x256']:.0f} GFLOP/s (4096x128->256)")
         print(f"  GEMMs: {floor['gemm_calls']} calls, {floor['gflop']:.1f} GFLOP, {floor['in_call_seconds']:.2f} s in the "
-              f"call ({floor['in_call_gflops']:.0f} GFLOP/s); in cache {floor['hot_gflops_4096x128x256']:.0f} GFLOP/s "
+              f"call ({floor['in_call_gflops']:.0f} GFLOP/s); MKL in cache {floor['hot_gflops_4096x128x256']:.0f} GFLOP/s "
               f"(4096x128->256), {floor['hot_gflops_1024cubed']:.0f} GFLOP/s (1024^3): floor "
               f"{floor['floor_seconds']:.2f} s" + (f" = {floor['floor_ratio_vs_chgnet']:.1f}x CHGNet"
                                                     if "floor_ratio_vs_chgnet" in floor else ""))

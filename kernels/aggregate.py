@@ -386,10 +386,11 @@ def _forward_native(rows, weight, row_index, m, target, source, n, chunk):
     state = [t.data_ptr() for t in (out_s, out_t, lse_s, lse_t, sum_s, sum_t)]
     lib("attn_init", m.dtype)(n, c, *state)
     step = lib("attn_fwd", m.dtype)
+    logits = native.Matmul(weight.T) if row_index is None else None
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
         if row_index is None:
-            a = torch.mm(rows[s : s + chunk], weight.T, out=alpha[s : s + chunk])
+            a = logits(rows[s : s + chunk], out=alpha[s : s + chunk])
             a_ptr, ix = a.data_ptr(), None
         else:
             a_ptr, ix = alpha.data_ptr(), row_index[s : s + chunk].data_ptr()
@@ -409,6 +410,7 @@ def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, o
     fn = native.library()("attn_bwd", m.dtype)
     nt = native.threads()
     g_alpha = torch.empty(min(chunk, e), 2 * c, dtype=m.dtype)
+    by_weight = native.Matmul(weight) if g_rows is not None and row_index is None else None
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
         ga = g_alpha[:k]
@@ -422,6 +424,6 @@ def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, o
            ga.data_ptr(), nt)
         if g_rows is not None:
             if row_index is None:
-                torch.mm(ga, weight, out=g_rows[s : s + chunk])
+                by_weight(ga, out=g_rows[s : s + chunk])
             else:
                 g_rows.index_add_(0, row_index[s : s + chunk], ga)

@@ -1,10 +1,11 @@
 """The fused CPU loops (``native.cpp``): built once with the system's C++ compiler, called with ctypes.
 
-The chunked CPU kernels (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`) run their GEMMs in
-PyTorch and, where this library is available, their elementwise, gather and scatter steps as
-one fused loop each (one pass over the rows instead of one pass per PyTorch op). Without it
-(no compiler, or ``MATRIS_NATIVE=0``) they run the same formulas in PyTorch ops; both forms are
-tested against each other and against the references.
+The chunked CPU kernels (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`) run, where this library
+is available, their elementwise, gather and scatter steps as one fused loop each (one pass over
+the rows instead of one pass per PyTorch op), and their float32 row-chunk GEMMs with its AVX2
+kernel (:class:`Matmul`; torch.mm on other CPUs, in float64 and with ``MATRIS_NATIVE_GEMM=0``).
+Without it (no compiler, or ``MATRIS_NATIVE=0``) they run the same formulas in PyTorch ops; both
+forms are tested against each other and against the references.
 
 The library is compiled on first use with ``$CXX`` (default ``c++``; C++17 and OpenMP:
 GCC ≥ 7 or Clang ≥ 5) ``-O3 -march=native -fopenmp`` and cached under
@@ -34,7 +35,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 3
+ABI = 4
 
 
 class NativeBuildError(RuntimeError):
@@ -132,6 +133,13 @@ class _Library:
                 fn.argtypes = [real if a is None else a for a in args]
                 fn.restype = real if name == "vexp" else None
                 self.fns[name, suffix] = fn
+        self.gemm_pack = self.cdll.gemm_pack_f32
+        self.gemm_pack.argtypes = [_P, _I64, _I64, _I64, _I64, _P]
+        self.gemm_pack.restype = None
+        self.gemm = self.cdll.gemm_f32
+        self.gemm.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _INT]
+        self.gemm.restype = None
+        self.has_gemm = bool(self.cdll.gemm_available())
 
     def __call__(self, name: str, dtype: torch.dtype):
         return self.fns[name, "f32" if dtype == torch.float32 else "f64"]
@@ -198,4 +206,43 @@ def ptr_array(tensors: list[torch.Tensor]):
 
 def threads() -> int:
     return max(1, torch.get_num_threads())
+
+
+def gemm_enabled() -> bool:
+    """Whether :class:`Matmul` uses the library's float32 GEMM: built for AVX2 + FMA without
+    AVX-512 (where it beats MKL's sgemm on the row-chunk shapes; elsewhere MKL's kernels are wider)
+    and not turned off with ``MATRIS_NATIVE_GEMM=0``."""
+    lib = library()
+    return lib is not None and lib.has_gemm and os.environ.get("MATRIS_NATIVE_GEMM", "1") != "0"
+
+
+class Matmul:
+    """``x @ b`` for one right factor ``b [K, N]`` (any strides) used on many row chunks.
+
+    float32 CPU with :func:`gemm_enabled` and N a multiple of 16: ``b`` is packed once into the
+    library's panel layout (``K·N`` floats) and every call runs its GEMM. Otherwise ``torch.mm``.
+    Each output element is then one fused multiply-add chain in k order (no split of K), so the
+    result does not depend on the thread count.
+    """
+
+    def __init__(self, b: torch.Tensor):
+        self.b = b
+        self.k, self.n = b.shape
+        lib = library()
+        self.lib = lib if (b.dtype == torch.float32 and b.device.type == "cpu" and self.n % 16 == 0 and self.k > 0
+                           and gemm_enabled()) else None
+        if self.lib is not None:
+            self.packed = torch.empty(self.k * self.n, dtype=torch.float32)
+            self.lib.gemm_pack(b.data_ptr(), self.k, self.n, b.stride(0), b.stride(1), self.packed.data_ptr())
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out [M, N] = x [M, K] @ b``; ``x`` and ``out`` need unit column strides for the native GEMM."""
+        if (self.lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1
+                or out.stride(1) != 1 or x.shape[1] != self.k or tuple(out.shape) != (x.shape[0], self.n)
+                or out.dtype != torch.float32):
+            return torch.mm(x, self.b, out=out)
+        if x.shape[0]:
+            self.lib.gemm(x.data_ptr(), x.shape[0], self.k, x.stride(0), self.packed.data_ptr(), self.n,
+                          out.data_ptr(), out.stride(0), threads())
+        return out
 

@@ -205,18 +205,20 @@ def _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, c
     nt = native.threads()
     proj_ptrs = native.ptr_array(projs)
     bias, bc, bg, nc, ng = (t.contiguous() for t in (bias1, bc, bg, nc, ng))
+    by_row = native.Matmul(row_weight.T) if rows is not None else None
+    by_core, by_gate = native.Matmul(wc.T), native.Matmul(wg.T)
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         k = e - s
         p, hd = pre[s:e], hid[:k]
         if rows is not None:  # biases are added in the fused loops, not copied into GEMM outputs
-            torch.mm(rows[s:e], row_weight.T, out=p)
+            by_row(rows[s:e], out=p)
         idx_ptrs = native.ptr_array([ix[s:e] for ix in indices])
         gather(p.data_ptr(), hd.data_ptr(), k, two_h, bias.data_ptr(), int(rows is None), len(projs), proj_ptrs,
                idx_ptrs, 1, nt)
         c, g = core[s:e], gate[s:e]
-        torch.mm(hd[:, :h], wc.T, out=c)
-        torch.mm(hd[:, h:], wg.T, out=g)
+        by_core(hd[:, :h], out=c)
+        by_gate(hd[:, h:], out=g)
         epilogue(c.data_ptr(), g.data_ptr(), k, d, bc.data_ptr(), bg.data_ptr(), nc.data_ptr(), ng.data_ptr(), eps,
                  r_c[s:e].data_ptr(), r_g[s:e].data_ptr(), sig[s:e].data_ptr(), out[s:e].data_ptr(), nt)
 
@@ -235,6 +237,8 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, co
     nc, ng = nc.contiguous(), ng.contiguous()
     wanted = [(gp, ix) for gp, ix in zip(g_projs, indices) if gp is not None]
     out_ptrs = native.ptr_array([gp for gp, _ in wanted])
+    by_core, by_gate = native.Matmul(wc), native.Matmul(wg)
+    by_row = native.Matmul(row_weight) if g_rows is not None else None
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         k = e - s
@@ -242,8 +246,8 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, co
         gated(grad[s:e].data_ptr(), core[s:e].data_ptr(), gate[s:e].data_ptr(), r_c[s:e].data_ptr(),
               r_g[s:e].data_ptr(), sig[s:e].data_ptr(), nc.data_ptr(), ng.data_ptr(), k, d, gc.data_ptr(),
               gg.data_ptr(), nt)
-        torch.mm(gc, wc, out=gh[:, :h])
-        torch.mm(gg, wg, out=gh[:, h:])
+        by_core(gc, out=gh[:, :h])
+        by_gate(gg, out=gh[:, h:])
         idx_ptrs = native.ptr_array([ix[s:e] for _, ix in wanted]) if wanted else None
         if slope and wanted:  # ∂L/∂pre = silu'(pre) ⊙ gh, scattered in the same pass
             scale_scatter(gh.data_ptr(), pre[s:e].data_ptr(), k, two_h, len(wanted), out_ptrs, idx_ptrs, nt)
@@ -254,7 +258,7 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, co
             if wanted:
                 scatter(gh.data_ptr(), k, two_h, len(wanted), out_ptrs, idx_ptrs, nt)
         if g_rows is not None:
-            torch.mm(gh, row_weight, out=g_rows[s:e])
+            by_row(gh, out=g_rows[s:e])
 
 
 def _rms_backward(g_xn: torch.Tensor, x: torch.Tensor, r: torch.Tensor, scratch: torch.Tensor, d: int) -> torch.Tensor:

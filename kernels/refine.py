@@ -165,6 +165,7 @@ def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk
     ug = torch.empty(k0, c, dtype=u.dtype)
     act = torch.empty(k0, w1.shape[0], dtype=u.dtype) if y is not None else None
     b1 = b1.contiguous() if b1 is not None else None
+    by_w1, by_w2 = (native.Matmul(w1.T), native.Matmul(w2.T)) if y is not None else (None, None)
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
         fwd(u[s : s + chunk].data_ptr(), q.data_ptr(), src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(),
@@ -172,9 +173,9 @@ def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk
         if y is None:
             continue
         hs = h[s : s + chunk]
-        torch.mm(ug[:k] if smooth else u[s : s + chunk], w1.T, out=hs)
+        by_w1(ug[:k] if smooth else u[s : s + chunk], out=hs)
         act_fn(hs.data_ptr(), act.data_ptr(), k, hs.shape[1], native.ptr(b1), 0, 0, None, None, 1, nt)
-        yn = torch.mm(act[:k], w2.T, out=y_new[s : s + chunk])
+        yn = by_w2(act[:k], out=y_new[s : s + chunk])
         if b2 is not None:
             yn.add_(b2)
         yn.addcmul_(y[s : s + chunk], res_weight)
@@ -194,15 +195,16 @@ def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_y
     g_in = torch.empty(k0, c, dtype=u.dtype) if ffn else None
     p_s, p_t = (torch.empty(k0, c, dtype=u.dtype) for _ in range(2)) if g_q is not None else (None, None)
     targets = native.ptr_array([g_q]) if g_q is not None else None
+    by_w1, by_w2 = (native.Matmul(w1), native.Matmul(w2)) if ffn else (None, None)
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
         if ffn:
-            torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
+            by_w2(g_ynew[s : s + chunk], out=gh[:k])
             if slope:
                 gh[:k].mul_(h[s : s + chunk])
             else:
                 _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k])
-            torch.mm(gh[:k], w1, out=g_in[:k])
+            by_w1(gh[:k], out=g_in[:k])
         bwd(g_agg.data_ptr(), native.ptr(g_in), u[s : s + chunk].data_ptr(), q.data_ptr(),
             src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(), k, c, int(smooth),
             g_u[s : s + chunk].data_ptr() if g_u is not None else None, native.ptr(p_s), native.ptr(p_t), nt)

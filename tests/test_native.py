@@ -149,3 +149,48 @@ def test_a_broken_compiler_names_itself(tmp_path, monkeypatch):
     with pytest.raises(native.NativeBuildError, match="boom"):
         native.build()
     assert not list((tmp_path / "cache" / "native").rglob("*.so"))  # the temporary was removed
+
+
+def _gemm_direct(a: torch.Tensor, b: torch.Tensor, threads: int = 2) -> torch.Tensor:
+    """The library's float32 GEMM called directly (the AVX2 kernel, or its portable form where the
+    build has no AVX2): ``a [m, k]`` with a row stride, ``b [k, n]`` with any strides."""
+    lib = native.library()
+    k, n = b.shape
+    packed = torch.empty(k * n)
+    lib.gemm_pack(b.data_ptr(), k, n, b.stride(0), b.stride(1), packed.data_ptr())
+    out = torch.full((a.shape[0], n), float("nan"))
+    lib.gemm(a.data_ptr(), a.shape[0], k, a.stride(0), packed.data_ptr(), n, out.data_ptr(), n, threads)
+    return out
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 16), (5, 3, 32), (6, 128, 128), (7, 128, 256), (50, 256, 128),
+                                   (4097, 128, 256)])
+def test_native_gemm_is_a_float32_product_within_its_rounding_bound(m, k, n):
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randn(m, k + 5, generator=g)[:, 2 : 2 + k]  # rows with a stride, like the chunk slices
+    b = torch.randn(n, k, generator=g).T  # a transposed weight, as the forward passes it
+    got = _gemm_direct(a, b).double()
+    want = a.double() @ b.double()
+    # one fused multiply-add chain per element: |error| ≤ k·u·Σ|a||b| (u = 2⁻²⁴)
+    bound = k * 2.0**-24 * (a.abs().double() @ b.abs().double())
+    assert ((got - want).abs() <= bound).all()
+    assert torch.equal(_gemm_direct(a, b, threads=1), _gemm_direct(a, b, threads=3))
+
+
+def test_matmul_uses_the_native_gemm_where_it_applies_and_torch_mm_elsewhere(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(300, 64, generator=g)
+    w = torch.randn(128, 64, generator=g)
+    mm = native.Matmul(w.T)
+    out = mm(a, out=torch.empty(300, 128))
+    assert (mm.lib is not None) == native.gemm_enabled()
+    if mm.lib is not None:
+        assert torch.equal(out, _gemm_direct(a, w.T))
+    torch.testing.assert_close(out, a @ w.T, rtol=1e-5, atol=1e-5)
+    # float64, a width that is no multiple of 16, and MATRIS_NATIVE_GEMM=0: torch.mm, bit for bit
+    for x, b in ((a.double(), w.T.double()), (a, w[:24].T)):
+        fallback = native.Matmul(b)
+        assert fallback.lib is None
+        assert torch.equal(fallback(x, out=torch.empty(300, b.shape[1], dtype=x.dtype)), torch.mm(x, b))
+    monkeypatch.setenv("MATRIS_NATIVE_GEMM", "0")
+    assert not native.gemm_enabled() and native.Matmul(w.T).lib is None
