@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -263,9 +264,28 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
             calls[0] += 1
             return out
 
-    calc.reset()
-    with Count(), _patched(native.Matmul, "__call__", counted):
-        calc.calculate(atoms, ["energy", "forces", "stress"])
+    def one_call() -> float:
+        calc.reset()
+        t0 = time.perf_counter()
+        with Count(), _patched(native.Matmul, "__call__", counted):
+            calc.calculate(atoms, ["energy", "forces", "stress"])
+        return time.perf_counter() - t0
+
+    # the same call with the native GEMM off (MKL for every product) first, then as configured
+    mkl = None
+    if native.gemm_enabled():
+        previous = os.environ.get("MATRIS_NATIVE_GEMM")
+        os.environ["MATRIS_NATIVE_GEMM"] = "0"
+        try:
+            mkl_call = one_call()
+        finally:
+            if previous is None:
+                del os.environ["MATRIS_NATIVE_GEMM"]
+            else:
+                os.environ["MATRIS_NATIVE_GEMM"] = previous
+        mkl = {"call_seconds": mkl_call, "gemm_seconds": seconds[0], "gemm_gflops": flops[0] / 1e9 / seconds[0]}
+        flops[0], seconds[0], calls[0] = 0, 0.0, 0
+    call_seconds = one_call()
 
     def rate(m: int, k: int, n: int, reps: int, use_native: bool = False) -> float:
         x, w, out = torch.randn(m, k), torch.randn(n, k), torch.empty(m, n)
@@ -285,6 +305,9 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
     result = {"gemm_calls": calls[0], "gflop": gflop, "in_call_seconds": seconds[0],
               "in_call_gflops": gflop / seconds[0], "hot_gflops_4096x128x256": hot, "hot_gflops_1024cubed": square,
               "floor_seconds": gflop / max(hot, hot_native or 0.0)}
+    result["call_seconds"] = call_seconds
+    if mkl:
+        result["mkl_only"] = mkl
     if native_stats["calls"]:
         result.update(native_gemm_calls=native_stats["calls"], native_gflop=native_stats["flops"] / 1e9,
                       native_in_call_seconds=native_stats["seconds"],
@@ -331,6 +354,11 @@ def markdown(path: str, command: bool = True) -> str:
                f"{g['native_in_call_gflops']:.0f} GFLOP/s)" if g.get("native_gemm_calls") else "")
         own_hot = (f", {g['hot_native_gflops_4096x128x256']:.0f} in the native kernel"
                    if g.get("hot_native_gflops_4096x128x256") else "")
+        if g.get("mkl_only"):
+            m = g["mkl_only"]
+            lines.append(f"\nThe same Si64 call with every GEMM in MKL (`MATRIS_NATIVE_GEMM=0`), just before: "
+                         f"{m['call_seconds']:.2f} s, its GEMMs {m['gemm_seconds']:.2f} s ({m['gemm_gflops']:.0f} GFLOP/s); "
+                         f"with the native kernel: {g['call_seconds']:.2f} s, GEMMs {g['in_call_seconds']:.2f} s.")
         lines.append(f"\nThe GEMMs of one Si64 call: {g['gemm_calls']:,} calls, {g['gflop']:.1f} GFLOP, "
                      f"{g['in_call_seconds']:.2f} s ({g['in_call_gflops']:.0f} GFLOP/s) within the call{own}. In cache, "
                      f"right after it, the dominant shape (4,096 × 128 → 256) ran at {g['hot_gflops_4096x128x256']:.0f} "
@@ -476,6 +504,11 @@ def main(argv=None) -> int:
         si64 = next((r for r in rows if r["structure"] == "Si64" and r["kind"] == "E+F+S"), None)
         floor = gemm_floor(calcs[default], standard_structure("si", 64).atoms,
                            si64["seconds"].get("CHGNet") if si64 else None)
+        if floor.get("mkl_only"):
+            m = floor["mkl_only"]
+            print(f"  one Si64 call, every GEMM in MKL: {m['call_seconds']:.2f} s (GEMMs {m['gemm_seconds']:.2f} s, "
+                  f"{m['gemm_gflops']:.0f} GFLOP/s); with the native GEMM: {floor['call_seconds']:.2f} s "
+                  f"(GEMMs {floor['in_call_seconds']:.2f} s)")
         if floor.get("native_gemm_calls"):
             print(f"  native GEMM: {floor['native_gemm_calls']} calls, {floor['native_gflop']:.1f} GFLOP, "
                   f"{floor['native_in_call_seconds']:.2f} s in the call ({floor['native_in_call_gflops']:.0f} GFLOP/s); "
