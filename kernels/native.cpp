@@ -436,10 +436,11 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
 // ---- float32 GEMM for the chunked kernels' row-chunk products -------------------------------
 // C[M, N] = A[M, K]·B[K, N]: A's rows where they lie (row stride lda, unit column stride), B
 // packed once per call by gemm_pack into 16-column panels [N/16][K][16], C row-major (ldc).
-// Why: inside a model call MKL's sgemm runs these shapes (4,096 rows × K 128|256 × N 128|256,
-// a different weight each call, A just written by a fused loop) at 70-100 GFLOP/s on a 2-core
-// EPYC (AVX2, no AVX-512); this 6×16 register kernel, reading A where it lies (no packing pass)
-// with the weight panels in L2, runs them at 100-130 in the same calls. Each output is one fused
+// Why: MKL's sgemm packs both operands on every call, which these shapes (4,096 rows × K 128|256
+// × N 128|256, a different weight each call, A just written by a fused loop) cannot amortise;
+// this 6×16 register kernel reads A where it lies and packs the weight once per kernel call.
+// On a 2-core EPYC (AVX2, no AVX-512) it makes a Si64 call's GEMMs 10-40 % faster than MKL's,
+// side by side (benchmarks/cpu_speed.py, gemm_floor; near the FMA peak in L2). Each output is one fused
 // multiply-add chain in k order: the same sums for any thread count. Only built for AVX2 + FMA
 // without AVX-512 (where MKL's wider kernels win); elsewhere gemm_available() is 0 and the
 // Python side calls torch.mm.
