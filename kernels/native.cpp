@@ -443,14 +443,17 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
 // side by side (benchmarks/cpu_speed.py, gemm_floor; near the FMA peak in L2). Each output is one fused
 // multiply-add chain in k order: the same sums for any thread count. Only built for AVX2 + FMA
 // without AVX-512 (where MKL's wider kernels win); elsewhere gemm_available() is 0 and the
-// Python side calls torch.mm.
+// Python side calls torch.mm. With S (row stride lds), the product is multiplied elementwise by
+// S[M, N] before it is stored: the backward's silu' factor, applied to each tile in registers
+// instead of in a pass of its own over the stored product.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
 constexpr int kGemm = 1;
 
 // rows [0, R) of a row block times one 16-column panel; R ≤ 6 (12 accumulators + 2 + 1 registers)
 template <int R>
-static inline void gemm_block(const float* A, i64 lda, const float* Bp, i64 K, float* C, i64 ldc) {
+static inline void gemm_block(const float* A, i64 lda, const float* Bp, i64 K, float* C, i64 ldc, const float* S,
+                              i64 lds) {
     __m256 c0[R], c1[R];
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
@@ -463,6 +466,13 @@ static inline void gemm_block(const float* A, i64 lda, const float* Bp, i64 K, f
             c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
         }
     }
+    if (S) {  // the optional elementwise factor, while the tile is in registers
+#pragma GCC unroll 6
+        for (int r = 0; r < R; ++r) {
+            c0[r] = _mm256_mul_ps(c0[r], _mm256_loadu_ps(S + r * lds));
+            c1[r] = _mm256_mul_ps(c1[r], _mm256_loadu_ps(S + r * lds + 8));
+        }
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
         _mm256_storeu_ps(C + r * ldc, c0[r]);
@@ -471,11 +481,13 @@ static inline void gemm_block(const float* A, i64 lda, const float* Bp, i64 K, f
 }
 
 template <int R>
-static inline void gemm_rows(const float* A, i64 lda, const float* Bp, i64 K, i64 N, float* C, i64 ldc) {
-    for (i64 j = 0; j < N; j += 16) gemm_block<R>(A, lda, Bp + j * K, K, C + j, ldc);
+static inline void gemm_rows(const float* A, i64 lda, const float* Bp, i64 K, i64 N, float* C, i64 ldc, const float* S,
+                             i64 lds) {
+    for (i64 j = 0; j < N; j += 16) gemm_block<R>(A, lda, Bp + j * K, K, C + j, ldc, S ? S + j : nullptr, lds);
 }
 
-static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc, int nt) {
+static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
+                     const float* S, i64 lds, int nt) {
     // blocks of 48 rows (8 register blocks) handed out statically; the last block's remaining
     // rows go through a narrower kernel
     const i64 nblocks = (M + 47) / 48;
@@ -483,13 +495,13 @@ static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64
     for (i64 ib = 0; ib < nblocks; ++ib) {
         const i64 i1 = std::min(M, ib * 48 + 48);
         i64 i = ib * 48;
-        for (; i + 6 <= i1; i += 6) gemm_rows<6>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc);
+        for (; i + 6 <= i1; i += 6) gemm_rows<6>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds);
         switch (i1 - i) {
-            case 5: gemm_rows<5>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc); break;
-            case 4: gemm_rows<4>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc); break;
-            case 3: gemm_rows<3>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc); break;
-            case 2: gemm_rows<2>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc); break;
-            case 1: gemm_rows<1>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc); break;
+            case 5: gemm_rows<5>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+            case 4: gemm_rows<4>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+            case 3: gemm_rows<3>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+            case 2: gemm_rows<2>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+            case 1: gemm_rows<1>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
             default: break;
         }
     }
@@ -498,14 +510,15 @@ static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64
 constexpr int kGemm = 0;
 
 // portable form, for the tests' sake only (the Python side uses torch.mm where gemm_available() is 0)
-static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc, int nt) {
+static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
+                     const float* S, i64 lds, int nt) {
     (void)nt;
     for (i64 i = 0; i < M; ++i)
         for (i64 j = 0; j < N; ++j) {
             const float* b = Bp + (j / 16) * 16 * K + j % 16;
             float acc = 0;
             for (i64 k = 0; k < K; ++k) acc = std::fma(A[i * lda + k], b[k * 16], acc);
-            C[i * ldc + j] = acc;
+            C[i * ldc + j] = S ? acc * S[i * lds + j] : acc;
         }
 }
 #endif
@@ -575,6 +588,7 @@ extern "C" int matris_native_abi() { return 4; }
 // float32 GEMM (gemm_run, gemm_pack above); gemm_available(): 1 where the fast kernel is built
 extern "C" int gemm_available() { return kGemm; }
 extern "C" void gemm_pack_f32(const float* B, i64 K, i64 N, i64 sk, i64 sn, float* Bp) { gemm_pack(B, K, N, sk, sn, Bp); }
-extern "C" void gemm_f32(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc, int nt) {
-    gemm_run(A, M, K, lda, Bp, N, C, ldc, nt);
+extern "C" void gemm_f32(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
+                         const float* S, i64 lds, int nt) {
+    gemm_run(A, M, K, lda, Bp, N, C, ldc, S, lds, nt);
 }

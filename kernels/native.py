@@ -137,7 +137,7 @@ class _Library:
         self.gemm_pack.argtypes = [_P, _I64, _I64, _I64, _I64, _P]
         self.gemm_pack.restype = None
         self.gemm = self.cdll.gemm_f32
-        self.gemm.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _INT]
+        self.gemm.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _INT]
         self.gemm.restype = None
         self.has_gemm = bool(self.cdll.gemm_available())
 
@@ -235,14 +235,17 @@ class Matmul:
             self.packed = torch.empty(self.k * self.n, dtype=torch.float32)
             self.lib.gemm_pack(b.data_ptr(), self.k, self.n, b.stride(0), b.stride(1), self.packed.data_ptr())
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``out [M, N] = x [M, K] @ b``; ``x`` and ``out`` need unit column strides for the native GEMM."""
+    def __call__(self, x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``out [M, N] = (x [M, K] @ b) ⊙ scale`` (``scale [M, N]`` optional; the native GEMM
+        applies it to each tile in registers). The native GEMM needs unit column strides."""
         if (self.lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1
                 or out.stride(1) != 1 or x.shape[1] != self.k or tuple(out.shape) != (x.shape[0], self.n)
-                or out.dtype != torch.float32):
-            return torch.mm(x, self.b, out=out)
+                or out.dtype != torch.float32 or (scale is not None and (
+                    scale.dtype != torch.float32 or scale.stride(1) != 1 or scale.shape != out.shape))):
+            torch.mm(x, self.b, out=out)
+            return out.mul_(scale) if scale is not None else out
         if x.shape[0]:
             self.lib.gemm(x.data_ptr(), x.shape[0], self.k, x.stride(0), self.packed.data_ptr(), self.n,
-                          out.data_ptr(), out.stride(0), threads())
+                          out.data_ptr(), out.stride(0), scale.data_ptr() if scale is not None else None,
+                          scale.stride(0) if scale is not None else 0, threads())
         return out
-

@@ -159,7 +159,7 @@ def _gemm_direct(a: torch.Tensor, b: torch.Tensor, threads: int = 2) -> torch.Te
     packed = torch.empty(k * n)
     lib.gemm_pack(b.data_ptr(), k, n, b.stride(0), b.stride(1), packed.data_ptr())
     out = torch.full((a.shape[0], n), float("nan"))
-    lib.gemm(a.data_ptr(), a.shape[0], k, a.stride(0), packed.data_ptr(), n, out.data_ptr(), n, threads)
+    lib.gemm(a.data_ptr(), a.shape[0], k, a.stride(0), packed.data_ptr(), n, out.data_ptr(), n, None, 0, threads)
     return out
 
 
@@ -187,6 +187,10 @@ def test_matmul_uses_the_native_gemm_where_it_applies_and_torch_mm_elsewhere(mon
     if mm.lib is not None:
         assert torch.equal(out, _gemm_direct(a, w.T))
     torch.testing.assert_close(out, a @ w.T, rtol=1e-5, atol=1e-5)
+    # with a factor (the backward's silu'): the product times it, exactly, in strided views too
+    factor = torch.randn(300, 256, generator=g)[:, 128:]
+    scaled = mm(a, out=torch.empty(300, 512)[:, :128], scale=factor)
+    assert torch.equal(scaled, out * factor)
     # float64, a width that is no multiple of 16, and MATRIS_NATIVE_GEMM=0: torch.mm, bit for bit
     for x, b in ((a.double(), w.T.double()), (a, w[:24].T)):
         fallback = native.Matmul(b)
