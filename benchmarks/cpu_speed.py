@@ -94,9 +94,9 @@ def op_shares(calc, atoms) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def recorded(call):  # the native GEMM runs inside the fused Functions: give it an event of its own
-        def wrapper(self, x, out):
+        def wrapper(self, x, out, **kwargs):
             with record_function(NATIVE_GEMM):
-                return call(self, x, out)
+                return call(self, x, out, **kwargs)
         return wrapper
 
     with profile(activities=[ProfilerActivity.CPU]) as prof, _patched(native.Matmul, "__call__", recorded):
@@ -233,11 +233,11 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
     inside = [False]  # a Matmul that falls back to torch.mm is counted once, by the wrapper
 
     def counted(call):
-        def wrapper(self, x, out):
+        def wrapper(self, x, out, **kwargs):
             inside[0] = True
             t0 = time.perf_counter()
             try:
-                return call(self, x, out)
+                return call(self, x, out, **kwargs)
             finally:
                 dt = time.perf_counter() - t0
                 inside[0] = False

@@ -1,0 +1,30 @@
+"""benchmarks/cpu_speed.py's instrumented calls on a small model: the op profile and the GEMM
+floor wrap ``native.Matmul`` and must pass every argument through (a wrapper that did not
+stopped a committed benchmark run after its timing rounds)."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from matris import MatRIS, MatRISCalculator, MatRISConfig
+from matris.bench import standard_structure
+from matris.kernels import native
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.cpu_speed import gemm_floor, op_shares  # noqa: E402
+
+
+def test_profile_and_gemm_floor_count_the_native_gemm():
+    torch.manual_seed(0)
+    config = MatRISConfig(num_layers=1, node_feat_dim=16, edge_feat_dim=16, three_body_feat_dim=16,
+                          mlp_hidden_dims=(16,))
+    calc = MatRISCalculator(MatRIS(config).eval(), device="cpu", dtype=torch.float32)
+    atoms = standard_structure("si", 8).atoms
+    shares = op_shares(calc, atoms)
+    assert shares["families"]["GEMM"]["ms"] > 0
+    floor = gemm_floor(calc, atoms, chgnet_seconds=0.1)
+    assert floor["gflop"] > 0 and floor["floor_ratio_vs_chgnet"] > 0
+    if native.gemm_enabled():
+        assert floor["native_gemm_calls"] > 0 and 0 < floor["native_gflop"] <= floor["gflop"]
+        assert floor["mkl_only"]["gemm_seconds"] > 0
