@@ -239,6 +239,7 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, co
     out_ptrs = native.ptr_array([gp for gp, _ in wanted])
     by_core, by_gate = native.Matmul(wc), native.Matmul(wg)
     by_row = native.Matmul(row_weight) if g_rows is not None else None
+    in_gemm = slope and by_core.lib is not None and by_gate.lib is not None
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         k = e - s
@@ -247,18 +248,14 @@ def _backward_native(lib, grad, rows, row_weight, wc, wg, nc, ng, pre, slope, co
               r_g[s:e].data_ptr(), sig[s:e].data_ptr(), nc.data_ptr(), ng.data_ptr(), k, d, gc.data_ptr(),
               gg.data_ptr(), nt)
         idx_ptrs = native.ptr_array([ix[s:e] for _, ix in wanted]) if wanted else None
-        if slope and by_core.lib is not None and by_gate.lib is not None:
-            # ∂L/∂pre = silu'(pre) ⊙ [G_core·W_c ‖ G_gate·W_g]: the factor applied in the GEMM's registers
-            by_core(gc, out=gh[:, :h], scale=pre[s:e, :h])
-            by_gate(gg, out=gh[:, h:], scale=pre[s:e, h:])
+        # ∂L/∂pre = silu'(pre) ⊙ [G_core·W_c ‖ G_gate·W_g]: with the native GEMM the factor is
+        # applied to its tiles in registers and the scatter only reads the product
+        by_core(gc, out=gh[:, :h], scale=pre[s:e, :h] if in_gemm else None)
+        by_gate(gg, out=gh[:, h:], scale=pre[s:e, h:] if in_gemm else None)
+        if in_gemm:
             if wanted:
                 scatter(gh.data_ptr(), k, two_h, len(wanted), out_ptrs, idx_ptrs, nt)
-            if g_rows is not None:
-                by_row(gh, out=g_rows[s:e])
-            continue
-        by_core(gc, out=gh[:, :h])
-        by_gate(gg, out=gh[:, h:])
-        if slope and wanted:  # ∂L/∂pre = silu'(pre) ⊙ gh, scattered in the same pass
+        elif slope and wanted:  # ∂L/∂pre = silu'(pre) ⊙ gh, scattered in the same pass
             scale_scatter(gh.data_ptr(), pre[s:e].data_ptr(), k, two_h, len(wanted), out_ptrs, idx_ptrs, nt)
         elif slope:
             gh.mul_(pre[s:e])
