@@ -131,35 +131,39 @@ template <typename F> static inline void for_channels(i64 w, int nt, F&& body) {
 // then overwritten by silu'(pre) = σ(pre)·(1 + pre·(1 − σ(pre))): the only use of pre is the
 // backward's product with it, which becomes one multiplication instead of an exp and a division
 template <typename T>
+static inline void gather_silu_row(T* p, T* h, i64 w, const T* bias, int init, int nterms, const T* const* projs,
+                                   const i64* const* idx, i64 r, int slope) {
+    if (init) {
+#pragma omp simd
+        for (i64 j = 0; j < w; ++j) p[j] = T(0);
+    }
+    if (bias) {
+#pragma omp simd
+        for (i64 j = 0; j < w; ++j) p[j] += bias[j];
+    }
+    for (int k = 0; k < nterms; ++k) {
+        const T* q = projs[k] + idx[k][r] * w;
+#pragma omp simd
+        for (i64 j = 0; j < w; ++j) p[j] += q[j];
+    }
+    if (slope) {
+#pragma omp simd
+        for (i64 j = 0; j < w; ++j) {
+            const T x = p[j], sg = sigm(x);
+            h[j] = x * sg;
+            p[j] = sg * (T(1) + x * (T(1) - sg));
+        }
+    } else {
+#pragma omp simd
+        for (i64 j = 0; j < w; ++j) h[j] = p[j] / (T(1) + vexp(-p[j]));
+    }
+}
+
+template <typename T>
 void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nterms, const T* const* projs,
                  const i64* const* idx, int slope, int nt) {
     for_rows(n, nt, [&](i64 r) {
-        T* p = pre + r * w;
-        T* h = hid + r * w;
-        if (init) {
-#pragma omp simd
-            for (i64 j = 0; j < w; ++j) p[j] = T(0);
-        }
-        if (bias) {
-#pragma omp simd
-            for (i64 j = 0; j < w; ++j) p[j] += bias[j];
-        }
-        for (int k = 0; k < nterms; ++k) {
-            const T* q = projs[k] + idx[k][r] * w;
-#pragma omp simd
-            for (i64 j = 0; j < w; ++j) p[j] += q[j];
-        }
-        if (slope) {
-#pragma omp simd
-            for (i64 j = 0; j < w; ++j) {
-                const T x = p[j], sg = sigm(x);
-                h[j] = x * sg;
-                p[j] = sg * (T(1) + x * (T(1) - sg));
-            }
-        } else {
-#pragma omp simd
-            for (i64 j = 0; j < w; ++j) h[j] = p[j] / (T(1) + vexp(-p[j]));
-        }
+        gather_silu_row(pre + r * w, hid + r * w, w, bias, init, nterms, projs, idx, r, slope);
     });
 }
 
@@ -486,33 +490,26 @@ static inline void gemm_rows(const float* A, i64 lda, const float* Bp, i64 K, i6
     for (i64 j = 0; j < N; j += 16) gemm_block<R>(A, lda, Bp + j * K, K, C + j, ldc, S ? S + j : nullptr, lds);
 }
 
-static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
-                     const float* S, i64 lds, int nt) {
-    // blocks of 48 rows (8 register blocks) handed out statically; the last block's remaining
-    // rows go through a narrower kernel
-    const i64 nblocks = (M + 47) / 48;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (i64 ib = 0; ib < nblocks; ++ib) {
-        const i64 i1 = std::min(M, ib * 48 + 48);
-        i64 i = ib * 48;
-        for (; i + 6 <= i1; i += 6) gemm_rows<6>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds);
-        switch (i1 - i) {
-            case 5: gemm_rows<5>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-            case 4: gemm_rows<4>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-            case 3: gemm_rows<3>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-            case 2: gemm_rows<2>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-            case 1: gemm_rows<1>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-            default: break;
-        }
+// rows [0, M) in one thread: 6-row register blocks, the remaining rows through a narrower kernel
+static void gemm_serial(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
+                        const float* S, i64 lds) {
+    i64 i = 0;
+    for (; i + 6 <= M; i += 6) gemm_rows<6>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds);
+    switch (M - i) {
+        case 5: gemm_rows<5>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+        case 4: gemm_rows<4>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+        case 3: gemm_rows<3>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+        case 2: gemm_rows<2>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+        case 1: gemm_rows<1>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
+        default: break;
     }
 }
 #else
 constexpr int kGemm = 0;
 
 // portable form, for the tests' sake only (the Python side uses torch.mm where gemm_available() is 0)
-static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
-                     const float* S, i64 lds, int nt) {
-    (void)nt;
+static void gemm_serial(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
+                        const float* S, i64 lds) {
     for (i64 i = 0; i < M; ++i)
         for (i64 j = 0; j < N; ++j) {
             const float* b = Bp + (j / 16) * 16 * K + j % 16;
@@ -523,11 +520,105 @@ static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64
 }
 #endif
 
+// C = A·B (⊙ S) over the team: blocks of 48 rows (8 register blocks) handed out statically
+static void gemm_run(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
+                     const float* S, i64 lds, int nt) {
+    const i64 nblocks = (M + 47) / 48;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (i64 ib = 0; ib < nblocks; ++ib) {
+        const i64 i = ib * 48, m = std::min(M, i + 48) - i;
+        gemm_serial(A + i * lda, m, K, lda, Bp, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds);
+    }
+}
+
 // Bp[j/16][k][j%16] = B[k·sk + j·sn] for k < K, j < N (N a multiple of 16)
 static void gemm_pack(const float* B, i64 K, i64 N, i64 sk, i64 sn, float* Bp) {
     for (i64 j0 = 0; j0 < N; j0 += 16)
         for (i64 k = 0; k < K; ++k)
             for (i64 jj = 0; jj < 16; ++jj) Bp[j0 * K + k * 16 + jj] = B[k * sk + (j0 + jj) * sn];
+}
+
+// ---- the whole gated Φ of kernels/phi.py in one call (float32, with the GEMM above) --------
+// The chunked form runs each step over a chunk of 4,096 rows (MiBs: in L3 at best) and returns to
+// Python between steps; here each thread takes its share of the rows in blocks of kPhiRows and
+// runs every step on a block while it is in L2 (with the packed weights, ~0.4 MiB). Each row goes
+// through the same operations in the same order as in the chunked form: the same numbers.
+constexpr i64 kPhiRows = 24;
+
+// Forward: pre = rows·W_r (rows nullable) + b₁ + Σ_k P_k[idx_k]; hid = silu(pre), pre ← silu'(pre);
+// core = hid_c·W_c, gate = hid_g·W_g; then the gated epilogue (gated_fwd_row, biases added there).
+// wr, wc, wg: packed (gemm_pack) [dr → 2H], [H → d], [H → d]; rows [n, dr] with row stride ldr.
+static void phi_fwd(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, i64 h, const float* bias,
+                    int nterms, const float* const* projs, const i64* const* idx, const float* wc, const float* wg,
+                    i64 d, const float* bc, const float* bg, const float* nc, const float* ng, float eps, float* pre,
+                    float* core, float* gate, float* rc, float* rg, float* sig, float* out, int nt) {
+    const i64 w = 2 * h;
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, e;
+        split(n, b, e);
+        std::vector<float> hid(kPhiRows * w);
+        for (i64 s = b; s < e; s += kPhiRows) {
+            const i64 m = std::min(kPhiRows, e - s);
+            float* p = pre + s * w;
+            if (rows) gemm_serial(rows + s * ldr, m, dr, ldr, wr, w, p, w, nullptr, 0);
+            for (i64 r = 0; r < m; ++r)
+                gather_silu_row(p + r * w, hid.data() + r * w, w, bias, rows == nullptr, nterms, projs, idx, s + r, 1);
+            gemm_serial(hid.data(), m, h, w, wc, d, core + s * d, d, nullptr, 0);
+            gemm_serial(hid.data() + h, m, h, w, wg, d, gate + s * d, d, nullptr, 0);
+            for (i64 r = s; r < s + m; ++r)
+                gated_fwd_row<float, true>(core + r * d, gate + r * d, d, bc, bg, nc, ng, eps, rc + r, rg + r,
+                                           sig + r * d, out + r * d);
+        }
+    }
+}
+
+// Backward (input gradients; pre holds silu'(pre)): G → (G_core, G_gate) (gated_bwd_row),
+// G_pre = silu'(pre) ⊙ [G_core·W_cᵀ ‖ G_gate·W_gᵀ], G_rows = G_pre·W_r (g_rows nullable) by
+// blocks of rows; every `chunk` rows the chunk's G_pre is scattered to the projections' gradients
+// outs_k[idx_k] (threads own channel ranges, rows in order: the chunked form's sums).
+// wc, wg: packed [d → H]; wr: packed [2H → dr].
+static void phi_bwd(const float* grad, const float* core, const float* gate, const float* rc, const float* rg,
+                    const float* sig, const float* nc, const float* ng, const float* pre, i64 n, i64 d, i64 h,
+                    const float* wc, const float* wg, const float* wr, i64 dr, float* g_rows, int nterms,
+                    float* const* outs, const i64* const* idx, i64 chunk, int nt) {
+    const i64 w = 2 * h;
+    std::vector<float> gh(std::min(chunk, n) * w);
+#pragma omp parallel num_threads(nt)
+    {
+        std::vector<float> gc(kPhiRows * d), gg(kPhiRows * d);
+        for (i64 s0 = 0; s0 < n; s0 += chunk) {
+            const i64 k = std::min(chunk, n - s0);
+            i64 b, e;
+            split(k, b, e);
+            for (i64 s = b; s < e; s += kPhiRows) {
+                const i64 m = std::min(kPhiRows, e - s), r0 = s0 + s;
+                for (i64 r = 0; r < m; ++r) {
+                    const i64 o = (r0 + r) * d;
+                    gated_bwd_row(core + o, gate + o, grad + o, sig + o, nc, ng, d, rc[r0 + r], rg[r0 + r],
+                                  gc.data() + r * d, gg.data() + r * d);
+                }
+                float* gp = gh.data() + s * w;
+                gemm_serial(gc.data(), m, d, d, wc, h, gp, w, pre + r0 * w, w);
+                gemm_serial(gg.data(), m, d, d, wg, h, gp + h, w, pre + r0 * w + h, w);
+                if (g_rows) gemm_serial(gp, m, w, w, wr, dr, g_rows + r0 * dr, dr, nullptr, 0);
+            }
+            if (nterms) {
+#pragma omp barrier
+                i64 j0, j1;
+                channel_range(w, j0, j1);
+                for (i64 r = 0; r < k; ++r) {
+                    const float* src = gh.data() + r * w;
+                    for (int t = 0; t < nterms; ++t) {
+                        float* o = outs[t] + idx[t][s0 + r] * w;
+#pragma omp simd
+                        for (i64 j = j0; j < j1; ++j) o[j] += src[j];
+                    }
+                }
+#pragma omp barrier
+            }
+        }
+    }
 }
 
 }  // namespace
@@ -583,7 +674,7 @@ static void gemm_pack(const float* B, i64 K, i64 N, i64 sk, i64 sn, float* Bp) {
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 4; }
+extern "C" int matris_native_abi() { return 5; }
 
 // float32 GEMM (gemm_run, gemm_pack above); gemm_available(): 1 where the fast kernel is built
 extern "C" int gemm_available() { return kGemm; }
@@ -591,4 +682,18 @@ extern "C" void gemm_pack_f32(const float* B, i64 K, i64 N, i64 sk, i64 sn, floa
 extern "C" void gemm_f32(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
                          const float* S, i64 lds, int nt) {
     gemm_run(A, M, K, lda, Bp, N, C, ldc, S, lds, nt);
+}
+extern "C" void phi_fwd_f32(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, i64 h, const float* bias,
+                            int nterms, const float* const* projs, const i64* const* idx, const float* wc,
+                            const float* wg, i64 d, const float* bc, const float* bg, const float* nc, const float* ng,
+                            float eps, float* pre, float* core, float* gate, float* rc, float* rg, float* sig,
+                            float* out, int nt) {
+    phi_fwd(rows, ldr, dr, wr, n, h, bias, nterms, projs, idx, wc, wg, d, bc, bg, nc, ng, eps, pre, core, gate, rc, rg,
+            sig, out, nt);
+}
+extern "C" void phi_bwd_f32(const float* grad, const float* core, const float* gate, const float* rc, const float* rg,
+                            const float* sig, const float* nc, const float* ng, const float* pre, i64 n, i64 d, i64 h,
+                            const float* wc, const float* wg, const float* wr, i64 dr, float* g_rows, int nterms,
+                            float* const* outs, const i64* const* idx, i64 chunk, int nt) {
+    phi_bwd(grad, core, gate, rc, rg, sig, nc, ng, pre, n, d, h, wc, wg, wr, dr, g_rows, nterms, outs, idx, chunk, nt);
 }

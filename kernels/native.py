@@ -35,7 +35,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 4
+ABI = 5
 
 
 class NativeBuildError(RuntimeError):
@@ -140,6 +140,14 @@ class _Library:
         self.gemm.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _INT]
         self.gemm.restype = None
         self.has_gemm = bool(self.cdll.gemm_available())
+        self.phi_fwd = self.cdll.phi_fwd_f32
+        self.phi_fwd.argtypes = [_P, _I64, _I64, _P, _I64, _I64, _P, _INT, _P, _P, _P, _P, _I64, _P, _P, _P, _P,
+                                 ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _INT]
+        self.phi_fwd.restype = None
+        self.phi_bwd = self.cdll.phi_bwd_f32
+        self.phi_bwd.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _INT, _P,
+                                 _P, _I64, _INT]
+        self.phi_bwd.restype = None
 
     def __call__(self, name: str, dtype: torch.dtype):
         return self.fns[name, "f32" if dtype == torch.float32 else "f64"]

@@ -25,6 +25,11 @@ reads them once per chunk:
     G_pre = silu'(pre) ⊙ [G_core·W_c ‖ G_gate·W_g]
     G_R = G_pre·W_r,   G_{P_k} = index_add(idx_k, G_pre)
 
+In float32 with the native GEMM (:class:`.native.Matmul`) the whole pass is one library call
+(``phi_fwd``/``phi_bwd``): each thread runs every step above on blocks of 24 of its rows while
+they are in L2, instead of each step over a 4,096-row chunk; per row the same operations in the
+same order, so the same bits as the chunk loop (measured 11-13 % faster on a Si64 E+F+S call).
+
 The fused backward gives input gradients only (the weights are frozen at inference, see
 ``MatRIS.forward``). When weight gradients or a graph of the backward are wanted (training
 on forces), it recomputes the PyTorch reference under autograd: exact second derivatives.
@@ -103,12 +108,16 @@ class _GatedPhi(torch.autograd.Function):
         r_g = torch.empty(n, 1, **like)
         out = torch.empty(n, d, **like)
         sig = torch.empty(n, d, **like)  # σ(gn), kept for the backward
-        hid = torch.empty(min(chunk, n), two_h, **like)
         ctx.slope = native.usable(bias1, *projs, *indices)  # pre holds silu'(pre)
-        if ctx.slope:
+        if ctx.slope and _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, projs, indices, pre,
+                                        core, gate, r_c, r_g, sig, out):
+            pass
+        elif ctx.slope:
+            hid = torch.empty(min(chunk, n), two_h, **like)
             _forward_native(native.library(), rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs,
                             indices, pre, hid, core, gate, r_c, r_g, sig, out)
         else:
+            hid = torch.empty(min(chunk, n), two_h, **like)
             tmp = torch.empty(min(chunk, n), two_h, **like)
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
@@ -167,6 +176,10 @@ class _GatedPhi(torch.autograd.Function):
         g_projs = [torch.zeros_like(p) if needs[11 + 2 * k] else None for k, p in enumerate(projs)]
         like = dict(dtype=pre.dtype, device=pre.device)
         m = min(chunk, n)
+        if ctx.slope and native.usable(grad, pre, *indices) and _backward_whole(
+                grad, row_weight, wc, wg, nc, ng, pre, core, gate, r_c, r_g, sig, indices, g_rows, g_projs, chunk):
+            return (g_rows, None, None, None, None, None, None, None, None, None, None,
+                    *[x for gp in g_projs for x in (gp, None)])
         g_hid = torch.empty(m, pre.shape[1], **like)
         if native.usable(grad, pre, *indices):
             _backward_native(native.library(), grad, rows, row_weight, wc, wg, nc, ng, pre, ctx.slope, core, gate,
@@ -195,6 +208,52 @@ class _GatedPhi(torch.autograd.Function):
                     gp.index_add_(0, index[s:e], g_pre)
         return (g_rows, None, None, None, None, None, None, None, None, None, None,
                 *[x for gp in g_projs for x in (gp, None)])
+
+
+def _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, projs, indices, pre, core, gate, r_c, r_g,
+                   sig, out) -> bool:
+    """The whole forward in one call of the library's ``phi_fwd`` (float32 with the native GEMM:
+    every row goes through the chunked form's steps, in the same order, while it is in L2).
+    False, with nothing written, where it does not apply."""
+    if pre.dtype != torch.float32 or not native.gemm_enabled() or (rows is not None and (
+            rows.dtype != torch.float32 or rows.stride(1) != 1)):
+        return False
+    by_row = native.Matmul(row_weight.T) if rows is not None else None
+    by_core, by_gate = native.Matmul(wc.T), native.Matmul(wg.T)
+    if any(mm is not None and mm.lib is None for mm in (by_row, by_core, by_gate)):
+        return False
+    n, h, d = pre.shape[0], wc.shape[1], wc.shape[0]
+    bias, bc, bg, nc, ng = (t.contiguous() for t in (bias1, bc, bg, nc, ng))
+    dr = rows.shape[1] if rows is not None else 0
+    by_core.lib.phi_fwd(rows.data_ptr() if rows is not None else None, rows.stride(0) if rows is not None else 0, dr,
+                        by_row.packed.data_ptr() if by_row is not None else None, n, h, bias.data_ptr(), len(projs), native.ptr_array(projs), native.ptr_array(indices), by_core.packed.data_ptr(),
+                        by_gate.packed.data_ptr(), d, bc.data_ptr(), bg.data_ptr(), nc.data_ptr(), ng.data_ptr(), eps,
+                        pre.data_ptr(), core.data_ptr(), gate.data_ptr(), r_c.data_ptr(), r_g.data_ptr(),
+                        sig.data_ptr(), out.data_ptr(), native.threads())
+    return True
+
+
+def _backward_whole(grad, row_weight, wc, wg, nc, ng, pre, core, gate, r_c, r_g, sig, indices, g_rows, g_projs,
+                    chunk) -> bool:
+    """The whole input-gradient pass in one call of the library's ``phi_bwd`` (float32 with the
+    native GEMM, ``pre`` holding silu'(pre)); False, with nothing written, where it does not apply."""
+    if pre.dtype != torch.float32 or not native.gemm_enabled() or (g_rows is not None and not g_rows.is_contiguous()):
+        return False
+    by_core, by_gate = native.Matmul(wc), native.Matmul(wg)
+    by_row = native.Matmul(row_weight) if g_rows is not None else None
+    if any(mm is not None and mm.lib is None for mm in (by_row, by_core, by_gate)):
+        return False
+    n, d, h = pre.shape[0], wc.shape[0], wc.shape[1]
+    nc, ng = nc.contiguous(), ng.contiguous()
+    wanted = [(gp, ix) for gp, ix in zip(g_projs, indices) if gp is not None]
+    by_core.lib.phi_bwd(grad.data_ptr(), core.data_ptr(), gate.data_ptr(), r_c.data_ptr(), r_g.data_ptr(),
+                        sig.data_ptr(), nc.data_ptr(), ng.data_ptr(), pre.data_ptr(), n, d, h,
+                        by_core.packed.data_ptr(), by_gate.packed.data_ptr(),
+                        by_row.packed.data_ptr() if by_row is not None else None,
+                        by_row.n if by_row is not None else 0, native.ptr(g_rows), len(wanted),
+                        native.ptr_array([gp for gp, _ in wanted]), native.ptr_array([ix for _, ix in wanted]), chunk,
+                        native.threads())
+    return True
 
 
 def _forward_native(lib, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs, indices, pre, hid,

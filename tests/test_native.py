@@ -198,3 +198,49 @@ def test_matmul_uses_the_native_gemm_where_it_applies_and_torch_mm_elsewhere(mon
         assert torch.equal(fallback(x, out=torch.empty(300, b.shape[1], dtype=x.dtype)), torch.mm(x, b))
     monkeypatch.setenv("MATRIS_NATIVE_GEMM", "0")
     assert not native.gemm_enabled() and native.Matmul(w.T).lib is None
+
+
+def _phi_values_and_grads(with_rows: bool, chunk: int):
+    """Φ of the float32 cases (with the per-row term or all terms gathered), its value and the input
+    gradients; the second projection is frozen (no gradient asked for it)."""
+    (rows, rw, terms, w), _, _ = _cases(torch.float32, e=301)
+    x = [p.clone().requires_grad_(k != 1) for k, (p, _) in enumerate(terms)]
+    r = rows.clone().requires_grad_(True) if with_rows else None
+    y = gated_phi(r, rw if with_rows else None, [(p, i) for p, (_, i) in zip(x, terms)], *w,
+                  torch.finfo(torch.float32).eps, chunk=chunk)
+    wanted = ([r] if with_rows else []) + [p for p in x if p.requires_grad]
+    return [y, *torch.autograd.grad(y, wanted, torch.linspace(-1, 1, y.numel()).view_as(y))]
+
+
+@pytest.mark.skipif(not native.gemm_enabled(), reason="the whole-call Φ needs the native float32 GEMM")
+@pytest.mark.parametrize("with_rows", [True, False])
+def test_whole_call_phi_is_the_chunked_form_bit_for_bit(monkeypatch, with_rows):
+    """phi_fwd/phi_bwd (every step on blocks of rows in L2) against the chunk loop of the same fused
+    loops and GEMMs: the same operations per row in the same order, so the same bits, for any
+    thread count and chunk (301 rows: no whole number of row blocks)."""
+    from matris.kernels import phi
+
+    calls = []
+    for name in ("_forward_whole", "_backward_whole"):
+        real = getattr(phi, name)
+        def counted(*a, _real=real, _name=name, **k):
+            taken = _real(*a, **k)
+            calls.append((_name, taken))
+            return taken
+
+        monkeypatch.setattr(phi, name, counted)
+    threads = torch.get_num_threads()
+    try:
+        got = {}
+        for nt, chunk in ((1, 64), (3, 64), (2, 1000)):
+            torch.set_num_threads(nt)
+            got[nt, chunk] = _phi_values_and_grads(with_rows, chunk)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(calls) == [("_backward_whole", True)] * 3 + [("_forward_whole", True)] * 3
+    monkeypatch.setattr(phi, "_forward_whole", lambda *a, **k: False)
+    monkeypatch.setattr(phi, "_backward_whole", lambda *a, **k: False)
+    want = _phi_values_and_grads(with_rows, 64)
+    for each in got.values():
+        for a, b in zip(each, want, strict=True):
+            assert torch.equal(a, b)
