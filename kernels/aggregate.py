@@ -387,15 +387,22 @@ def _forward_native(rows, weight, row_index, m, target, source, n, chunk):
     lib("attn_init", m.dtype)(n, c, *state)
     step = lib("attn_fwd", m.dtype)
     logits = native.Matmul(weight.T) if row_index is None else None
-    for s in range(0, e, chunk):
-        k = min(chunk, e - s)
-        if row_index is None:
-            a = logits(rows[s : s + chunk], out=alpha[s : s + chunk])
-            a_ptr, ix = a.data_ptr(), None
-        else:
-            a_ptr, ix = alpha.data_ptr(), row_index[s : s + chunk].data_ptr()
-        step(a_ptr, ix, m[s : s + chunk].data_ptr(), source[s : s + chunk].data_ptr(),
-             target[s : s + chunk].data_ptr(), k, c, *state, nt)
+    if (logits is not None and logits.lib is not None and native.whole_calls()
+            and m.dtype == rows.dtype == torch.float32 and rows.stride(1) == 1):
+        # the logits GEMM inside the online pass, one call: each thread computes its columns of a
+        # block of rows and folds them in while they are in L1 (the same numbers as the loop below)
+        logits.lib.attn_fwd_gemm(rows.data_ptr(), rows.stride(0), rows.shape[1], logits.packed.data_ptr(),
+                                 m.data_ptr(), source.data_ptr(), target.data_ptr(), e, c, alpha.data_ptr(), *state, nt)
+    else:
+        for s in range(0, e, chunk):
+            k = min(chunk, e - s)
+            if row_index is None:
+                a = logits(rows[s : s + chunk], out=alpha[s : s + chunk])
+                a_ptr, ix = a.data_ptr(), None
+            else:
+                a_ptr, ix = alpha.data_ptr(), row_index[s : s + chunk].data_ptr()
+            step(a_ptr, ix, m[s : s + chunk].data_ptr(), source[s : s + chunk].data_ptr(),
+                 target[s : s + chunk].data_ptr(), k, c, *state, nt)
     finish = lib("attn_finish", m.dtype)
     finish(n, c, out_s.data_ptr(), lse_s.data_ptr(), sum_s.data_ptr())
     finish(n, c, out_t.data_ptr(), lse_t.data_ptr(), sum_t.data_ptr())
@@ -409,8 +416,16 @@ def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, o
     e, c = m.shape
     fn = native.library()("attn_bwd", m.dtype)
     nt = native.threads()
-    g_alpha = torch.empty(min(chunk, e), 2 * c, dtype=m.dtype)
     by_weight = native.Matmul(weight) if g_rows is not None and row_index is None else None
+    if (by_weight is not None and by_weight.lib is not None and native.whole_calls() and m.dtype == torch.float32
+            and g_rows.is_contiguous()):
+        # ∂L/∂α of a block of rows and its GEMM to ∂L/∂rows while the block is in cache, one call
+        by_weight.lib.attn_bwd_gemm(alpha.data_ptr(), m.data_ptr(), source.data_ptr(), target.data_ptr(), e, c,
+                                    out_s.data_ptr(), out_t.data_ptr(), lse_s.data_ptr(), lse_t.data_ptr(),
+                                    g_s.data_ptr(), g_t.data_ptr(), native.ptr(g_m), by_weight.packed.data_ptr(),
+                                    by_weight.n, g_rows.data_ptr(), nt)
+        return
+    g_alpha = torch.empty(min(chunk, e), 2 * c, dtype=m.dtype)
     for s in range(0, e, chunk):
         k = min(chunk, e - s)
         ga = g_alpha[:k]

@@ -621,6 +621,197 @@ static void phi_bwd(const float* grad, const float* core, const float* gate, con
     }
 }
 
+// ---- both softmax aggregations of the line graph's attention with their logits GEMM ----------
+// Forward: α = rows·W [e, 2c] (W packed [K → 2c]) and attn_fwd's online pass, in one call. Each
+// thread owns a range of whole 16-column panels of α (with two threads: α_s and α_t) for every
+// row: it computes its columns of a block of rows and folds them into the running statistics of
+// those channels while they are in L1. Per segment and channel the rows come in order, and each
+// α element is the GEMM's: the same numbers as the chunked form, for any thread count.
+static void attn_fwd_gemm(const float* rows, i64 ldr, i64 K, const float* wp, const float* m, const i64* src,
+                          const i64* tgt, i64 e, i64 c, float* alpha, float* out_s, float* out_t, float* lse_s,
+                          float* lse_t, float* sum_s, float* sum_t, int nt) {
+    const i64 w = 2 * c;
+#pragma omp parallel num_threads(nt)
+    {
+        i64 t, team_size;
+        team(t, team_size);
+        const i64 panels = w / 16;
+        const i64 k0 = panels * t / team_size * 16, k1 = panels * (t + 1) / team_size * 16;
+        const i64 s0 = std::min(k0, c), s1 = std::min(k1, c);
+        const i64 t0 = std::max(k0, c) - c, t1 = std::max(k1, c) - c;
+        if (k0 < k1) {
+            for (i64 s = 0; s < e; s += kPhiRows) {
+                const i64 mb = std::min(kPhiRows, e - s);
+                gemm_serial(rows + s * ldr, mb, K, ldr, wp + k0 * K, k1 - k0, alpha + s * w + k0, w, nullptr, 0);
+                for (i64 r = s; r < s + mb; ++r) {
+                    const float* a = alpha + r * w;
+                    const float* mv = m + r * c;
+                    if (s0 < s1) {
+                        const i64 o = src[r] * c;
+                        attn_update(a, mv, out_s + o, lse_s + o, sum_s + o, s0, s1);
+                    }
+                    if (t0 < t1) {
+                        const i64 o = tgt[r] * c;
+                        attn_update(a + c, mv, out_t + o, lse_t + o, sum_t + o, t0, t1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Backward: attn_bwd's rows (∂L/∂m into gm, nullable; ∂L/∂α per block of rows) and
+// ∂L/∂rows = ∂L/∂α·Wᵀ (wp packed [2c → K]) while the block is in L1/L2.
+static void attn_bwd_gemm(const float* alpha, const float* m, const i64* src, const i64* tgt, i64 e, i64 c,
+                          const float* out_s, const float* out_t, const float* lse_s, const float* lse_t,
+                          const float* g_s, const float* g_t, float* gm, const float* wp, i64 K, float* g_rows,
+                          int nt) {
+    const i64 w = 2 * c;
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, en;
+        split(e, b, en);
+        std::vector<float> ga(kPhiRows * w);
+        for (i64 s = b; s < en; s += kPhiRows) {
+            const i64 mb = std::min(kPhiRows, en - s);
+            for (i64 i = 0; i < mb; ++i) {
+                const i64 r = s + i, os = src[r] * c, ot = tgt[r] * c;
+                if (gm)
+                    attn_bwd_row<float, true>(alpha + r * w, m + r * c, out_s + os, out_t + ot, lse_s + os,
+                                              lse_t + ot, g_s + os, g_t + ot, c, ga.data() + i * w, gm + r * c);
+                else
+                    attn_bwd_row<float, false>(alpha + r * w, m + r * c, out_s + os, out_t + ot, lse_s + os,
+                                               lse_t + ot, g_s + os, g_t + ot, c, ga.data() + i * w, nullptr);
+            }
+            gemm_serial(ga.data(), mb, w, w, wp, K, g_rows + s * K, K, nullptr, 0);
+        }
+    }
+}
+
+// ---- Refine's line-graph edge side in one call (float32, with the GEMM above) ------------------
+// Forward: per block of rows, u_g = u ⊙ q[src] ⊙ q[tgt] into the chunk's buffer, then (y given)
+// h = (u_g or u)·W₁ (kept: ← silu'(h + b₁)), y' = silu(h + b₁)·W₂ + b₂ + w ⊙ y; every `chunk` rows
+// the chunk's u_g is summed into agg[tgt] (threads own channel ranges, rows in order). The same
+// operations per row, in the same order, as the chunk loop in kernels/refine.py.
+// w1p: packed [C → H]; w2p: packed [H → C]; b1, b2 nullable.
+static void refine_fwd_whole(const float* u, const float* q, const i64* src, const i64* tgt, i64 e, i64 c,
+                             const float* y, const float* rw, const float* w1p, const float* b1, const float* w2p,
+                             const float* b2, i64 hd, int smooth, i64 chunk, float* agg, float* h, float* y_new,
+                             int nt) {
+    std::vector<float> ugc(std::min(chunk, e) * c);
+#pragma omp parallel num_threads(nt)
+    {
+        std::vector<float> act(y ? kPhiRows * hd : 0);
+        for (i64 s0 = 0; s0 < e; s0 += chunk) {
+            const i64 k = std::min(chunk, e - s0);
+            i64 b, en;
+            split(k, b, en);
+            for (i64 s = b; s < en; s += kPhiRows) {
+                const i64 mb = std::min(kPhiRows, en - s), r0 = s0 + s;
+                for (i64 i = 0; i < mb; ++i) {
+                    const i64 r = r0 + i;
+                    const float* ur = u + r * c;
+                    const float* qs = q + src[r] * c;
+                    const float* qt = q + tgt[r] * c;
+                    float* o = ugc.data() + (s + i) * c;
+#pragma omp simd
+                    for (i64 j = 0; j < c; ++j) o[j] = ur[j] * (qs[j] * qt[j]);
+                }
+                if (!y) continue;
+                gemm_serial(smooth ? ugc.data() + s * c : u + r0 * c, mb, c, c, w1p, hd, h + r0 * hd, hd, nullptr, 0);
+                for (i64 i = 0; i < mb; ++i)
+                    gather_silu_row(h + (r0 + i) * hd, act.data() + i * hd, hd, b1, 0, 0, (const float* const*)nullptr,
+                                    (const i64* const*)nullptr, 0, 1);
+                gemm_serial(act.data(), mb, hd, hd, w2p, c, y_new + r0 * c, c, nullptr, 0);
+                for (i64 r = r0; r < r0 + mb; ++r) {
+                    float* o = y_new + r * c;
+                    const float* yr = y + r * c;
+                    if (b2) {
+#pragma omp simd
+                        for (i64 j = 0; j < c; ++j) o[j] = std::fma(yr[j], rw[j], o[j] + b2[j]);
+                    } else {
+#pragma omp simd
+                        for (i64 j = 0; j < c; ++j) o[j] = std::fma(yr[j], rw[j], o[j]);
+                    }
+                }
+            }
+#pragma omp barrier
+            i64 j0, j1;
+            channel_range(c, j0, j1);
+            for (i64 r = 0; r < k; ++r) {
+                const float* v = ugc.data() + r * c;
+                float* ag = agg + tgt[s0 + r] * c;
+#pragma omp simd
+                for (i64 j = j0; j < j1; ++j) ag[j] += v[j];
+            }
+#pragma omp barrier
+        }
+    }
+}
+
+// Backward (h holds silu'): with g_ynew, G_h = silu'(h) ⊙ (G_y'·W₂) and G_in = G_h·W₁ per block of
+// rows; then refine_bwd_row (G_u into g_u, nullable; the two terms of G_q into the chunk's
+// buffers), and every `chunk` rows those terms are summed into g_q by source, then by target.
+// w2p: packed [C → H] (W₂ [C, H] as it is); w1p: packed [H → C].
+static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const float* u, const float* q, const i64* src,
+                             const i64* tgt, i64 e, i64 c, const float* h, const float* w2p, const float* w1p, i64 hd,
+                             int smooth, float* g_u, float* g_q, i64 chunk, int nt) {
+    const i64 kc = std::min(chunk, e);
+    std::vector<float> ps(g_q ? kc * c : 0), pt(g_q ? kc * c : 0);
+#pragma omp parallel num_threads(nt)
+    {
+        std::vector<float> gh(g_ynew ? kPhiRows * hd : 0), gin(g_ynew ? kPhiRows * c : 0);
+        auto rows = [&](i64 s, i64 r0, i64 mb, auto has_in, auto has_u, auto has_q) {
+            for (i64 i = 0; i < mb; ++i) {
+                const i64 r = r0 + i;
+                refine_bwd_row<float, decltype(has_in)::value, decltype(has_u)::value, decltype(has_q)::value>(
+                    g_agg + tgt[r] * c, g_ynew ? gin.data() + i * c : nullptr, u + r * c, q + src[r] * c,
+                    q + tgt[r] * c, c, smooth, g_u ? g_u + r * c : nullptr, g_q ? ps.data() + (s + i) * c : nullptr,
+                    g_q ? pt.data() + (s + i) * c : nullptr);
+            }
+        };
+        using Y = std::true_type;
+        using N = std::false_type;
+        for (i64 s0 = 0; s0 < e; s0 += chunk) {
+            const i64 k = std::min(chunk, e - s0);
+            i64 b, en;
+            split(k, b, en);
+            for (i64 s = b; s < en; s += kPhiRows) {
+                const i64 mb = std::min(kPhiRows, en - s), r0 = s0 + s;
+                if (g_ynew) {
+                    gemm_serial(g_ynew + r0 * c, mb, c, c, w2p, hd, gh.data(), hd, h + r0 * hd, hd);
+                    gemm_serial(gh.data(), mb, hd, hd, w1p, c, gin.data(), c, nullptr, 0);
+                    if (g_u && g_q) rows(s, r0, mb, Y{}, Y{}, Y{});
+                    else if (g_u) rows(s, r0, mb, Y{}, Y{}, N{});
+                    else if (g_q) rows(s, r0, mb, Y{}, N{}, Y{});
+                } else {
+                    if (g_u && g_q) rows(s, r0, mb, N{}, Y{}, Y{});
+                    else if (g_u) rows(s, r0, mb, N{}, Y{}, N{});
+                    else if (g_q) rows(s, r0, mb, N{}, N{}, Y{});
+                }
+            }
+            if (g_q) {
+#pragma omp barrier
+                i64 j0, j1;
+                channel_range(c, j0, j1);
+                for (i64 r = 0; r < k; ++r) {
+                    const float* v = ps.data() + r * c;
+                    float* o = g_q + src[s0 + r] * c;
+#pragma omp simd
+                    for (i64 j = j0; j < j1; ++j) o[j] += v[j];
+                }
+                for (i64 r = 0; r < k; ++r) {
+                    const float* v = pt.data() + r * c;
+                    float* o = g_q + tgt[s0 + r] * c;
+#pragma omp simd
+                    for (i64 j = j0; j < j1; ++j) o[j] += v[j];
+                }
+#pragma omp barrier
+            }
+        }
+    }
+}
+
 }  // namespace
 
 #define MATRIS_EXPORT(T, S)                                                                                        \
@@ -674,7 +865,7 @@ static void phi_bwd(const float* grad, const float* core, const float* gate, con
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 5; }
+extern "C" int matris_native_abi() { return 7; }
 
 // float32 GEMM (gemm_run, gemm_pack above); gemm_available(): 1 where the fast kernel is built
 extern "C" int gemm_available() { return kGemm; }
@@ -696,4 +887,26 @@ extern "C" void phi_bwd_f32(const float* grad, const float* core, const float* g
                             const float* wc, const float* wg, const float* wr, i64 dr, float* g_rows, int nterms,
                             float* const* outs, const i64* const* idx, i64 chunk, int nt) {
     phi_bwd(grad, core, gate, rc, rg, sig, nc, ng, pre, n, d, h, wc, wg, wr, dr, g_rows, nterms, outs, idx, chunk, nt);
+}
+extern "C" void attn_fwd_gemm_f32(const float* rows, i64 ldr, i64 K, const float* wp, const float* m, const i64* src,
+                                  const i64* tgt, i64 e, i64 c, float* alpha, float* out_s, float* out_t,
+                                  float* lse_s, float* lse_t, float* sum_s, float* sum_t, int nt) {
+    attn_fwd_gemm(rows, ldr, K, wp, m, src, tgt, e, c, alpha, out_s, out_t, lse_s, lse_t, sum_s, sum_t, nt);
+}
+extern "C" void attn_bwd_gemm_f32(const float* alpha, const float* m, const i64* src, const i64* tgt, i64 e, i64 c,
+                                  const float* out_s, const float* out_t, const float* lse_s, const float* lse_t,
+                                  const float* g_s, const float* g_t, float* gm, const float* wp, i64 K,
+                                  float* g_rows, int nt) {
+    attn_bwd_gemm(alpha, m, src, tgt, e, c, out_s, out_t, lse_s, lse_t, g_s, g_t, gm, wp, K, g_rows, nt);
+}
+extern "C" void refine_fwd_whole_f32(const float* u, const float* q, const i64* src, const i64* tgt, i64 e, i64 c,
+                                     const float* y, const float* rw, const float* w1p, const float* b1,
+                                     const float* w2p, const float* b2, i64 hd, int smooth, i64 chunk, float* agg,
+                                     float* h, float* y_new, int nt) {
+    refine_fwd_whole(u, q, src, tgt, e, c, y, rw, w1p, b1, w2p, b2, hd, smooth, chunk, agg, h, y_new, nt);
+}
+extern "C" void refine_bwd_whole_f32(const float* g_agg, const float* g_ynew, const float* u, const float* q,
+                                     const i64* src, const i64* tgt, i64 e, i64 c, const float* h, const float* w2p,
+                                     const float* w1p, i64 hd, int smooth, float* g_u, float* g_q, i64 chunk, int nt) {
+    refine_bwd_whole(g_agg, g_ynew, u, q, src, tgt, e, c, h, w2p, w1p, hd, smooth, g_u, g_q, chunk, nt);
 }

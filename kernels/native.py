@@ -35,7 +35,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 5
+ABI = 7
 
 
 class NativeBuildError(RuntimeError):
@@ -148,6 +148,19 @@ class _Library:
         self.phi_bwd.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _INT, _P,
                                  _P, _I64, _INT]
         self.phi_bwd.restype = None
+        self.attn_fwd_gemm = self.cdll.attn_fwd_gemm_f32
+        self.attn_fwd_gemm.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT]
+        self.attn_fwd_gemm.restype = None
+        self.attn_bwd_gemm = self.cdll.attn_bwd_gemm_f32
+        self.attn_bwd_gemm.argtypes = [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _INT]
+        self.attn_bwd_gemm.restype = None
+        self.refine_fwd_whole = self.cdll.refine_fwd_whole_f32
+        self.refine_fwd_whole.argtypes = [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64, _INT, _I64, _P, _P,
+                                          _P, _INT]
+        self.refine_fwd_whole.restype = None
+        self.refine_bwd_whole = self.cdll.refine_bwd_whole_f32
+        self.refine_bwd_whole.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _I64, _INT, _P, _P, _I64, _INT]
+        self.refine_bwd_whole.restype = None
 
     def __call__(self, name: str, dtype: torch.dtype):
         return self.fns[name, "f32" if dtype == torch.float32 else "f64"]
@@ -162,6 +175,24 @@ def set_enabled(flag: bool) -> bool:
     global _enabled
     previous, _enabled = _enabled, bool(flag)
     return previous
+
+
+_whole = True
+
+
+def set_whole_calls(flag: bool) -> bool:
+    """Turn the whole-pass calls (``phi_fwd``/``phi_bwd``, ``attn_fwd_gemm``/``attn_bwd_gemm``:
+    every step on blocks of rows in cache, one call) on or off, leaving the chunk loops of the same
+    fused loops and GEMMs (same numbers; tests and benchmarks compare the two); returns the
+    previous setting."""
+    global _whole
+    previous, _whole = _whole, bool(flag)
+    return previous
+
+
+def whole_calls() -> bool:
+    """Whether the whole-pass calls apply: :func:`gemm_enabled` and not turned off."""
+    return _whole and gemm_enabled()
 
 
 def library() -> _Library | None:

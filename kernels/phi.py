@@ -215,7 +215,7 @@ def _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, projs, 
     """The whole forward in one call of the library's ``phi_fwd`` (float32 with the native GEMM:
     every row goes through the chunked form's steps, in the same order, while it is in L2).
     False, with nothing written, where it does not apply."""
-    if pre.dtype != torch.float32 or not native.gemm_enabled() or (rows is not None and (
+    if pre.dtype != torch.float32 or not native.whole_calls() or (rows is not None and (
             rows.dtype != torch.float32 or rows.stride(1) != 1)):
         return False
     by_row = native.Matmul(row_weight.T) if rows is not None else None
@@ -237,7 +237,7 @@ def _backward_whole(grad, row_weight, wc, wg, nc, ng, pre, core, gate, r_c, r_g,
                     chunk) -> bool:
     """The whole input-gradient pass in one call of the library's ``phi_bwd`` (float32 with the
     native GEMM, ``pre`` holding silu'(pre)); False, with nothing written, where it does not apply."""
-    if pre.dtype != torch.float32 or not native.gemm_enabled() or (g_rows is not None and not g_rows.is_contiguous()):
+    if pre.dtype != torch.float32 or not native.whole_calls() or (g_rows is not None and not g_rows.is_contiguous()):
         return False
     by_core, by_gate = native.Matmul(wc), native.Matmul(wg)
     by_row = native.Matmul(row_weight) if g_rows is not None else None

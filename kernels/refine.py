@@ -160,6 +160,8 @@ def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk
     bias and SiLU in another, the GEMMs in PyTorch (no FFN where ``y`` is None)."""
     e, c = u.shape
     lib, nt = native.library(), native.threads()
+    if _forward_whole(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new):
+        return
     fwd, act_fn = lib("refine_fwd", u.dtype), lib("gather_silu", u.dtype)
     k0 = min(chunk, e)
     ug = torch.empty(k0, c, dtype=u.dtype)
@@ -188,6 +190,8 @@ def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_y
     ``g_ynew`` None: no FFN backward (G_in = 0)."""
     e, c = u.shape
     lib, nt = native.library(), native.threads()
+    if slope and _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q):
+        return
     bwd, scatter = lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
     k0 = min(chunk, e)
     ffn = g_ynew is not None
@@ -211,3 +215,42 @@ def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_y
         if g_q is not None:
             scatter(p_s.data_ptr(), k, c, 1, targets, native.ptr_array([src[s : s + chunk]]), nt)
             scatter(p_t.data_ptr(), k, c, 1, targets, native.ptr_array([tgt[s : s + chunk]]), nt)
+
+
+def _forward_whole(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new) -> bool:
+    """The forward in one call of the library's ``refine_fwd_whole`` (float32 with the native GEMM:
+    each step on blocks of rows in cache, the same operations per row as the chunk loop); False,
+    with nothing written, where it does not apply."""
+    if u.dtype != torch.float32 or not native.whole_calls():
+        return False
+    by_w1, by_w2 = (native.Matmul(w1.T), native.Matmul(w2.T)) if y is not None else (None, None)
+    if y is not None and (by_w1.lib is None or by_w2.lib is None or not y.is_contiguous() or y.dtype != u.dtype
+                          or res_weight.numel() != u.shape[1] or res_weight.dtype != u.dtype):
+        return False
+    e, c = u.shape
+    rw = res_weight.contiguous() if y is not None else None
+    b1 = b1.contiguous() if b1 is not None else None
+    b2 = b2.contiguous() if b2 is not None else None
+    native.library().refine_fwd_whole(
+        u.data_ptr(), q.data_ptr(), src.data_ptr(), tgt.data_ptr(), e, c, native.ptr(y), native.ptr(rw),
+        by_w1.packed.data_ptr() if by_w1 else None, native.ptr(b1), by_w2.packed.data_ptr() if by_w2 else None,
+        native.ptr(b2), w1.shape[0] if y is not None else 0, int(smooth), chunk, agg.data_ptr(), native.ptr(h),
+        native.ptr(y_new), native.threads())
+    return True
+
+
+def _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q) -> bool:
+    """The backward in one call of the library's ``refine_bwd_whole`` (float32 with the native
+    GEMM, ``h`` holding silu'(h)); False, with nothing written, where it does not apply."""
+    if u.dtype != torch.float32 or not native.whole_calls():
+        return False
+    ffn = g_ynew is not None
+    by_w2, by_w1 = (native.Matmul(w2), native.Matmul(w1)) if ffn else (None, None)
+    if ffn and (by_w1.lib is None or by_w2.lib is None):
+        return False
+    e, c = u.shape
+    native.library().refine_bwd_whole(
+        g_agg.data_ptr(), native.ptr(g_ynew), u.data_ptr(), q.data_ptr(), src.data_ptr(), tgt.data_ptr(), e, c,
+        native.ptr(h), by_w2.packed.data_ptr() if ffn else None, by_w1.packed.data_ptr() if ffn else None,
+        w1.shape[0] if ffn else 0, int(smooth), native.ptr(g_u), native.ptr(g_q), chunk, native.threads())
+    return True

@@ -244,3 +244,35 @@ def test_whole_call_phi_is_the_chunked_form_bit_for_bit(monkeypatch, with_rows):
     for each in got.values():
         for a, b in zip(each, want, strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not native.gemm_enabled(), reason="the whole-pass calls need the native float32 GEMM")
+def test_whole_pass_calls_are_the_chunk_loops_bit_for_bit(monkeypatch):
+    """Φ, both attentions' line-graph form and Refine's edge side as one library call each (steps
+    on blocks of rows in cache) against the chunk loops of the same fused loops and GEMMs
+    (``native.set_whole_calls(False)``) with the same chunk size (it orders the two scatters of
+    Refine's ∂L/∂q): the same bits, for any thread count."""
+    lib = native.library()
+    calls = []
+    names = ("phi_fwd", "phi_bwd", "attn_fwd_gemm", "attn_bwd_gemm", "refine_fwd_whole", "refine_bwd_whole")
+    for name in names:
+        monkeypatch.setattr(lib, name, lambda *a, _fn=getattr(lib, name), _n=name: calls.append(_n) or _fn(*a))
+    threads = torch.get_num_threads()
+    try:
+        got = []
+        for nt, chunk in ((1, 64), (3, 64), (2, 1000)):
+            torch.set_num_threads(nt)
+            got.append((chunk, _run_all(torch.float32, chunk=chunk)))
+    finally:
+        torch.set_num_threads(threads)
+    assert set(calls) == set(names)
+    previous = native.set_whole_calls(False)
+    try:
+        calls.clear()
+        want = {chunk: _run_all(torch.float32, chunk=chunk) for chunk in (64, 1000)}
+    finally:
+        native.set_whole_calls(previous)
+    assert not calls
+    for chunk, each in got:
+        for a, b in zip(each, want[chunk], strict=True):
+            assert torch.equal(a, b)
