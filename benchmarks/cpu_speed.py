@@ -31,9 +31,13 @@ table: freeing the heap there would make our next call fault all its memory back
 
 The op table is torch.profiler's self CPU time of one Si64 call of the default variant,
 grouped by family, so the next person sees where the time goes; "fused C++ loops" is the self
-time of the chunked kernels' autograd Functions (their native loops and Python glue). Under it,
-the GEMM floor: the GEMM FLOPs of one Si64 call, their rate inside the call, this machine's
-in-cache GEMM rate right after, and the least time those GEMMs need at that rate.
+time of the chunked kernels' autograd Functions (their native loops and Python glue). It is
+taken with the chunk loops (``native.set_whole_calls(False)``): the default path runs the same
+GEMMs and loops of a pass inside one library call, where a profiler cannot tell them apart.
+Under it, the GEMM floor: the GEMM FLOPs of one Si64 call, their rate inside the call (chunk
+loops), this machine's in-cache GEMM rate right after, and the least time those GEMMs need at
+that rate; and the same call three ways side by side: every GEMM in MKL, the native GEMM in the
+chunk loops, and the default whole passes.
 
 ``--train`` also times one training step (energy, force, stress and magmom loss with
 ``create_graph``, backward) of Si8 (Si64 needs more than 24 GB with the 10M config) for
@@ -99,9 +103,15 @@ def op_shares(calc, atoms) -> dict:
                 return call(self, x, out, **kwargs)
         return wrapper
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof, _patched(native.Matmul, "__call__", recorded):
-        calc.reset()
-        calc.calculate(atoms, ["energy", "forces", "stress"])
+    # the chunk loops (same GEMMs and loops as the default whole-pass calls, which run them inside
+    # one library call each), so the GEMMs show apart from the loops
+    previous = native.set_whole_calls(False)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof, _patched(native.Matmul, "__call__", recorded):
+            calc.reset()
+            calc.calculate(atoms, ["energy", "forces", "stress"])
+    finally:
+        native.set_whole_calls(previous)
     per_family: dict[str, float] = {}
     ops = []
     for ev in prof.key_averages():
@@ -285,7 +295,18 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
                 os.environ["MATRIS_NATIVE_GEMM"] = previous
         mkl = {"call_seconds": mkl_call, "gemm_seconds": seconds[0], "gemm_gflops": flops[0] / 1e9 / seconds[0]}
         flops[0], seconds[0], calls[0] = 0, 0.0, 0
+    # then with the chunk loops, where every GEMM is a call of its own (counted: the FLOPs and their
+    # time), and last the default path (whole passes in one library call each: the same GEMMs)
+    previous = native.set_whole_calls(False)
+    try:
+        chunk_call = one_call()
+    finally:
+        native.set_whole_calls(previous)
+    counted_flops, counted_seconds, counted_calls = flops[0], seconds[0], calls[0]
+    counted_native = dict(native_stats)
     call_seconds = one_call()
+    flops[0], seconds[0], calls[0] = counted_flops, counted_seconds, counted_calls
+    native_stats.update(counted_native)
 
     def rate(m: int, k: int, n: int, reps: int, use_native: bool = False) -> float:
         x, w, out = torch.randn(m, k), torch.randn(n, k), torch.empty(m, n)
@@ -306,6 +327,7 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
               "in_call_gflops": gflop / seconds[0], "hot_gflops_4096x128x256": hot, "hot_gflops_1024cubed": square,
               "floor_seconds": gflop / max(hot, hot_native or 0.0)}
     result["call_seconds"] = call_seconds
+    result["chunk_loops"] = {"call_seconds": chunk_call}
     if mkl:
         result["mkl_only"] = mkl
     if native_stats["calls"]:
@@ -345,8 +367,9 @@ def markdown(path: str, command: bool = True) -> str:
                   for r in data["train_steps"]]
     if data.get("op_shares"):
         fams = data["op_shares"]["families"]
-        lines.append("\nOne Si64 call of the default path, torch.profiler self CPU time: " + ", ".join(
-            f"{k} {100 * v['share']:.0f} %" for k, v in fams.items()) + ".")
+        lines.append("\nOne Si64 call of the default path with the chunk loops (GEMMs and loops as calls of their "
+                     "own), torch.profiler self CPU time: " + ", ".join(
+                         f"{k} {100 * v['share']:.0f} %" for k, v in fams.items()) + ".")
     if data.get("gemm_floor"):
         g = data["gemm_floor"]
         ratio = (f", {g['floor_ratio_vs_chgnet']:.1f}× CHGNet's median" if "floor_ratio_vs_chgnet" in g else "")
@@ -356,11 +379,16 @@ def markdown(path: str, command: bool = True) -> str:
                    if g.get("hot_native_gflops_4096x128x256") else "")
         if g.get("mkl_only"):
             m = g["mkl_only"]
+            chunk = g.get("chunk_loops", {}).get("call_seconds")
             lines.append(f"\nThe same Si64 call with every GEMM in MKL (`MATRIS_NATIVE_GEMM=0`), just before: "
                          f"{m['call_seconds']:.2f} s, its GEMMs {m['gemm_seconds']:.2f} s ({m['gemm_gflops']:.0f} GFLOP/s); "
-                         f"with the native kernel: {g['call_seconds']:.2f} s, GEMMs {g['in_call_seconds']:.2f} s.")
+                         + (f"with the native kernel in the chunk loops: {chunk:.2f} s, GEMMs "
+                            f"{g['in_call_seconds']:.2f} s; as by default (whole passes in one call each): "
+                            f"{g['call_seconds']:.2f} s." if chunk else
+                            f"with the native kernel: {g['call_seconds']:.2f} s, GEMMs {g['in_call_seconds']:.2f} s."))
         lines.append(f"\nThe GEMMs of one Si64 call: {g['gemm_calls']:,} calls, {g['gflop']:.1f} GFLOP, "
-                     f"{g['in_call_seconds']:.2f} s ({g['in_call_gflops']:.0f} GFLOP/s) within the call{own}. In cache, "
+                     f"{g['in_call_seconds']:.2f} s ({g['in_call_gflops']:.0f} GFLOP/s) within the call"
+                     f"{' with the chunk loops' if 'chunk_loops' in g else ''}{own}. In cache, "
                      f"right after it, the dominant shape (4,096 × 128 → 256) ran at {g['hot_gflops_4096x128x256']:.0f} "
                      f"GFLOP/s in MKL{own_hot}, and a 1,024³ GEMM at {g['hot_gflops_1024cubed']:.0f}: the GEMMs alone "
                      f"need at least {g['floor_seconds']:.2f} s{ratio}.")
@@ -496,8 +524,8 @@ def main(argv=None) -> int:
     if not args.no_profile:
         default = args.variants[0]
         shares = op_shares(calcs[default], standard_structure("si", 64).atoms)
-        print(f"\nwhere the time goes: one Si64 E+F+S call, variant {default!r}, torch.profiler self CPU time "
-              f"(profiler overhead included: {shares['total_ms']:.0f} ms)")
+        print(f"\nwhere the time goes: one Si64 E+F+S call, variant {default!r} with the chunk loops, torch.profiler "
+              f"self CPU time (profiler overhead included: {shares['total_ms']:.0f} ms)")
         for fam, v in shares["families"].items():
             print(f"  {fam:20s} {v['ms']:9.1f} ms  {100 * v['share']:5.1f} %")
         print("  top ops: " + ", ".join(f"{o['op'].removeprefix('aten::')} {o['ms']:.0f} ms" for o in shares["top_ops"]))
@@ -507,8 +535,9 @@ def main(argv=None) -> int:
         if floor.get("mkl_only"):
             m = floor["mkl_only"]
             print(f"  one Si64 call, every GEMM in MKL: {m['call_seconds']:.2f} s (GEMMs {m['gemm_seconds']:.2f} s, "
-                  f"{m['gemm_gflops']:.0f} GFLOP/s); with the native GEMM: {floor['call_seconds']:.2f} s "
-                  f"(GEMMs {floor['in_call_seconds']:.2f} s)")
+                  f"{m['gemm_gflops']:.0f} GFLOP/s); native GEMM in the chunk loops: "
+                  f"{floor['chunk_loops']['call_seconds']:.2f} s (GEMMs {floor['in_call_seconds']:.2f} s); "
+                  f"default (whole passes): {floor['call_seconds']:.2f} s")
         if floor.get("native_gemm_calls"):
             print(f"  native GEMM: {floor['native_gemm_calls']} calls, {floor['native_gflop']:.1f} GFLOP, "
                   f"{floor['native_in_call_seconds']:.2f} s in the call ({floor['native_in_call_gflops']:.0f} GFLOP/s); "

@@ -28,3 +28,5 @@ def test_profile_and_gemm_floor_count_the_native_gemm():
     if native.gemm_enabled():
         assert floor["native_gemm_calls"] > 0 and 0 < floor["native_gflop"] <= floor["gflop"]
         assert floor["mkl_only"]["gemm_seconds"] > 0
+        assert floor["chunk_loops"]["call_seconds"] > 0 and floor["call_seconds"] > 0
+    assert native.whole_calls() == native.gemm_enabled()  # the profile's and the floor's switches are put back
