@@ -28,7 +28,8 @@ reads them once per chunk:
 In float32 with the native GEMM (:class:`.native.Matmul`) the whole pass is one library call
 (``phi_fwd``/``phi_bwd``): each thread runs every step above on blocks of 24 of its rows while
 they are in L2, instead of each step over a 4,096-row chunk; per row the same operations in the
-same order, so the same bits as the chunk loop (measured 11-13 % faster on a Si64 E+F+S call).
+same order, so the same bits as the chunk loop (``native.set_whole_calls(False)``; the benchmark
+``benchmarks/cpu_speed.py`` times a Si64 call both ways).
 
 The fused backward gives input gradients only (the weights are frozen at inference, see
 ``MatRIS.forward``). When weight gradients or a graph of the backward are wanted (training
@@ -109,15 +110,13 @@ class _GatedPhi(torch.autograd.Function):
         out = torch.empty(n, d, **like)
         sig = torch.empty(n, d, **like)  # σ(gn), kept for the backward
         ctx.slope = native.usable(bias1, *projs, *indices)  # pre holds silu'(pre)
-        if ctx.slope and _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, projs, indices, pre,
-                                        core, gate, r_c, r_g, sig, out):
-            pass
-        elif ctx.slope:
-            hid = torch.empty(min(chunk, n), two_h, **like)
+        whole = ctx.slope and _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, projs, indices,
+                                             pre, core, gate, r_c, r_g, sig, out)
+        hid = None if whole else torch.empty(min(chunk, n), two_h, **like)
+        if ctx.slope and not whole:
             _forward_native(native.library(), rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, chunk, projs,
                             indices, pre, hid, core, gate, r_c, r_g, sig, out)
-        else:
-            hid = torch.empty(min(chunk, n), two_h, **like)
+        elif not ctx.slope:
             tmp = torch.empty(min(chunk, n), two_h, **like)
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
@@ -226,7 +225,8 @@ def _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, eps, projs, 
     bias, bc, bg, nc, ng = (t.contiguous() for t in (bias1, bc, bg, nc, ng))
     dr = rows.shape[1] if rows is not None else 0
     by_core.lib.phi_fwd(rows.data_ptr() if rows is not None else None, rows.stride(0) if rows is not None else 0, dr,
-                        by_row.packed.data_ptr() if by_row is not None else None, n, h, bias.data_ptr(), len(projs), native.ptr_array(projs), native.ptr_array(indices), by_core.packed.data_ptr(),
+                        by_row.packed.data_ptr() if by_row is not None else None, n, h, bias.data_ptr(), len(projs),
+                        native.ptr_array(projs), native.ptr_array(indices), by_core.packed.data_ptr(),
                         by_gate.packed.data_ptr(), d, bc.data_ptr(), bg.data_ptr(), nc.data_ptr(), ng.data_ptr(), eps,
                         pre.data_ptr(), core.data_ptr(), gate.data_ptr(), r_c.data_ptr(), r_g.data_ptr(),
                         sig.data_ptr(), out.data_ptr(), native.threads())
