@@ -545,6 +545,11 @@ static void gemm_pack(const float* B, i64 K, i64 N, i64 sk, i64 sn, float* Bp) {
 // through the same operations in the same order as in the chunked form: the same numbers.
 constexpr i64 kPhiRows = 24;
 
+// ask for a row of w floats to be brought towards the core (L2), one request per cache line
+static inline void prefetch_row(const float* row, i64 w) {
+    for (i64 j = 0; j < w; j += 16) __builtin_prefetch(row + j, 0, 2);
+}
+
 // Forward: pre = rows·W_r (rows nullable) + b₁ + Σ_k P_k[idx_k]; hid = silu(pre), pre ← silu'(pre);
 // core = hid_c·W_c, gate = hid_g·W_g; then the gated epilogue (gated_fwd_row, biases added there).
 // wr, wc, wg: packed (gemm_pack) [dr → 2H], [H → d], [H → d]; rows [n, dr] with row stride ldr.
@@ -561,6 +566,10 @@ static void phi_fwd(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, 
         for (i64 s = b; s < e; s += kPhiRows) {
             const i64 m = std::min(kPhiRows, e - s);
             float* p = pre + s * w;
+            // the block's gathered rows (random rows of tables larger than L2) are requested
+            // before its first GEMM, which then hides their latency
+            for (int k = 0; k < nterms; ++k)
+                for (i64 r = s; r < s + m; ++r) prefetch_row(projs[k] + idx[k][r] * w, w);
             if (rows) gemm_serial(rows + s * ldr, m, dr, ldr, wr, w, p, w, nullptr, 0);
             for (i64 r = 0; r < m; ++r)
                 gather_silu_row(p + r * w, hid.data() + r * w, w, bias, rows == nullptr, nterms, projs, idx, s + r, 1);
