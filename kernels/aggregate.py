@@ -237,35 +237,43 @@ def _backward_triton(logits, messages, out, lse, grad_out, grad_lse, index):
 # ---------------------------------------------------------------------------- CPU, chunked
 def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, row_index: torch.Tensor | None,
                              messages: torch.Tensor, target: torch.Tensor, source: torch.Tensor,
-                             num_segments: int) -> tuple[torch.Tensor, torch.Tensor]:
+                             num_segments: int, res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """PyTorch reference of both aggregations of one separable attention → (T, S) ``[n, C]``.
 
     Logits ``α = [α_s ‖ α_t]`` ``[E, 2C]`` are ``rows·weightᵀ`` (rows ``[E, d]``, weight
     ``[2C, d]``) or, with ``row_index``, ``rows[row_index]`` (rows already projected, ``[B, 2C]``).
     ``T = softmax_aggregate(α_t, m, target)``, ``S = softmax_aggregate(α_s, m, source)``.
+    With ``res_weight`` ``[1, C]`` (line graph: rows are the edge features, d = C) also the
+    edges' residual update ``y' = m + res_weight ⊙ rows`` ``[E, C]``: (T, S, y').
     """
     alpha = rows @ weight.T if row_index is None else rows.index_select(0, row_index)
     c = messages.shape[1]
-    return (softmax_aggregate_reference(alpha[:, c:], messages, target, num_segments),
+    pair = (softmax_aggregate_reference(alpha[:, c:], messages, target, num_segments),
             softmax_aggregate_reference(alpha[:, :c], messages, source, num_segments))
+    return pair if res_weight is None else (*pair, torch.addcmul(messages, res_weight, rows))
 
 
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
-                   chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk: int | None = None, res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`attention_pair_reference`, chunked for the CPU (``chunk`` rows at a time).
 
     Two passes over the edges: the logits and the per-segment maxima, then the exponentials
     and the sums. The backward recomputes ``p = exp(α − lse)`` per chunk from the saved logits
     and log-sum-exp (the formulas of the module docstring) and never builds an edge-sized
     tensor beyond the gradients it returns. With ``create_graph`` or weight gradients it
-    recomputes the reference under autograd (exact second order).
+    recomputes the reference under autograd (exact second order). ``res_weight`` (line graph
+    only): also the residual update y' of the reference, computed in the same pass over the rows
+    (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
     """
     n_edges = messages.shape[0]
+    if res_weight is not None and row_index is not None:
+        raise ValueError("attention_pair: res_weight is for the line-graph form (row_index None)")
     if n_edges == 0:
-        return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments)
+        return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
     if chunk is None:
         chunk = max(64, (4 << 20) // (2 * messages.shape[1] * messages.element_size()))
-    return _AttentionPair.apply(rows, weight, row_index, messages, target, source, num_segments, int(chunk))
+    return _AttentionPair.apply(rows, weight, row_index, messages, target, source, num_segments, int(chunk),
+                                res_weight)
 
 
 def _exp_minus(alpha: torch.Tensor, ref: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -276,14 +284,17 @@ def _exp_minus(alpha: torch.Tensor, ref: torch.Tensor, index: torch.Tensor, out:
 
 class _AttentionPair(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows, weight, row_index, m, target, source, n, chunk):
+    def forward(ctx, rows, weight, row_index, m, target, source, n, chunk, res_weight):
         e, c = m.shape
         like = dict(dtype=m.dtype, device=m.device)
+        ctx.res = res_weight is not None
         if native.usable(m, target, source, row_index, rows if row_index is not None else None):
-            out_t, out_s, alpha, lse_s, lse_t = _forward_native(rows, weight, row_index, m, target, source, n, chunk)
-            ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t)
+            out_t, out_s, alpha, lse_s, lse_t, y_new = _forward_native(rows, weight, row_index, m, target, source, n,
+                                                                       chunk, res_weight)
+            ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t,
+                                  res_weight)
             ctx.n, ctx.chunk, ctx.native = n, chunk, True  # α is then per bond on the atom graph
-            return out_t, out_s
+            return (out_t, out_s, y_new) if ctx.res else (out_t, out_s)
         alpha = torch.empty(e, 2 * c, **like)
         max_s = torch.full((n, c), float("-inf"), **like)
         max_t = torch.full((n, c), float("-inf"), **like)
@@ -315,25 +326,29 @@ class _AttentionPair(torch.autograd.Function):
             outs.append(num.div_(safe))
             lses.append(safe.log_().add_(mx))
         out_s, out_t = outs
-        ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, *lses)
+        ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, *lses, res_weight)
         ctx.n, ctx.chunk, ctx.native = n, chunk, False
-        return out_t, out_s
+        return (out_t, out_s, torch.addcmul(m, res_weight, rows)) if ctx.res else (out_t, out_s)
 
     @staticmethod
-    def backward(ctx, g_t, g_s):
-        rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t = ctx.saved_tensors
+    def backward(ctx, g_t, g_s, g_y=None):
+        rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        if torch.is_grad_enabled() or (needs[1] and row_index is None):
-            def ref(r, w, msg):
-                return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n)
+        if torch.is_grad_enabled() or (needs[1] and row_index is None) or (ctx.res and needs[8]):
+            def ref(r, w, msg, *rw):
+                return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
 
             w = weight if weight is not None else rows.new_zeros(0)
+            if ctx.res:
+                g = recompute_backward(ref, (rows, w, m, res_weight), (g_t, g_s, g_y))
+                return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, g[3]
             g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
-            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None
+            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, None
         e, c = m.shape
         chunk = ctx.chunk
         g_t = torch.zeros_like(out_t) if g_t is None else g_t.contiguous()
         g_s = torch.zeros_like(out_s) if g_s is None else g_s.contiguous()
+        g_y = g_y.contiguous() if g_y is not None and ctx.res else None  # None: y' reaches no output
         g_m = torch.empty_like(m) if needs[3] else None
         g_rows = None
         if needs[0]:
@@ -341,8 +356,8 @@ class _AttentionPair(torch.autograd.Function):
         like = dict(dtype=m.dtype, device=m.device)
         if ctx.native:
             _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s,
-                             g_t, g_m, g_rows, chunk)
-            return g_rows, None, None, g_m, None, None, None, None
+                             g_t, g_m, g_rows, chunk, g_y, res_weight)
+            return g_rows, None, None, g_m, None, None, None, None, None
         k0 = min(chunk, e)
         p, gi, tmp = torch.empty(k0, c, **like), torch.empty(k0, c, **like), torch.empty(k0, c, **like)
         g_alpha = torch.empty(k0, 2 * c, **like)
@@ -371,13 +386,25 @@ class _AttentionPair(torch.autograd.Function):
                     torch.mm(ga, weight, out=g_rows[s : s + chunk])
                 else:
                     g_rows.index_add_(0, row_index[s : s + chunk], ga)
-        return g_rows, None, None, g_m, None, None, None, None
+        _residual_backward(g_y, res_weight, g_m, g_rows)
+        return g_rows, None, None, g_m, None, None, None, None, None
 
 
-def _forward_native(rows, weight, row_index, m, target, source, n, chunk):
+def _residual_backward(g_y, res_weight, g_m, g_rows):
+    """The residual y' = m + w ⊙ rows in the backward: ∂L/∂m += G_y', ∂L/∂rows += w ⊙ G_y'."""
+    if g_y is None:
+        return
+    if g_m is not None:
+        g_m.add_(g_y)
+    if g_rows is not None:
+        g_rows.addcmul_(g_y, res_weight)
+
+
+def _forward_native(rows, weight, row_index, m, target, source, n, chunk, res_weight=None):
     """The forward with :mod:`.native`'s online softmax, chunk by chunk of edges right after the
     chunk's logits GEMM (so α and m are read in cache) → (T, S, α, lse_s, lse_t). On the atom
-    graph (``row_index``) α stays per bond (``rows``) and is read through the index."""
+    graph (``row_index``) α stays per bond (``rows``) and is read through the index. With
+    ``res_weight``, y' = m + w ⊙ rows too (else None)."""
     e, c = m.shape
     like = dict(dtype=m.dtype, device=m.device)
     lib, nt = native.library(), native.threads()
@@ -388,12 +415,18 @@ def _forward_native(rows, weight, row_index, m, target, source, n, chunk):
     step = lib("attn_fwd", m.dtype)
     logits = native.Matmul(weight.T) if row_index is None else None
     if (logits is not None and logits.lib is not None and native.whole_calls()
-            and m.dtype == rows.dtype == torch.float32 and rows.stride(1) == 1):
+            and m.dtype == rows.dtype == torch.float32 and rows.stride(1) == 1
+            and (res_weight is None or (rows.shape[1] == c and res_weight.numel() == c
+                                        and res_weight.dtype == torch.float32))):
         # the logits GEMM inside the online pass, one call: each thread computes its columns of a
         # block of rows and folds them in while they are in L1 (the same numbers as the loop below)
+        y_new = torch.empty_like(m) if res_weight is not None else None
+        rw = res_weight.contiguous() if res_weight is not None else None
         logits.lib.attn_fwd_gemm(rows.data_ptr(), rows.stride(0), rows.shape[1], logits.packed.data_ptr(),
-                                 m.data_ptr(), source.data_ptr(), target.data_ptr(), e, c, alpha.data_ptr(), *state, nt)
+                                 m.data_ptr(), source.data_ptr(), target.data_ptr(), e, c, alpha.data_ptr(), *state,
+                                 native.ptr(rw), native.ptr(y_new), nt)
     else:
+        y_new = torch.addcmul(m, res_weight, rows) if res_weight is not None else None
         for s in range(0, e, chunk):
             k = min(chunk, e - s)
             if row_index is None:
@@ -406,11 +439,11 @@ def _forward_native(rows, weight, row_index, m, target, source, n, chunk):
     finish = lib("attn_finish", m.dtype)
     finish(n, c, out_s.data_ptr(), lse_s.data_ptr(), sum_s.data_ptr())
     finish(n, c, out_t.data_ptr(), lse_t.data_ptr(), sum_t.data_ptr())
-    return out_t, out_s, alpha, lse_s, lse_t
+    return out_t, out_s, alpha, lse_s, lse_t, y_new
 
 
 def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s, g_t, g_m,
-                     g_rows, chunk):
+                     g_rows, chunk, g_y=None, res_weight=None):
     """The backward with :mod:`.native`: one fused pass per chunk for ∂L/∂m and ∂L/∂α, then
     ∂L/∂rows by a GEMM (line graph) or a scatter to the bonds (atom graph)."""
     e, c = m.shape
@@ -420,10 +453,11 @@ def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, o
     if (by_weight is not None and by_weight.lib is not None and native.whole_calls() and m.dtype == torch.float32
             and g_rows.is_contiguous()):
         # ∂L/∂α of a block of rows and its GEMM to ∂L/∂rows while the block is in cache, one call
+        rw = res_weight.contiguous() if g_y is not None else None
         by_weight.lib.attn_bwd_gemm(alpha.data_ptr(), m.data_ptr(), source.data_ptr(), target.data_ptr(), e, c,
                                     out_s.data_ptr(), out_t.data_ptr(), lse_s.data_ptr(), lse_t.data_ptr(),
                                     g_s.data_ptr(), g_t.data_ptr(), native.ptr(g_m), by_weight.packed.data_ptr(),
-                                    by_weight.n, g_rows.data_ptr(), nt)
+                                    by_weight.n, g_rows.data_ptr(), native.ptr(g_y), native.ptr(rw), nt)
         return
     g_alpha = torch.empty(min(chunk, e), 2 * c, dtype=m.dtype)
     for s in range(0, e, chunk):
@@ -442,3 +476,4 @@ def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, o
                 by_weight(ga, out=g_rows[s : s + chunk])
             else:
                 g_rows.index_add_(0, row_index[s : s + chunk], ga)
+    _residual_backward(g_y, res_weight, g_m, g_rows)

@@ -636,9 +636,11 @@ static void phi_bwd(const float* grad, const float* core, const float* gate, con
 // row: it computes its columns of a block of rows and folds them into the running statistics of
 // those channels while they are in L1. Per segment and channel the rows come in order, and each
 // α element is the GEMM's: the same numbers as the chunked form, for any thread count.
+// With rw (nullable; then K = c), also the residual y_new = m + rw ⊙ rows (one rounding, as
+// torch.addcmul), each thread its channel_range of a block's rows.
 static void attn_fwd_gemm(const float* rows, i64 ldr, i64 K, const float* wp, const float* m, const i64* src,
                           const i64* tgt, i64 e, i64 c, float* alpha, float* out_s, float* out_t, float* lse_s,
-                          float* lse_t, float* sum_s, float* sum_t, int nt) {
+                          float* lse_t, float* sum_s, float* sum_t, const float* rw, float* y_new, int nt) {
     const i64 w = 2 * c;
 #pragma omp parallel num_threads(nt)
     {
@@ -648,9 +650,20 @@ static void attn_fwd_gemm(const float* rows, i64 ldr, i64 K, const float* wp, co
         const i64 k0 = panels * t / team_size * 16, k1 = panels * (t + 1) / team_size * 16;
         const i64 s0 = std::min(k0, c), s1 = std::min(k1, c);
         const i64 t0 = std::max(k0, c) - c, t1 = std::max(k1, c) - c;
-        if (k0 < k1) {
+        i64 j0, j1;
+        channel_range(c, j0, j1);
+        if (k0 < k1 || (rw && j0 < j1)) {
             for (i64 s = 0; s < e; s += kPhiRows) {
                 const i64 mb = std::min(kPhiRows, e - s);
+                if (rw)
+                    for (i64 r = s; r < s + mb; ++r) {
+                        const float* yr = rows + r * ldr;
+                        const float* mr = m + r * c;
+                        float* o = y_new + r * c;
+#pragma omp simd
+                        for (i64 j = j0; j < j1; ++j) o[j] = std::fma(rw[j], yr[j], mr[j]);
+                    }
+                if (k0 >= k1) continue;
                 gemm_serial(rows + s * ldr, mb, K, ldr, wp + k0 * K, k1 - k0, alpha + s * w + k0, w, nullptr, 0);
                 for (i64 r = s; r < s + mb; ++r) {
                     const float* a = alpha + r * w;
@@ -670,11 +683,12 @@ static void attn_fwd_gemm(const float* rows, i64 ldr, i64 K, const float* wp, co
 }
 
 // Backward: attn_bwd's rows (∂L/∂m into gm, nullable; ∂L/∂α per block of rows) and
-// ∂L/∂rows = ∂L/∂α·Wᵀ (wp packed [2c → K]) while the block is in L1/L2.
+// ∂L/∂rows = ∂L/∂α·Wᵀ (wp packed [2c → K]) while the block is in L1/L2. With gy (nullable, the
+// residual's gradient; then K = c): gm += gy and g_rows += rw ⊙ gy (one rounding, as addcmul_).
 static void attn_bwd_gemm(const float* alpha, const float* m, const i64* src, const i64* tgt, i64 e, i64 c,
                           const float* out_s, const float* out_t, const float* lse_s, const float* lse_t,
                           const float* g_s, const float* g_t, float* gm, const float* wp, i64 K, float* g_rows,
-                          int nt) {
+                          const float* gy, const float* rw, int nt) {
     const i64 w = 2 * c;
 #pragma omp parallel num_threads(nt)
     {
@@ -693,6 +707,18 @@ static void attn_bwd_gemm(const float* alpha, const float* m, const i64* src, co
                                                lse_t + ot, g_s + os, g_t + ot, c, ga.data() + i * w, nullptr);
             }
             gemm_serial(ga.data(), mb, w, w, wp, K, g_rows + s * K, K, nullptr, 0);
+            if (gy)
+                for (i64 r = s; r < s + mb; ++r) {
+                    const float* g = gy + r * c;
+                    float* gr = g_rows + r * c;
+                    if (gm) {
+                        float* gmr = gm + r * c;
+#pragma omp simd
+                        for (i64 j = 0; j < c; ++j) gmr[j] += g[j];
+                    }
+#pragma omp simd
+                    for (i64 j = 0; j < c; ++j) gr[j] = std::fma(g[j], rw[j], gr[j]);
+                }
         }
     }
 }
@@ -874,7 +900,7 @@ static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const floa
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 7; }
+extern "C" int matris_native_abi() { return 8; }
 
 // float32 GEMM (gemm_run, gemm_pack above); gemm_available(): 1 where the fast kernel is built
 extern "C" int gemm_available() { return kGemm; }
@@ -899,14 +925,15 @@ extern "C" void phi_bwd_f32(const float* grad, const float* core, const float* g
 }
 extern "C" void attn_fwd_gemm_f32(const float* rows, i64 ldr, i64 K, const float* wp, const float* m, const i64* src,
                                   const i64* tgt, i64 e, i64 c, float* alpha, float* out_s, float* out_t,
-                                  float* lse_s, float* lse_t, float* sum_s, float* sum_t, int nt) {
-    attn_fwd_gemm(rows, ldr, K, wp, m, src, tgt, e, c, alpha, out_s, out_t, lse_s, lse_t, sum_s, sum_t, nt);
+                                  float* lse_s, float* lse_t, float* sum_s, float* sum_t, const float* rw,
+                                  float* y_new, int nt) {
+    attn_fwd_gemm(rows, ldr, K, wp, m, src, tgt, e, c, alpha, out_s, out_t, lse_s, lse_t, sum_s, sum_t, rw, y_new, nt);
 }
 extern "C" void attn_bwd_gemm_f32(const float* alpha, const float* m, const i64* src, const i64* tgt, i64 e, i64 c,
                                   const float* out_s, const float* out_t, const float* lse_s, const float* lse_t,
                                   const float* g_s, const float* g_t, float* gm, const float* wp, i64 K,
-                                  float* g_rows, int nt) {
-    attn_bwd_gemm(alpha, m, src, tgt, e, c, out_s, out_t, lse_s, lse_t, g_s, g_t, gm, wp, K, g_rows, nt);
+                                  float* g_rows, const float* gy, const float* rw, int nt) {
+    attn_bwd_gemm(alpha, m, src, tgt, e, c, out_s, out_t, lse_s, lse_t, g_s, g_t, gm, wp, K, g_rows, gy, rw, nt);
 }
 extern "C" void refine_fwd_whole_f32(const float* u, const float* q, const i64* src, const i64* tgt, i64 e, i64 c,
                                      const float* y, const float* rw, const float* w1p, const float* b1,

@@ -35,7 +35,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 7
+ABI = 8
 
 
 class NativeBuildError(RuntimeError):
@@ -149,10 +149,12 @@ class _Library:
                                  _P, _I64, _INT]
         self.phi_bwd.restype = None
         self.attn_fwd_gemm = self.cdll.attn_fwd_gemm_f32
-        self.attn_fwd_gemm.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT]
+        self.attn_fwd_gemm.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+                                       _INT]
         self.attn_fwd_gemm.restype = None
         self.attn_bwd_gemm = self.cdll.attn_bwd_gemm_f32
-        self.attn_bwd_gemm.argtypes = [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _INT]
+        self.attn_bwd_gemm.argtypes = [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P,
+                                       _INT]
         self.attn_bwd_gemm.restype = None
         self.refine_fwd_whole = self.cdll.refine_fwd_whole_f32
         self.refine_fwd_whole.argtypes = [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64, _INT, _I64, _P, _P,

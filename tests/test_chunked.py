@@ -124,6 +124,46 @@ def test_attention_pair_gradcheck_and_gradgradcheck(projected):
     assert torch.autograd.gradgradcheck(fn, x)
 
 
+@pytest.mark.usefixtures("loops")
+@pytest.mark.parametrize("chunk", [1, 6, 100])
+def test_attention_pair_with_the_residual_matches_reference(chunk):
+    """The line-graph form with the edges' residual y' = m + w ⊙ rows computed in the same pass: its
+    value and the gradients with y' used (∂L/∂m and ∂L/∂rows gain G_y' and w ⊙ G_y') or unused."""
+    rows, w, _, m, tgt, src, n = attention_case(False, d=3)
+    rw = torch.randn(1, 3, generator=_gen(4), dtype=F64)
+    rows.requires_grad_(True)
+    m.requires_grad_(True)
+    g = [torch.randn(n, 3, generator=_gen(2), dtype=F64), torch.randn(n, 3, generator=_gen(3), dtype=F64),
+         torch.randn(m.shape, generator=_gen(5), dtype=F64)]
+    want = attention_pair_reference(rows, w, None, m, tgt, src, n, res_weight=rw)
+    got = attention_pair(rows, w, None, m, tgt, src, n, chunk=chunk, res_weight=rw)
+    assert len(got) == 3
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+    for used in (3, 2):
+        ga = torch.autograd.grad(got[:used], [rows, m], g[:used], retain_graph=True)
+        gb = torch.autograd.grad(want[:used], [rows, m], g[:used], retain_graph=True)
+        for a, b in zip(ga, gb, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="line-graph"):
+        attention_pair(*attention_case(True), res_weight=rw)
+
+
+@pytest.mark.usefixtures("loops")
+def test_attention_pair_with_the_residual_gradcheck_and_gradgradcheck():
+    """Including the residual weight's gradient (training: the reference under autograd)."""
+    rows, w, _, m, tgt, src, n = attention_case(False, e=13, n=5, d=3)
+
+    def fn(r, msg, rw):
+        return attention_pair(r, w, None, msg, tgt, src, n, chunk=4, res_weight=rw)
+
+    x = [rows.clone().requires_grad_(True), m.clone().requires_grad_(True),
+         torch.randn(1, 3, generator=_gen(6), dtype=F64, requires_grad=True)]
+    assert torch.autograd.gradcheck(fn, x)
+    assert torch.autograd.gradgradcheck(fn, x)
+    assert torch.autograd.gradcheck(lambda r, msg: fn(r, msg, x[2].detach()), x[:2])  # frozen weight: fused
+
+
 def refine_case(seed=0, e=29, b=6, c=4, bias=True):
     g = _gen(seed)
     r = (lambda *s: torch.randn(*s, generator=g, dtype=F64))

@@ -67,9 +67,10 @@ class SeparableAttention(nn.Module):
         if fused == "chunked" and segments is None:
             if directed:
                 t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n)
-            else:
-                t_agg, s_agg = attention_pair(y, w_st, None, m, tgt, src, n)
-            return self._update(x, y, m, t_agg, s_agg, directed, fused)
+                return self._update(x, y, m, t_agg, s_agg, directed, fused)
+            # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
+            t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight)
+            return self._node_update(x, t_agg, s_agg, fused), y_new
         alpha = y @ w_st.T
         if directed:
             alpha = alpha.index_select(0, d2u)
@@ -83,8 +84,10 @@ class SeparableAttention(nn.Module):
         return self._update(x, y, m, t_agg, s_agg, directed, fused)
 
     def _update(self, x, y, m, t_agg, s_agg, directed, fused):
-        # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
-        x_new = torch.addcmul(apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused),
-                              self.node_res_weight, x)
         y_new = torch.addcmul(pool_directed(m) if directed else m, self.edge_res_weight, y)
-        return x_new, y_new
+        return self._node_update(x, t_agg, s_agg, fused), y_new
+
+    def _node_update(self, x, t_agg, s_agg, fused):
+        # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
+        return torch.addcmul(apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused),
+                             self.node_res_weight, x)
