@@ -787,10 +787,11 @@ static void refine_fwd_whole(const float* u, const float* q, const i64* src, con
 // Backward (h holds silu'): with g_ynew, G_h = silu'(h) ⊙ (G_y'·W₂) and G_in = G_h·W₁ per block of
 // rows; then refine_bwd_row (G_u into g_u, nullable; the two terms of G_q into the chunk's
 // buffers), and every `chunk` rows those terms are summed into g_q by source, then by target.
-// w2p: packed [C → H] (W₂ [C, H] as it is); w1p: packed [H → C].
+// w2p: packed [C → H] (W₂ [C, H] as it is); w1p: packed [H → C]. With g_y (nullable), also the
+// residual's G_y = rw ⊙ G_y'.
 static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const float* u, const float* q, const i64* src,
                              const i64* tgt, i64 e, i64 c, const float* h, const float* w2p, const float* w1p, i64 hd,
-                             int smooth, float* g_u, float* g_q, i64 chunk, int nt) {
+                             int smooth, float* g_u, float* g_q, float* g_y, const float* rw, i64 chunk, int nt) {
     const i64 kc = std::min(chunk, e);
     std::vector<float> ps(g_q ? kc * c : 0), pt(g_q ? kc * c : 0);
 #pragma omp parallel num_threads(nt)
@@ -814,6 +815,13 @@ static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const floa
             for (i64 s = b; s < en; s += kPhiRows) {
                 const i64 mb = std::min(kPhiRows, en - s), r0 = s0 + s;
                 if (g_ynew) {
+                    if (g_y)  // the residual's G_y = w ⊙ G_y', while the rows are read for the GEMM
+                        for (i64 r = r0; r < r0 + mb; ++r) {
+                            const float* gr = g_ynew + r * c;
+                            float* o = g_y + r * c;
+#pragma omp simd
+                            for (i64 j = 0; j < c; ++j) o[j] = gr[j] * rw[j];
+                        }
                     gemm_serial(g_ynew + r0 * c, mb, c, c, w2p, hd, gh.data(), hd, h + r0 * hd, hd);
                     gemm_serial(gh.data(), mb, hd, hd, w1p, c, gin.data(), c, nullptr, 0);
                     if (g_u && g_q) rows(s, r0, mb, Y{}, Y{}, Y{});
@@ -900,7 +908,7 @@ static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const floa
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 8; }
+extern "C" int matris_native_abi() { return 9; }
 
 // float32 GEMM (gemm_run, gemm_pack above); gemm_available(): 1 where the fast kernel is built
 extern "C" int gemm_available() { return kGemm; }
@@ -943,6 +951,7 @@ extern "C" void refine_fwd_whole_f32(const float* u, const float* q, const i64* 
 }
 extern "C" void refine_bwd_whole_f32(const float* g_agg, const float* g_ynew, const float* u, const float* q,
                                      const i64* src, const i64* tgt, i64 e, i64 c, const float* h, const float* w2p,
-                                     const float* w1p, i64 hd, int smooth, float* g_u, float* g_q, i64 chunk, int nt) {
-    refine_bwd_whole(g_agg, g_ynew, u, q, src, tgt, e, c, h, w2p, w1p, hd, smooth, g_u, g_q, chunk, nt);
+                                     const float* w1p, i64 hd, int smooth, float* g_u, float* g_q, float* g_y,
+                                     const float* rw, i64 chunk, int nt) {
+    refine_bwd_whole(g_agg, g_ynew, u, q, src, tgt, e, c, h, w2p, w1p, hd, smooth, g_u, g_q, g_y, rw, chunk, nt);
 }

@@ -35,7 +35,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 8
+ABI = 9
 
 
 class NativeBuildError(RuntimeError):
@@ -161,7 +161,8 @@ class _Library:
                                           _P, _INT]
         self.refine_fwd_whole.restype = None
         self.refine_bwd_whole = self.cdll.refine_bwd_whole_f32
-        self.refine_bwd_whole.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _I64, _INT, _P, _P, _I64, _INT]
+        self.refine_bwd_whole.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _I64, _INT, _P, _P, _P, _P,
+                                          _I64, _INT]
         self.refine_bwd_whole.restype = None
 
     def __call__(self, name: str, dtype: torch.dtype):

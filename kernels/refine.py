@@ -122,10 +122,11 @@ class _RefineEdges(torch.autograd.Function):
         g_ynew = g_ynew.contiguous() if g_ynew is not None else None
         g_u = torch.empty_like(u) if needs[0] else None
         g_q = torch.zeros_like(q) if needs[1] else None
-        g_y = torch.mul(g_ynew, res_weight) if needs[5] and g_ynew is not None else None
         if native.usable(u, q, src, tgt, g_agg, g_ynew, h):
-            _backward_native(u, q, src, tgt, w1, w2, h, ctx.slope, smooth, chunk, g_agg, g_ynew, g_u, g_q)
+            g_y = _backward_native(u, q, src, tgt, w1, w2, h, ctx.slope, smooth, chunk, g_agg, g_ynew, g_u, g_q,
+                                   res_weight if needs[5] else None)
             return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
+        g_y = torch.mul(g_ynew, res_weight) if needs[5] and g_ynew is not None else None
         k0 = min(chunk, e)
         qs, qt, gug, tmp = (torch.empty(k0, c, **like) for _ in range(4))
         gh = torch.empty(k0, w1.shape[0], **like) if g_ynew is not None else None
@@ -183,15 +184,21 @@ def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk
         yn.addcmul_(y[s : s + chunk], res_weight)
 
 
-def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_ynew, g_u, g_q):
+def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_ynew, g_u, g_q, res_weight=None):
     """The backward's chunk loop with :mod:`.native` (the formulas of the module docstring): the
     rows in one pass, then the two terms of ∂L/∂q scattered by source and by target. ``slope``:
     ``h`` holds silu'(h) (a forward with the fused loops), else the pre-activation itself.
-    ``g_ynew`` None: no FFN backward (G_in = 0)."""
+    ``g_ynew`` None: no FFN backward (G_in = 0). Returns G_y = w ⊙ G_y' where ``res_weight`` is
+    given (else None)."""
     e, c = u.shape
     lib, nt = native.library(), native.threads()
-    if slope and _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q):
-        return
+    g_y = None
+    if res_weight is not None and g_ynew is not None:
+        g_y = torch.empty_like(g_ynew)
+    if slope and _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q, g_y, res_weight):
+        return g_y
+    if g_y is not None:
+        torch.mul(g_ynew, res_weight, out=g_y)
     bwd, scatter = lib("refine_bwd", u.dtype), lib("scatter_add", u.dtype)
     k0 = min(chunk, e)
     ffn = g_ynew is not None
@@ -215,6 +222,7 @@ def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_y
         if g_q is not None:
             scatter(p_s.data_ptr(), k, c, 1, targets, native.ptr_array([src[s : s + chunk]]), nt)
             scatter(p_t.data_ptr(), k, c, 1, targets, native.ptr_array([tgt[s : s + chunk]]), nt)
+    return g_y
 
 
 def _forward_whole(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new) -> bool:
@@ -239,18 +247,24 @@ def _forward_whole(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk,
     return True
 
 
-def _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q) -> bool:
+def _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q, g_y=None,
+                    res_weight=None) -> bool:
     """The backward in one call of the library's ``refine_bwd_whole`` (float32 with the native
-    GEMM, ``h`` holding silu'(h)); False, with nothing written, where it does not apply."""
+    GEMM, ``h`` holding silu'(h)), with G_y = w ⊙ G_y' into ``g_y`` where given; False, with
+    nothing written, where it does not apply."""
     if u.dtype != torch.float32 or not native.whole_calls():
         return False
     ffn = g_ynew is not None
     by_w2, by_w1 = (native.Matmul(w2), native.Matmul(w1)) if ffn else (None, None)
     if ffn and (by_w1.lib is None or by_w2.lib is None):
         return False
+    if g_y is not None and (res_weight.numel() != u.shape[1] or res_weight.dtype != u.dtype):
+        return False
+    rw = res_weight.contiguous() if g_y is not None else None
     e, c = u.shape
     native.library().refine_bwd_whole(
         g_agg.data_ptr(), native.ptr(g_ynew), u.data_ptr(), q.data_ptr(), src.data_ptr(), tgt.data_ptr(), e, c,
         native.ptr(h), by_w2.packed.data_ptr() if ffn else None, by_w1.packed.data_ptr() if ffn else None,
-        w1.shape[0] if ffn else 0, int(smooth), native.ptr(g_u), native.ptr(g_q), chunk, native.threads())
+        w1.shape[0] if ffn else 0, int(smooth), native.ptr(g_u), native.ptr(g_q), native.ptr(g_y), native.ptr(rw), chunk,
+        native.threads())
     return True
