@@ -301,15 +301,6 @@ static inline void attn_update(const T* a, const T* mv, T* A, T* M, T* S, i64 j0
     }
 }
 
-// one row of [α_s ‖ α_t] folded into the statistics of its source (channels [s0, s1)) and
-// target (channels [t0, t1)) segments
-template <typename T>
-static inline void attn_update_row(const T* a, const T* mv, i64 os, i64 ot, i64 c, T* out_s, T* out_t, T* lse_s,
-                                   T* lse_t, T* sum_s, T* sum_t, i64 s0, i64 s1, i64 t0, i64 t1) {
-    if (s0 < s1) attn_update(a, mv, out_s + os, lse_s + os, sum_s + os, s0, s1);
-    if (t0 < t1) attn_update(a + c, mv, out_t + ot, lse_t + ot, sum_t + ot, t0, t1);
-}
-
 template <typename T>
 void attn_fwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c, T* out_s,
               T* out_t, T* lse_s, T* lse_t, T* sum_s, T* sum_t, int nt) {
@@ -317,9 +308,18 @@ void attn_fwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const
     for_channels(2 * c, nt, [&](i64 k0, i64 k1) {
         const i64 s0 = std::min(k0, c), s1 = std::min(k1, c);          // α_s channels
         const i64 t0 = std::max(k0, c) - c, t1 = std::max(k1, c) - c;  // α_t channels
-        for (i64 r = 0; r < e; ++r)
-            attn_update_row(alpha + (aidx ? aidx[r] : r) * 2 * c, m + r * c, src[r] * c, tgt[r] * c, c, out_s, out_t,
-                            lse_s, lse_t, sum_s, sum_t, s0, s1, t0, t1);
+        for (i64 r = 0; r < e; ++r) {
+            const T* a = alpha + (aidx ? aidx[r] : r) * 2 * c;
+            const T* mv = m + r * c;
+            if (s0 < s1) {
+                const i64 o = src[r] * c;
+                attn_update(a, mv, out_s + o, lse_s + o, sum_s + o, s0, s1);
+            }
+            if (t0 < t1) {
+                const i64 o = tgt[r] * c;
+                attn_update(a + c, mv, out_t + o, lse_t + o, sum_t + o, t0, t1);
+            }
+        }
     });
 }
 
@@ -545,52 +545,6 @@ static void gemm_pack(const float* B, i64 K, i64 N, i64 sk, i64 sn, float* Bp) {
 // through the same operations in the same order as in the chunked form: the same numbers.
 constexpr i64 kPhiRows = 24;
 
-// body(s, m, scratch) for the blocks [s, s + m) of kPhiRows rows of each thread's share of
-// [0, n) (split), with `scratch` floats of its own per thread
-template <typename F> static inline void for_row_blocks(i64 n, int nt, i64 scratch, F&& body) {
-#pragma omp parallel num_threads(nt)
-    {
-        i64 b, e;
-        split(n, b, e);
-        std::vector<float> buf(scratch);
-        for (i64 s = b; s < e; s += kPhiRows) body(s, std::min(kPhiRows, e - s), buf.data());
-    }
-}
-
-// outs_t[idx_t[r]] += src[r] for the rows r < k of src [k, w] and each term t, over this thread's
-// channels (channel_range): the chunk's scatter of the whole-pass functions, between barriers
-static inline void scatter_channels(const float* src, i64 k, i64 w, int nterms, float* const* outs,
-                                    const i64* const* idx, i64 offset) {
-    i64 j0, j1;
-    channel_range(w, j0, j1);
-    for (i64 r = 0; r < k; ++r) {
-        const float* v = src + r * w;
-        for (int t = 0; t < nterms; ++t) {
-            float* o = outs[t] + idx[t][offset + r] * w;
-#pragma omp simd
-            for (i64 j = j0; j < j1; ++j) o[j] += v[j];
-        }
-    }
-}
-
-// Inside a parallel region: for each chunk [s0, s0 + k) of `chunk` of the n rows, block(s, r0, m)
-// for the blocks [r0, r0 + m) of kPhiRows rows of this thread's share (split; s = r0 − s0, the
-// row in the chunk); then, where `scatters`, scatter(s0, k) by every thread between barriers
-template <typename B, typename S>
-static inline void for_chunk_blocks(i64 n, i64 chunk, bool scatters, B&& block, S&& scatter) {
-    for (i64 s0 = 0; s0 < n; s0 += chunk) {
-        const i64 k = std::min(chunk, n - s0);
-        i64 b, e;
-        split(k, b, e);
-        for (i64 s = b; s < e; s += kPhiRows) block(s, s0 + s, std::min(kPhiRows, e - s));
-        if (scatters) {
-#pragma omp barrier
-            scatter(s0, k);
-#pragma omp barrier
-        }
-    }
-}
-
 // ask for a row of w floats to be brought towards the core (L2), one request per cache line
 static inline void prefetch_row(const float* row, i64 w) {
     for (i64 j = 0; j < w; j += 16) __builtin_prefetch(row + j, 0, 2);
@@ -604,21 +558,28 @@ static void phi_fwd(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, 
                     i64 d, const float* bc, const float* bg, const float* nc, const float* ng, float eps, float* pre,
                     float* core, float* gate, float* rc, float* rg, float* sig, float* out, int nt) {
     const i64 w = 2 * h;
-    for_row_blocks(n, nt, kPhiRows * w, [&](i64 s, i64 m, float* hid) {
-        float* p = pre + s * w;
-        // the block's gathered rows (random rows of tables larger than L2) are requested before
-        // its first GEMM, which then hides their latency
-        for (int k = 0; k < nterms; ++k)
-            for (i64 r = s; r < s + m; ++r) prefetch_row(projs[k] + idx[k][r] * w, w);
-        if (rows) gemm_serial(rows + s * ldr, m, dr, ldr, wr, w, p, w, nullptr, 0);
-        for (i64 r = 0; r < m; ++r)
-            gather_silu_row(p + r * w, hid + r * w, w, bias, rows == nullptr, nterms, projs, idx, s + r, 1);
-        gemm_serial(hid, m, h, w, wc, d, core + s * d, d, nullptr, 0);
-        gemm_serial(hid + h, m, h, w, wg, d, gate + s * d, d, nullptr, 0);
-        for (i64 r = s; r < s + m; ++r)
-            gated_fwd_row<float, true>(core + r * d, gate + r * d, d, bc, bg, nc, ng, eps, rc + r, rg + r,
-                                       sig + r * d, out + r * d);
-    });
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, e;
+        split(n, b, e);
+        std::vector<float> hid(kPhiRows * w);
+        for (i64 s = b; s < e; s += kPhiRows) {
+            const i64 m = std::min(kPhiRows, e - s);
+            float* p = pre + s * w;
+            // the block's gathered rows (random rows of tables larger than L2) are requested
+            // before its first GEMM, which then hides their latency
+            for (int k = 0; k < nterms; ++k)
+                for (i64 r = s; r < s + m; ++r) prefetch_row(projs[k] + idx[k][r] * w, w);
+            if (rows) gemm_serial(rows + s * ldr, m, dr, ldr, wr, w, p, w, nullptr, 0);
+            for (i64 r = 0; r < m; ++r)
+                gather_silu_row(p + r * w, hid.data() + r * w, w, bias, rows == nullptr, nterms, projs, idx, s + r, 1);
+            gemm_serial(hid.data(), m, h, w, wc, d, core + s * d, d, nullptr, 0);
+            gemm_serial(hid.data() + h, m, h, w, wg, d, gate + s * d, d, nullptr, 0);
+            for (i64 r = s; r < s + m; ++r)
+                gated_fwd_row<float, true>(core + r * d, gate + r * d, d, bc, bg, nc, ng, eps, rc + r, rg + r,
+                                           sig + r * d, out + r * d);
+        }
+    }
 }
 
 // Backward (input gradients; pre holds silu'(pre)): G → (G_core, G_gate) (gated_bwd_row),
@@ -635,20 +596,37 @@ static void phi_bwd(const float* grad, const float* core, const float* gate, con
 #pragma omp parallel num_threads(nt)
     {
         std::vector<float> gc(kPhiRows * d), gg(kPhiRows * d);
-        auto block = [&](i64 s, i64 r0, i64 m) {
-            for (i64 r = 0; r < m; ++r) {
-                const i64 o = (r0 + r) * d;
-                gated_bwd_row(core + o, gate + o, grad + o, sig + o, nc, ng, d, rc[r0 + r], rg[r0 + r],
-                              gc.data() + r * d, gg.data() + r * d);
+        for (i64 s0 = 0; s0 < n; s0 += chunk) {
+            const i64 k = std::min(chunk, n - s0);
+            i64 b, e;
+            split(k, b, e);
+            for (i64 s = b; s < e; s += kPhiRows) {
+                const i64 m = std::min(kPhiRows, e - s), r0 = s0 + s;
+                for (i64 r = 0; r < m; ++r) {
+                    const i64 o = (r0 + r) * d;
+                    gated_bwd_row(core + o, gate + o, grad + o, sig + o, nc, ng, d, rc[r0 + r], rg[r0 + r],
+                                  gc.data() + r * d, gg.data() + r * d);
+                }
+                float* gp = gh.data() + s * w;
+                gemm_serial(gc.data(), m, d, d, wc, h, gp, w, pre + r0 * w, w);
+                gemm_serial(gg.data(), m, d, d, wg, h, gp + h, w, pre + r0 * w + h, w);
+                if (g_rows) gemm_serial(gp, m, w, w, wr, dr, g_rows + r0 * dr, dr, nullptr, 0);
             }
-            float* gp = gh.data() + s * w;
-            gemm_serial(gc.data(), m, d, d, wc, h, gp, w, pre + r0 * w, w);
-            gemm_serial(gg.data(), m, d, d, wg, h, gp + h, w, pre + r0 * w + h, w);
-            if (g_rows) gemm_serial(gp, m, w, w, wr, dr, g_rows + r0 * dr, dr, nullptr, 0);
-        };
-        for_chunk_blocks(n, chunk, nterms > 0, block, [&](i64 s0, i64 k) {
-            scatter_channels(gh.data(), k, w, nterms, outs, idx, s0);
-        });
+            if (nterms) {
+#pragma omp barrier
+                i64 j0, j1;
+                channel_range(w, j0, j1);
+                for (i64 r = 0; r < k; ++r) {
+                    const float* src = gh.data() + r * w;
+                    for (int t = 0; t < nterms; ++t) {
+                        float* o = outs[t] + idx[t][s0 + r] * w;
+#pragma omp simd
+                        for (i64 j = j0; j < j1; ++j) o[j] += src[j];
+                    }
+                }
+#pragma omp barrier
+            }
+        }
     }
 }
 
@@ -687,9 +665,18 @@ static void attn_fwd_gemm(const float* rows, i64 ldr, i64 K, const float* wp, co
                     }
                 if (k0 >= k1) continue;
                 gemm_serial(rows + s * ldr, mb, K, ldr, wp + k0 * K, k1 - k0, alpha + s * w + k0, w, nullptr, 0);
-                for (i64 r = s; r < s + mb; ++r)
-                    attn_update_row(alpha + r * w, m + r * c, src[r] * c, tgt[r] * c, c, out_s, out_t, lse_s, lse_t,
-                                    sum_s, sum_t, s0, s1, t0, t1);
+                for (i64 r = s; r < s + mb; ++r) {
+                    const float* a = alpha + r * w;
+                    const float* mv = m + r * c;
+                    if (s0 < s1) {
+                        const i64 o = src[r] * c;
+                        attn_update(a, mv, out_s + o, lse_s + o, sum_s + o, s0, s1);
+                    }
+                    if (t0 < t1) {
+                        const i64 o = tgt[r] * c;
+                        attn_update(a + c, mv, out_t + o, lse_t + o, sum_t + o, t0, t1);
+                    }
+                }
             }
         }
     }
@@ -703,30 +690,37 @@ static void attn_bwd_gemm(const float* alpha, const float* m, const i64* src, co
                           const float* g_s, const float* g_t, float* gm, const float* wp, i64 K, float* g_rows,
                           const float* gy, const float* rw, int nt) {
     const i64 w = 2 * c;
-    for_row_blocks(e, nt, kPhiRows * w, [&](i64 s, i64 mb, float* ga) {
-        for (i64 i = 0; i < mb; ++i) {
-            const i64 r = s + i, os = src[r] * c, ot = tgt[r] * c;
-            if (gm)
-                attn_bwd_row<float, true>(alpha + r * w, m + r * c, out_s + os, out_t + ot, lse_s + os, lse_t + ot,
-                                          g_s + os, g_t + ot, c, ga + i * w, gm + r * c);
-            else
-                attn_bwd_row<float, false>(alpha + r * w, m + r * c, out_s + os, out_t + ot, lse_s + os, lse_t + ot,
-                                           g_s + os, g_t + ot, c, ga + i * w, nullptr);
-        }
-        gemm_serial(ga, mb, w, w, wp, K, g_rows + s * K, K, nullptr, 0);
-        if (gy)
-            for (i64 r = s; r < s + mb; ++r) {
-                const float* g = gy + r * c;
-                float* gr = g_rows + r * c;
-                if (gm) {
-                    float* gmr = gm + r * c;
-#pragma omp simd
-                    for (i64 j = 0; j < c; ++j) gmr[j] += g[j];
-                }
-#pragma omp simd
-                for (i64 j = 0; j < c; ++j) gr[j] = std::fma(g[j], rw[j], gr[j]);
+#pragma omp parallel num_threads(nt)
+    {
+        i64 b, en;
+        split(e, b, en);
+        std::vector<float> ga(kPhiRows * w);
+        for (i64 s = b; s < en; s += kPhiRows) {
+            const i64 mb = std::min(kPhiRows, en - s);
+            for (i64 i = 0; i < mb; ++i) {
+                const i64 r = s + i, os = src[r] * c, ot = tgt[r] * c;
+                if (gm)
+                    attn_bwd_row<float, true>(alpha + r * w, m + r * c, out_s + os, out_t + ot, lse_s + os,
+                                              lse_t + ot, g_s + os, g_t + ot, c, ga.data() + i * w, gm + r * c);
+                else
+                    attn_bwd_row<float, false>(alpha + r * w, m + r * c, out_s + os, out_t + ot, lse_s + os,
+                                               lse_t + ot, g_s + os, g_t + ot, c, ga.data() + i * w, nullptr);
             }
-    });
+            gemm_serial(ga.data(), mb, w, w, wp, K, g_rows + s * K, K, nullptr, 0);
+            if (gy)
+                for (i64 r = s; r < s + mb; ++r) {
+                    const float* g = gy + r * c;
+                    float* gr = g_rows + r * c;
+                    if (gm) {
+                        float* gmr = gm + r * c;
+#pragma omp simd
+                        for (i64 j = 0; j < c; ++j) gmr[j] += g[j];
+                    }
+#pragma omp simd
+                    for (i64 j = 0; j < c; ++j) gr[j] = std::fma(g[j], rw[j], gr[j]);
+                }
+        }
+    }
 }
 
 // ---- Refine's line-graph edge side in one call (float32, with the GEMM above) ------------------
@@ -743,37 +737,50 @@ static void refine_fwd_whole(const float* u, const float* q, const i64* src, con
 #pragma omp parallel num_threads(nt)
     {
         std::vector<float> act(y ? kPhiRows * hd : 0);
-        auto block = [&](i64 s, i64 r0, i64 mb) {
-            for (i64 i = 0; i < mb; ++i) {
-                const i64 r = r0 + i;
-                const float* ur = u + r * c;
-                const float* qs = q + src[r] * c;
-                const float* qt = q + tgt[r] * c;
-                float* o = ugc.data() + (s + i) * c;
+        for (i64 s0 = 0; s0 < e; s0 += chunk) {
+            const i64 k = std::min(chunk, e - s0);
+            i64 b, en;
+            split(k, b, en);
+            for (i64 s = b; s < en; s += kPhiRows) {
+                const i64 mb = std::min(kPhiRows, en - s), r0 = s0 + s;
+                for (i64 i = 0; i < mb; ++i) {
+                    const i64 r = r0 + i;
+                    const float* ur = u + r * c;
+                    const float* qs = q + src[r] * c;
+                    const float* qt = q + tgt[r] * c;
+                    float* o = ugc.data() + (s + i) * c;
 #pragma omp simd
-                for (i64 j = 0; j < c; ++j) o[j] = ur[j] * (qs[j] * qt[j]);
-            }
-            if (!y) return;
-            gemm_serial(smooth ? ugc.data() + s * c : u + r0 * c, mb, c, c, w1p, hd, h + r0 * hd, hd, nullptr, 0);
-            for (i64 i = 0; i < mb; ++i)
-                gather_silu_row(h + (r0 + i) * hd, act.data() + i * hd, hd, b1, 0, 0, (const float* const*)nullptr,
-                                (const i64* const*)nullptr, 0, 1);
-            gemm_serial(act.data(), mb, hd, hd, w2p, c, y_new + r0 * c, c, nullptr, 0);
-            for (i64 r = r0; r < r0 + mb; ++r) {
-                float* o = y_new + r * c;
-                const float* yr = y + r * c;
-                if (b2) {
+                    for (i64 j = 0; j < c; ++j) o[j] = ur[j] * (qs[j] * qt[j]);
+                }
+                if (!y) continue;
+                gemm_serial(smooth ? ugc.data() + s * c : u + r0 * c, mb, c, c, w1p, hd, h + r0 * hd, hd, nullptr, 0);
+                for (i64 i = 0; i < mb; ++i)
+                    gather_silu_row(h + (r0 + i) * hd, act.data() + i * hd, hd, b1, 0, 0, (const float* const*)nullptr,
+                                    (const i64* const*)nullptr, 0, 1);
+                gemm_serial(act.data(), mb, hd, hd, w2p, c, y_new + r0 * c, c, nullptr, 0);
+                for (i64 r = r0; r < r0 + mb; ++r) {
+                    float* o = y_new + r * c;
+                    const float* yr = y + r * c;
+                    if (b2) {
 #pragma omp simd
-                    for (i64 j = 0; j < c; ++j) o[j] = std::fma(yr[j], rw[j], o[j] + b2[j]);
-                } else {
+                        for (i64 j = 0; j < c; ++j) o[j] = std::fma(yr[j], rw[j], o[j] + b2[j]);
+                    } else {
 #pragma omp simd
-                    for (i64 j = 0; j < c; ++j) o[j] = std::fma(yr[j], rw[j], o[j]);
+                        for (i64 j = 0; j < c; ++j) o[j] = std::fma(yr[j], rw[j], o[j]);
+                    }
                 }
             }
-        };
-        for_chunk_blocks(e, chunk, true, block, [&](i64 s0, i64 k) {
-            scatter_channels(ugc.data(), k, c, 1, &agg, &tgt, s0);
-        });
+#pragma omp barrier
+            i64 j0, j1;
+            channel_range(c, j0, j1);
+            for (i64 r = 0; r < k; ++r) {
+                const float* v = ugc.data() + r * c;
+                float* ag = agg + tgt[s0 + r] * c;
+#pragma omp simd
+                for (i64 j = j0; j < j1; ++j) ag[j] += v[j];
+            }
+#pragma omp barrier
+        }
     }
 }
 
@@ -801,30 +808,50 @@ static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const floa
         };
         using Y = std::true_type;
         using N = std::false_type;
-        auto block = [&](i64 s, i64 r0, i64 mb) {
-            if (g_ynew) {
-                if (g_y)  // the residual's G_y = w ⊙ G_y', while the rows are read for the GEMM
-                    for (i64 r = r0; r < r0 + mb; ++r) {
-                        const float* gr = g_ynew + r * c;
-                        float* o = g_y + r * c;
+        for (i64 s0 = 0; s0 < e; s0 += chunk) {
+            const i64 k = std::min(chunk, e - s0);
+            i64 b, en;
+            split(k, b, en);
+            for (i64 s = b; s < en; s += kPhiRows) {
+                const i64 mb = std::min(kPhiRows, en - s), r0 = s0 + s;
+                if (g_ynew) {
+                    if (g_y)  // the residual's G_y = w ⊙ G_y', while the rows are read for the GEMM
+                        for (i64 r = r0; r < r0 + mb; ++r) {
+                            const float* gr = g_ynew + r * c;
+                            float* o = g_y + r * c;
 #pragma omp simd
-                        for (i64 j = 0; j < c; ++j) o[j] = gr[j] * rw[j];
-                    }
-                gemm_serial(g_ynew + r0 * c, mb, c, c, w2p, hd, gh.data(), hd, h + r0 * hd, hd);
-                gemm_serial(gh.data(), mb, hd, hd, w1p, c, gin.data(), c, nullptr, 0);
-                if (g_u && g_q) rows(s, r0, mb, Y{}, Y{}, Y{});
-                else if (g_u) rows(s, r0, mb, Y{}, Y{}, N{});
-                else if (g_q) rows(s, r0, mb, Y{}, N{}, Y{});
-            } else {
-                if (g_u && g_q) rows(s, r0, mb, N{}, Y{}, Y{});
-                else if (g_u) rows(s, r0, mb, N{}, Y{}, N{});
-                else if (g_q) rows(s, r0, mb, N{}, N{}, Y{});
+                            for (i64 j = 0; j < c; ++j) o[j] = gr[j] * rw[j];
+                        }
+                    gemm_serial(g_ynew + r0 * c, mb, c, c, w2p, hd, gh.data(), hd, h + r0 * hd, hd);
+                    gemm_serial(gh.data(), mb, hd, hd, w1p, c, gin.data(), c, nullptr, 0);
+                    if (g_u && g_q) rows(s, r0, mb, Y{}, Y{}, Y{});
+                    else if (g_u) rows(s, r0, mb, Y{}, Y{}, N{});
+                    else if (g_q) rows(s, r0, mb, Y{}, N{}, Y{});
+                } else {
+                    if (g_u && g_q) rows(s, r0, mb, N{}, Y{}, Y{});
+                    else if (g_u) rows(s, r0, mb, N{}, Y{}, N{});
+                    else if (g_q) rows(s, r0, mb, N{}, N{}, Y{});
+                }
             }
-        };
-        for_chunk_blocks(e, chunk, g_q != nullptr, block, [&](i64 s0, i64 k) {
-            scatter_channels(ps.data(), k, c, 1, &g_q, &src, s0);
-            scatter_channels(pt.data(), k, c, 1, &g_q, &tgt, s0);
-        });
+            if (g_q) {
+#pragma omp barrier
+                i64 j0, j1;
+                channel_range(c, j0, j1);
+                for (i64 r = 0; r < k; ++r) {
+                    const float* v = ps.data() + r * c;
+                    float* o = g_q + src[s0 + r] * c;
+#pragma omp simd
+                    for (i64 j = j0; j < j1; ++j) o[j] += v[j];
+                }
+                for (i64 r = 0; r < k; ++r) {
+                    const float* v = pt.data() + r * c;
+                    float* o = g_q + tgt[s0 + r] * c;
+#pragma omp simd
+                    for (i64 j = j0; j < j1; ++j) o[j] += v[j];
+                }
+#pragma omp barrier
+            }
+        }
     }
 }
 
