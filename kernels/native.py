@@ -119,6 +119,19 @@ _SIGNATURES = {
     "vexp": [None],
 }
 
+# float32-only entry points (the GEMM and the whole-pass calls built on it); None: a float
+_F32_SIGNATURES = {
+    "gemm_pack": [_P, _I64, _I64, _I64, _I64, _P],
+    "gemm": [_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _INT],
+    "phi_fwd": [_P, _I64, _I64, _P, _I64, _I64, _P, _INT, _P, _P, _P, _P, _I64, _P, _P, _P, _P, None, _P, _P, _P, _P,
+                _P, _P, _P, _INT],
+    "phi_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _INT, _P, _P, _I64, _INT],
+    "attn_fwd_gemm": [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT],
+    "attn_bwd_gemm": [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _INT],
+    "refine_fwd_whole": [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64, _INT, _I64, _P, _P, _P, _INT],
+    "refine_bwd_whole": [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _I64, _INT, _P, _P, _P, _P, _I64, _INT],
+}
+
 
 class _Library:
     def __init__(self, path: Path):
@@ -133,37 +146,12 @@ class _Library:
                 fn.argtypes = [real if a is None else a for a in args]
                 fn.restype = real if name == "vexp" else None
                 self.fns[name, suffix] = fn
-        self.gemm_pack = self.cdll.gemm_pack_f32
-        self.gemm_pack.argtypes = [_P, _I64, _I64, _I64, _I64, _P]
-        self.gemm_pack.restype = None
-        self.gemm = self.cdll.gemm_f32
-        self.gemm.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _INT]
-        self.gemm.restype = None
+        for name, args in _F32_SIGNATURES.items():  # float32 only: attributes named as in the library
+            fn = getattr(self.cdll, f"{name}_f32")
+            fn.argtypes = [ctypes.c_float if a is None else a for a in args]
+            fn.restype = None
+            setattr(self, name, fn)
         self.has_gemm = bool(self.cdll.gemm_available())
-        self.phi_fwd = self.cdll.phi_fwd_f32
-        self.phi_fwd.argtypes = [_P, _I64, _I64, _P, _I64, _I64, _P, _INT, _P, _P, _P, _P, _I64, _P, _P, _P, _P,
-                                 ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _INT]
-        self.phi_fwd.restype = None
-        self.phi_bwd = self.cdll.phi_bwd_f32
-        self.phi_bwd.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _INT, _P,
-                                 _P, _I64, _INT]
-        self.phi_bwd.restype = None
-        self.attn_fwd_gemm = self.cdll.attn_fwd_gemm_f32
-        self.attn_fwd_gemm.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P,
-                                       _INT]
-        self.attn_fwd_gemm.restype = None
-        self.attn_bwd_gemm = self.cdll.attn_bwd_gemm_f32
-        self.attn_bwd_gemm.argtypes = [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P,
-                                       _INT]
-        self.attn_bwd_gemm.restype = None
-        self.refine_fwd_whole = self.cdll.refine_fwd_whole_f32
-        self.refine_fwd_whole.argtypes = [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64, _INT, _I64, _P, _P,
-                                          _P, _INT]
-        self.refine_fwd_whole.restype = None
-        self.refine_bwd_whole = self.cdll.refine_bwd_whole_f32
-        self.refine_bwd_whole.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _I64, _INT, _P, _P, _P, _P,
-                                          _I64, _INT]
-        self.refine_bwd_whole.restype = None
 
     def __call__(self, name: str, dtype: torch.dtype):
         return self.fns[name, "f32" if dtype == torch.float32 else "f64"]
@@ -184,8 +172,8 @@ _whole = True
 
 
 def set_whole_calls(flag: bool) -> bool:
-    """Turn the whole-pass calls (``phi_fwd``/``phi_bwd``, ``attn_fwd_gemm``/``attn_bwd_gemm``:
-    every step on blocks of rows in cache, one call) on or off, leaving the chunk loops of the same
+    """Turn the whole-pass calls (``phi_fwd``/``phi_bwd``, ``attn_fwd_gemm``/``attn_bwd_gemm``,
+    ``refine_fwd_whole``/``refine_bwd_whole``: every step on blocks of rows in cache, one call) on or off, leaving the chunk loops of the same
     fused loops and GEMMs (same numbers; tests and benchmarks compare the two); returns the
     previous setting."""
     global _whole
