@@ -167,14 +167,18 @@ void gather_silu(T* pre, T* hid, i64 n, i64 w, const T* bias, int init, int nter
     });
 }
 
-// Gated epilogue: rc = rsqrt(mean(core²) + eps) (rg likewise), sig = σ(gate·rg·ng),
-// out = silu(core·rc·nc) ⊙ sig
+// Gated epilogue, RMSNorm (Layer = false): rc = rsqrt(mean(core²) + eps) (rg likewise),
+// sig = σ(gate·rg·ng), out = silu(core·rc·nc) ⊙ sig.
+// LayerNorm (Layer = true): core and gate are first centred in place (core ← core − mean(core),
+// two passes, as torch's layer_norm), rc = rsqrt(mean(core²) + eps) of the centred row, and the
+// norms' biases nbc, nbg are added: out = silu(core·rc·nc + nbc) ⊙ σ(gate·rg·ng + nbg). The
+// stored rows are then the centred ones, which is all the backward needs.
 // The biases bc, bg (nullable) are added to core and gate in place first (the GEMMs before run
 // without them, so no pass copies a bias into their outputs). HasBias is a template argument:
 // a null test inside the loop made GCC emit masked gathers (measured 1.4x slower).
-template <typename T, bool HasBias>
-static inline void gated_fwd_row(T* c, T* g, i64 d, const T* bc, const T* bg, const T* nc, const T* ng, T eps,
-                                 T* rc, T* rg, T* s, T* o) {
+template <typename T, bool HasBias, bool Layer>
+static inline void gated_fwd_row(T* c, T* g, i64 d, const T* bc, const T* bg, const T* nc, const T* ng,
+                                 const T* nbc, const T* nbg, T eps, T* rc, T* rg, T* s, T* o) {
     T sc = 0, sg = 0;
 #pragma omp simd reduction(+ : sc, sg)
     for (i64 j = 0; j < d; ++j) {
@@ -183,48 +187,72 @@ static inline void gated_fwd_row(T* c, T* g, i64 d, const T* bc, const T* bg, co
             c[j] = cv;
             g[j] = gv;
         }
-        sc += cv * cv;
-        sg += gv * gv;
+        sc += Layer ? cv : cv * cv;
+        sg += Layer ? gv : gv * gv;
+    }
+    if (Layer) {
+        const T mc = sc / T(d), mg = sg / T(d);
+        sc = sg = 0;
+#pragma omp simd reduction(+ : sc, sg)
+        for (i64 j = 0; j < d; ++j) {
+            const T cv = c[j] - mc, gv = g[j] - mg;
+            c[j] = cv;
+            g[j] = gv;
+            sc += cv * cv;
+            sg += gv * gv;
+        }
     }
     const T a = T(1) / std::sqrt(sc / T(d) + eps), bb = T(1) / std::sqrt(sg / T(d) + eps);
     *rc = a;
     *rg = bb;
 #pragma omp simd
     for (i64 j = 0; j < d; ++j) {
-        const T cn = c[j] * a * nc[j];
-        const T sv = sigm(g[j] * bb * ng[j]);
+        const T cn = Layer ? c[j] * a * nc[j] + nbc[j] : c[j] * a * nc[j];
+        const T sv = sigm(Layer ? g[j] * bb * ng[j] + nbg[j] : g[j] * bb * ng[j]);
         s[j] = sv;
         o[j] = cn / (T(1) + vexp(-cn)) * sv;
     }
 }
 
+// the row function for a row's norm (layer: LayerNorm, else RMSNorm) and biases
+template <typename T, bool HasBias>
+static inline void gated_fwd_any(int layer, T* c, T* g, i64 d, const T* bc, const T* bg, const T* nc, const T* ng,
+                                 const T* nbc, const T* nbg, T eps, T* rc, T* rg, T* s, T* o) {
+    if (layer)
+        gated_fwd_row<T, HasBias, true>(c, g, d, bc, bg, nc, ng, nbc, nbg, eps, rc, rg, s, o);
+    else
+        gated_fwd_row<T, HasBias, false>(c, g, d, bc, bg, nc, ng, nbc, nbg, eps, rc, rg, s, o);
+}
+
 template <typename T>
-void gated_fwd(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc, const T* ng, T eps, T* rc,
-               T* rg, T* sig, T* out, int nt) {
+void gated_fwd(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc, const T* ng, const T* nbc,
+               const T* nbg, int layer, T eps, T* rc, T* rg, T* sig, T* out, int nt) {
     if (bc || bg) {  // one bias alone: the other reads zeros
         std::vector<T> zc(bc ? 0 : d, T(0)), zg(bg ? 0 : d, T(0));
         const T* bcc = bc ? bc : zc.data();
         const T* bgg = bg ? bg : zg.data();
         for_rows(n, nt, [&](i64 r) {
-            gated_fwd_row<T, true>(core + r * d, gate + r * d, d, bcc, bgg, nc, ng, eps, rc + r, rg + r,
-                                   sig + r * d, out + r * d);
+            gated_fwd_any<T, true>(layer, core + r * d, gate + r * d, d, bcc, bgg, nc, ng, nbc, nbg, eps, rc + r,
+                                   rg + r, sig + r * d, out + r * d);
         });
         return;
     }
     for_rows(n, nt, [&](i64 r) {
-        gated_fwd_row<T, false>(core + r * d, gate + r * d, d, nullptr, nullptr, nc, ng, eps, rc + r, rg + r,
-                                sig + r * d, out + r * d);
+        gated_fwd_any<T, false>(layer, core + r * d, gate + r * d, d, nullptr, nullptr, nc, ng, nbc, nbg, eps, rc + r,
+                                rg + r, sig + r * d, out + r * d);
     });
 }
 
-// Its backward (input gradients): G → (G_core, G_gate), the formulas of kernels/phi.py
-template <typename T>
-static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* s, const T* nc, const T* ng, i64 d,
-                                 T a, T bb, T* oc, T* og) {
-    T dc = 0, dg = 0;
-#pragma omp simd reduction(+ : dc, dg)
+// Its backward (input gradients): G → (G_core, G_gate), the formulas of kernels/phi.py; c and g
+// are the stored rows (centred for LayerNorm), whose gradient through x·r with r = rsqrt(mean(x²)
+// + eps) is r·X − x·r³·mean(X ⊙ x), X = ∂L/∂(x·r); LayerNorm's centring also subtracts r·mean(X).
+template <typename T, bool Layer>
+static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* s, const T* nc, const T* ng,
+                                 const T* nbc, i64 d, T a, T bb, T* oc, T* og) {
+    T dc = 0, dg = 0, mc = 0, mg = 0;
+#pragma omp simd reduction(+ : dc, dg, mc, mg)
     for (i64 j = 0; j < d; ++j) {
-        const T cn = c[j] * a * nc[j];
+        const T cn = Layer ? c[j] * a * nc[j] + nbc[j] : c[j] * a * nc[j];
         const T sc = sigm(cn);
         const T sv = s[j];
         const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
@@ -233,21 +261,39 @@ static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* s,
         og[j] = xg;
         dc += xc * c[j];
         dg += xg * g[j];
+        if (Layer) {
+            mc += xc;
+            mg += xg;
+        }
     }
     const T kc = dc * a * a * a / T(d), kg = dg * bb * bb * bb / T(d);
+    if (Layer) {
+        mc /= T(d);
+        mg /= T(d);
+    }
 #pragma omp simd
     for (i64 j = 0; j < d; ++j) {
-        oc[j] = oc[j] * a - c[j] * kc;
-        og[j] = og[j] * bb - g[j] * kg;
+        oc[j] = (Layer ? oc[j] - mc : oc[j]) * a - c[j] * kc;
+        og[j] = (Layer ? og[j] - mg : og[j]) * bb - g[j] * kg;
     }
 }
 
 template <typename T>
+static inline void gated_bwd_any(int layer, const T* c, const T* g, const T* G, const T* s, const T* nc, const T* ng,
+                                 const T* nbc, i64 d, T a, T bb, T* oc, T* og) {
+    if (layer)
+        gated_bwd_row<T, true>(c, g, G, s, nc, ng, nbc, d, a, bb, oc, og);
+    else
+        gated_bwd_row<T, false>(c, g, G, s, nc, ng, nbc, d, a, bb, oc, og);
+}
+
+template <typename T>
 void gated_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* rg, const T* sig, const T* nc,
-               const T* ng, i64 n, i64 d, T* gcore, T* ggate, int nt) {
+               const T* ng, const T* nbc, int layer, i64 n, i64 d, T* gcore, T* ggate, int nt) {
     for_rows(n, nt, [&](i64 r) {
         const i64 o = r * d;
-        gated_bwd_row(core + o, gate + o, grad + o, sig + o, nc, ng, d, rc[r], rg[r], gcore + o, ggate + o);
+        gated_bwd_any(layer, core + o, gate + o, grad + o, sig + o, nc, ng, nbc, d, rc[r], rg[r], gcore + o,
+                      ggate + o);
     });
 }
 
@@ -555,8 +601,9 @@ static inline void prefetch_row(const float* row, i64 w) {
 // wr, wc, wg: packed (gemm_pack) [dr → 2H], [H → d], [H → d]; rows [n, dr] with row stride ldr.
 static void phi_fwd(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, i64 h, const float* bias,
                     int nterms, const float* const* projs, const i64* const* idx, const float* wc, const float* wg,
-                    i64 d, const float* bc, const float* bg, const float* nc, const float* ng, float eps, float* pre,
-                    float* core, float* gate, float* rc, float* rg, float* sig, float* out, int nt) {
+                    i64 d, const float* bc, const float* bg, const float* nc, const float* ng, const float* nbc,
+                    const float* nbg, int layer, float eps, float* pre, float* core, float* gate, float* rc,
+                    float* rg, float* sig, float* out, int nt) {
     const i64 w = 2 * h;
 #pragma omp parallel num_threads(nt)
     {
@@ -576,8 +623,8 @@ static void phi_fwd(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, 
             gemm_serial(hid.data(), m, h, w, wc, d, core + s * d, d, nullptr, 0);
             gemm_serial(hid.data() + h, m, h, w, wg, d, gate + s * d, d, nullptr, 0);
             for (i64 r = s; r < s + m; ++r)
-                gated_fwd_row<float, true>(core + r * d, gate + r * d, d, bc, bg, nc, ng, eps, rc + r, rg + r,
-                                           sig + r * d, out + r * d);
+                gated_fwd_any<float, true>(layer, core + r * d, gate + r * d, d, bc, bg, nc, ng, nbc, nbg, eps,
+                                           rc + r, rg + r, sig + r * d, out + r * d);
         }
     }
 }
@@ -588,9 +635,9 @@ static void phi_fwd(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, 
 // outs_k[idx_k] (threads own channel ranges, rows in order: the chunked form's sums).
 // wc, wg: packed [d → H]; wr: packed [2H → dr].
 static void phi_bwd(const float* grad, const float* core, const float* gate, const float* rc, const float* rg,
-                    const float* sig, const float* nc, const float* ng, const float* pre, i64 n, i64 d, i64 h,
-                    const float* wc, const float* wg, const float* wr, i64 dr, float* g_rows, int nterms,
-                    float* const* outs, const i64* const* idx, i64 chunk, int nt) {
+                    const float* sig, const float* nc, const float* ng, const float* nbc, int layer,
+                    const float* pre, i64 n, i64 d, i64 h, const float* wc, const float* wg, const float* wr, i64 dr,
+                    float* g_rows, int nterms, float* const* outs, const i64* const* idx, i64 chunk, int nt) {
     const i64 w = 2 * h;
     std::vector<float> gh(std::min(chunk, n) * w);
 #pragma omp parallel num_threads(nt)
@@ -604,8 +651,8 @@ static void phi_bwd(const float* grad, const float* core, const float* gate, con
                 const i64 m = std::min(kPhiRows, e - s), r0 = s0 + s;
                 for (i64 r = 0; r < m; ++r) {
                     const i64 o = (r0 + r) * d;
-                    gated_bwd_row(core + o, gate + o, grad + o, sig + o, nc, ng, d, rc[r0 + r], rg[r0 + r],
-                                  gc.data() + r * d, gg.data() + r * d);
+                    gated_bwd_any(layer, core + o, gate + o, grad + o, sig + o, nc, ng, nbc, d, rc[r0 + r],
+                                  rg[r0 + r], gc.data() + r * d, gg.data() + r * d);
                 }
                 float* gp = gh.data() + s * w;
                 gemm_serial(gc.data(), m, d, d, wc, h, gp, w, pre + r0 * w, w);
@@ -863,13 +910,14 @@ static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const floa
         gather_silu<T>(pre, hid, n, w, bias, init, nterms, projs, idx, slope, nt);                                 \
     }                                                                                                              \
     extern "C" void gated_fwd_##S(T* core, T* gate, i64 n, i64 d, const T* bc, const T* bg, const T* nc,           \
-                                  const T* ng, T eps, T* rc, T* rg, T* sig, T* out, int nt) {                      \
-        gated_fwd<T>(core, gate, n, d, bc, bg, nc, ng, eps, rc, rg, sig, out, nt);                                 \
+                                  const T* ng, const T* nbc, const T* nbg, int layer, T eps, T* rc, T* rg, T* sig, \
+                                  T* out, int nt) {                                                                \
+        gated_fwd<T>(core, gate, n, d, bc, bg, nc, ng, nbc, nbg, layer, eps, rc, rg, sig, out, nt);                \
     }                                                                                                              \
     extern "C" void gated_bwd_##S(const T* grad, const T* core, const T* gate, const T* rc, const T* rg,           \
-                                  const T* sig, const T* nc, const T* ng, i64 n, i64 d, T* gcore, T* ggate,        \
-                                  int nt) {                                                                        \
-        gated_bwd<T>(grad, core, gate, rc, rg, sig, nc, ng, n, d, gcore, ggate, nt);                               \
+                                  const T* sig, const T* nc, const T* ng, const T* nbc, int layer, i64 n, i64 d,   \
+                                  T* gcore, T* ggate, int nt) {                                                    \
+        gated_bwd<T>(grad, core, gate, rc, rg, sig, nc, ng, nbc, layer, n, d, gcore, ggate, nt);                   \
     }                                                                                                              \
     extern "C" void scatter_add_##S(const T* src, i64 n, i64 w, int nterms, T* const* outs, const i64* const* idx, \
                                     int nt) {                                                                      \
@@ -908,7 +956,7 @@ static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const floa
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 9; }
+extern "C" int matris_native_abi() { return 10; }
 
 // float32 GEMM (gemm_run, gemm_pack above); gemm_available(): 1 where the fast kernel is built
 extern "C" int gemm_available() { return kGemm; }
@@ -920,16 +968,18 @@ extern "C" void gemm_f32(const float* A, i64 M, i64 K, i64 lda, const float* Bp,
 extern "C" void phi_fwd_f32(const float* rows, i64 ldr, i64 dr, const float* wr, i64 n, i64 h, const float* bias,
                             int nterms, const float* const* projs, const i64* const* idx, const float* wc,
                             const float* wg, i64 d, const float* bc, const float* bg, const float* nc, const float* ng,
-                            float eps, float* pre, float* core, float* gate, float* rc, float* rg, float* sig,
-                            float* out, int nt) {
-    phi_fwd(rows, ldr, dr, wr, n, h, bias, nterms, projs, idx, wc, wg, d, bc, bg, nc, ng, eps, pre, core, gate, rc, rg,
-            sig, out, nt);
+                            const float* nbc, const float* nbg, int layer, float eps, float* pre, float* core,
+                            float* gate, float* rc, float* rg, float* sig, float* out, int nt) {
+    phi_fwd(rows, ldr, dr, wr, n, h, bias, nterms, projs, idx, wc, wg, d, bc, bg, nc, ng, nbc, nbg, layer, eps, pre,
+            core, gate, rc, rg, sig, out, nt);
 }
 extern "C" void phi_bwd_f32(const float* grad, const float* core, const float* gate, const float* rc, const float* rg,
-                            const float* sig, const float* nc, const float* ng, const float* pre, i64 n, i64 d, i64 h,
-                            const float* wc, const float* wg, const float* wr, i64 dr, float* g_rows, int nterms,
-                            float* const* outs, const i64* const* idx, i64 chunk, int nt) {
-    phi_bwd(grad, core, gate, rc, rg, sig, nc, ng, pre, n, d, h, wc, wg, wr, dr, g_rows, nterms, outs, idx, chunk, nt);
+                            const float* sig, const float* nc, const float* ng, const float* nbc, int layer,
+                            const float* pre, i64 n, i64 d, i64 h, const float* wc, const float* wg, const float* wr,
+                            i64 dr, float* g_rows, int nterms, float* const* outs, const i64* const* idx, i64 chunk,
+                            int nt) {
+    phi_bwd(grad, core, gate, rc, rg, sig, nc, ng, nbc, layer, pre, n, d, h, wc, wg, wr, dr, g_rows, nterms, outs, idx,
+            chunk, nt);
 }
 extern "C" void attn_fwd_gemm_f32(const float* rows, i64 ldr, i64 K, const float* wp, const float* m, const i64* src,
                                   const i64* tgt, i64 e, i64 c, float* alpha, float* out_s, float* out_t,

@@ -35,7 +35,7 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 9
+ABI = 10
 
 
 class NativeBuildError(RuntimeError):
@@ -106,8 +106,8 @@ _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _SIGNATURES = {
     "gather_silu": [_P, _P, _I64, _I64, _P, _INT, _INT, _P, _P, _INT, _INT],
-    "gated_fwd": [_P, _P, _I64, _I64, _P, _P, _P, _P, None, _P, _P, _P, _P, _INT],
-    "gated_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _INT],
+    "gated_fwd": [_P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, None, _P, _P, _P, _P, _INT],
+    "gated_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _INT, _I64, _I64, _P, _P, _INT],
     "scatter_add": [_P, _I64, _I64, _INT, _P, _P, _INT],
     "scale_scatter_add": [_P, _P, _I64, _I64, _INT, _P, _P, _INT],
     "attn_init": [_I64, _I64, _P, _P, _P, _P, _P, _P],
@@ -123,9 +123,10 @@ _SIGNATURES = {
 _F32_SIGNATURES = {
     "gemm_pack": [_P, _I64, _I64, _I64, _I64, _P],
     "gemm": [_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _INT],
-    "phi_fwd": [_P, _I64, _I64, _P, _I64, _I64, _P, _INT, _P, _P, _P, _P, _I64, _P, _P, _P, _P, None, _P, _P, _P, _P,
-                _P, _P, _P, _INT],
-    "phi_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _INT, _P, _P, _I64, _INT],
+    "phi_fwd": [_P, _I64, _I64, _P, _I64, _I64, _P, _INT, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _INT, None, _P,
+                _P, _P, _P, _P, _P, _P, _INT],
+    "phi_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _INT, _P, _P,
+                _I64, _INT],
     "attn_fwd_gemm": [_P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT],
     "attn_bwd_gemm": [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _INT],
     "refine_fwd_whole": [_P, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64, _INT, _I64, _P, _P, _P, _INT],

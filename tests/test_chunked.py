@@ -42,41 +42,57 @@ def phi_case(rows_term: bool, seed=0, e=37, b=9, d_r=5, h=4, d=6):
     return rows, row_weight, terms, weights
 
 
+def phi_norm(norm: str, d=6, seed=5) -> dict:
+    """The norm arguments of gated_phi: RMSNorm, or LayerNorm with biases."""
+    if norm == "rms":
+        return {}
+    g = _gen(seed)
+    return dict(norm="layer", core_norm_bias=torch.randn(d, generator=g, dtype=F64),
+                gate_norm_bias=torch.randn(d, generator=g, dtype=F64))
+
+
 @pytest.mark.usefixtures("loops")
+@pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("rows_term", [True, False])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_gated_phi_matches_reference(rows_term, chunk):
+def test_gated_phi_matches_reference(rows_term, chunk, norm):
     rows, rw, terms, w = phi_case(rows_term)
-    eps = torch.finfo(F64).eps
+    eps = torch.finfo(F64).eps if norm == "rms" else 1e-5
+    kw = phi_norm(norm)
     inputs = ([rows] if rows_term else []) + [p for p, _ in terms]
     for x in inputs:
         x.requires_grad_(True)
     grad = torch.randn(37, 6, generator=_gen(1), dtype=F64)
-    want = gated_phi_reference(rows, rw, terms, *w, eps)
-    got = gated_phi(rows, rw, terms, *w, eps, chunk=chunk)
+    want = gated_phi_reference(rows, rw, terms, *w, eps, **kw)
+    got = gated_phi(rows, rw, terms, *w, eps, chunk=chunk, **kw)
     torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
     for a, b in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(want, inputs, grad)):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
 
 
 @pytest.mark.usefixtures("loops")
-def test_gated_phi_gradcheck_and_gradgradcheck():
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_gated_phi_gradcheck_and_gradgradcheck(norm):
     rows, rw, terms, w = phi_case(True, e=11, b=4)
-    eps = torch.finfo(F64).eps
+    eps = torch.finfo(F64).eps if norm == "rms" else 1e-5
+    kw = phi_norm(norm)
     idx = [i for _, i in terms]
     (p1, _), (p2, _) = terms
 
     def inputs_only(r, a, b):  # frozen weights: the fused chunked backward
-        return gated_phi(r, rw, [(a, idx[0]), (b, idx[1])], *w, eps, chunk=4)
+        return gated_phi(r, rw, [(a, idx[0]), (b, idx[1])], *w, eps, chunk=4, **kw)
 
     x = [t.clone().requires_grad_(True) for t in (rows, p1, p2)]
     assert torch.autograd.gradcheck(inputs_only, x)
     assert torch.autograd.gradgradcheck(inputs_only, x)
 
-    def everything(r, rw_, a, b, *ws):  # weights too: the reference backward, exact second order
-        return gated_phi(r, rw_, [(a, idx[0]), (b, idx[1])], *ws, eps, chunk=4)
+    biases = [kw[k] for k in ("core_norm_bias", "gate_norm_bias") if k in kw]
 
-    x = [t.clone().requires_grad_(True) for t in (rows, rw, p1, p2, *w)]
+    def everything(r, rw_, a, b, *ws):  # weights too: the reference backward, exact second order
+        more = dict(norm=norm, core_norm_bias=ws[7], gate_norm_bias=ws[8]) if biases else {}
+        return gated_phi(r, rw_, [(a, idx[0]), (b, idx[1])], *ws[:7], eps, chunk=4, **more)
+
+    x = [t.clone().requires_grad_(True) for t in (rows, rw, p1, p2, *w, *biases)]
     assert torch.autograd.gradcheck(everything, x)
     assert torch.autograd.gradgradcheck(everything, x)
 

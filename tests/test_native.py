@@ -204,21 +204,24 @@ def test_matmul_uses_the_native_gemm_where_it_applies_and_torch_mm_elsewhere(mon
     assert not native.gemm_enabled() and native.Matmul(w.T).lib is None
 
 
-def _phi_values_and_grads(with_rows: bool, chunk: int):
+def _phi_values_and_grads(with_rows: bool, chunk: int, norm: str = "rms"):
     """Φ of the float32 cases (with the per-row term or all terms gathered), its value and the input
     gradients; the second projection is frozen (no gradient asked for it)."""
     (rows, rw, terms, w), _, _ = _cases(torch.float32, e=301)
     x = [p.clone().requires_grad_(k != 1) for k, (p, _) in enumerate(terms)]
     r = rows.clone().requires_grad_(True) if with_rows else None
+    kw = {} if norm == "rms" else dict(norm="layer", core_norm_bias=torch.linspace(-1, 1, w[-1].numel()),
+                                       gate_norm_bias=torch.linspace(1, -0.5, w[-1].numel()))
     y = gated_phi(r, rw if with_rows else None, [(p, i) for p, (_, i) in zip(x, terms)], *w,
-                  torch.finfo(torch.float32).eps, chunk=chunk)
+                  torch.finfo(torch.float32).eps, chunk=chunk, **kw)
     wanted = ([r] if with_rows else []) + [p for p in x if p.requires_grad]
     return [y, *torch.autograd.grad(y, wanted, torch.linspace(-1, 1, y.numel()).view_as(y))]
 
 
 @pytest.mark.skipif(not native.gemm_enabled(), reason="the whole-call Φ needs the native float32 GEMM")
+@pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("with_rows", [True, False])
-def test_whole_call_phi_is_the_chunked_form_bit_for_bit(monkeypatch, with_rows):
+def test_whole_call_phi_is_the_chunked_form_bit_for_bit(monkeypatch, with_rows, norm):
     """phi_fwd/phi_bwd (every step on blocks of rows in L2) against the chunk loop of the same fused
     loops and GEMMs: the same operations per row in the same order, so the same bits, for any
     thread count and chunk (301 rows: no whole number of row blocks)."""
@@ -238,13 +241,13 @@ def test_whole_call_phi_is_the_chunked_form_bit_for_bit(monkeypatch, with_rows):
         got = {}
         for nt, chunk in ((1, 64), (3, 64), (2, 1000)):
             torch.set_num_threads(nt)
-            got[nt, chunk] = _phi_values_and_grads(with_rows, chunk)
+            got[nt, chunk] = _phi_values_and_grads(with_rows, chunk, norm)
     finally:
         torch.set_num_threads(threads)
     assert sorted(calls) == [("_backward_whole", True)] * 3 + [("_forward_whole", True)] * 3
     monkeypatch.setattr(phi, "_forward_whole", lambda *a, **k: False)
     monkeypatch.setattr(phi, "_backward_whole", lambda *a, **k: False)
-    want = _phi_values_and_grads(with_rows, 64)
+    want = _phi_values_and_grads(with_rows, 64, norm)
     for each in got.values():
         for a, b in zip(each, want, strict=True):
             assert torch.equal(a, b)

@@ -100,9 +100,9 @@ class GatedMLP(nn.Module):
 
     @property
     def chunkable(self) -> bool:
-        """Whether :func:`matris.kernels.gated_phi` computes this Φ: the published form
-        (SiLU, RMSNorm) and no active dropout."""
-        return (self.act_name == "silu" and self.norm_type == "rms" and self.mlp_core.layers[0].bias is not None
+        """Whether :func:`matris.kernels.gated_phi` computes this Φ: SiLU (every published model),
+        RMSNorm or LayerNorm, and no active dropout."""
+        return (self.act_name == "silu" and self.mlp_core.layers[0].bias is not None
                 and not (self.training and self.mlp_core.layers[2].p > 0))
 
     def forward_terms(self, terms: list[Term], fused: bool | str = False) -> torch.Tensor:
@@ -130,9 +130,11 @@ class GatedMLP(nn.Module):
                 rows, row_weight = feat, w
             else:
                 gathered.append((feat @ w.T, index))
-        eps = self.core_norm.eps if self.core_norm.eps is not None else torch.finfo(weight.dtype).eps
+        cn, gn = self.core_norm, self.gate_norm
+        eps = cn.eps if cn.eps is not None else torch.finfo(weight.dtype).eps
         return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,
-                         g3.bias, self.core_norm.weight, self.gate_norm.weight, eps)
+                         g3.bias, cn.weight, gn.weight, eps, norm=self.norm_type,
+                         core_norm_bias=getattr(cn, "bias", None), gate_norm_bias=getattr(gn, "bias", None))
 
     def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, fused: bool) -> torch.Tensor:
         """``[n, d_out]`` MLP outputs → ``act(Norm_c(core)) ⊙ σ(Norm_g(gate))``."""
