@@ -75,6 +75,37 @@ class MatRISConfig:
         if problems:
             raise ValueError("invalid MatRIS config: " + "; ".join(problems))
 
+    @classmethod
+    def published_10m(cls, **overrides: Any) -> "MatRISConfig":
+        """The architecture of the published MatRIS-10M models (-OAM, -MP, -OMAT).
+
+        10 blocks of width 128, Bessel radial basis (7, envelope 8), the Fourier three-body basis
+        (7 terms, learnable frequencies), GateMLP with SiLU and LayerNorm, Linear layers without
+        biases, energy head (256, 128, 128), r_c = 6 Å, r_3 = 4.5 Å, reference energies of 94
+        elements. It has 10,443,411 parameters without the reference energies (the count the
+        official 1.0 loader prints) and 10,443,505 with them (the count of the v0.9 loader and of
+        Matbench Discovery). The count cannot tell the energy head apart from (256, 192) or
+        (128, 256, 128), which give the same number; the official 1.0 code (PyPI wheel) builds the
+        published checkpoints with this one. Checkpoints carry their own config, which always wins.
+        """
+        values = dict(num_layers=10, node_feat_dim=128, edge_feat_dim=128, three_body_feat_dim=128,
+                      mlp_hidden_dims=(256, 128, 128), use_bias=False, distance_expansion="Bessel",
+                      three_body_expansion="Fourier", num_radial=7, num_angular=7, envelope_exponent=8,
+                      graph_conv_mlp="GateMLP", activation_type="silu", norm_type="layer", pairwise_cutoff=6.0,
+                      three_body_cutoff=4.5, reference_energy="published")
+        return cls(**{**values, **overrides})
+
+    @classmethod
+    def published_4m(cls, **overrides: Any) -> "MatRISConfig":
+        """The MatRIS-4M (MatPES) architecture as we infer it: :meth:`published_10m` with 4 blocks
+        (4,294,803 parameters, 4,294,897 with the reference energies).
+
+        No parameter count or config of the 4M checkpoints is published (the official code reads
+        each checkpoint's own config), so this is the 10M family at the depth that gives about
+        4 M parameters; a 4M checkpoint loads with its stored config whatever this says.
+        """
+        return cls.published_10m(**{"num_layers": 4, **overrides})
+
     @property
     def three_body_basis_size(self) -> int:
         """Width of the angle basis: max_l·max_n for SH, num_angular for Fourier."""

@@ -1,0 +1,479 @@
+"""The official MatRIS 1.0.0 implementation in a process of its own, for side-by-side checks.
+
+    python benchmarks/official.py --check                     # parity + timing self-check
+    python benchmarks/official.py --check --threads 2 --repeat 3
+    python benchmarks/official.py --check --site /path/to/official/site --python /path/to/python
+
+From a benchmark::
+
+    from benchmarks.official import OfficialWorker, save_official_checkpoint
+
+    save_official_checkpoint(model, "/tmp/model.pth.tar")      # our MatRIS -> published layout
+    with OfficialWorker() as official:                          # a persistent subprocess
+        info = official.load("/tmp/model.pth.tar", mode="torch", activation_checkpoint=False,
+                             dtype="float32", threads=2)
+        result = official.evaluate(atoms)          # or extxyz=..., or positions/cell/numbers
+        result["energy"], result["forces"], result["stress"], result["seconds"]
+
+The official package (``pip download matris==1.0.0 --no-deps`` and unzip the wheel, e.g. into
+``/work/official/site``; ``$MATRIS_OFFICIAL_SITE`` or ``site=`` say where) declares Python >= 3.12,
+``nvalchemi-toolkit-ops`` and ``ninja``, but runs unchanged on Python 3.11 and torch 2.13 on CPU:
+nothing in it needs 3.12 syntax, and ``nvalchemi-toolkit-ops`` (Warp neighbour lists) and ``ninja``
+(``load_inline`` of its CUDA operators) are only reached on the CUDA ``mode="fast"`` path. Nothing
+is installed or stubbed for it.
+
+The worker is this file run as ``__main__`` (``--worker``) with ``PYTHONPATH`` set to the official
+site only and its working directory there; it drops its own folder from ``sys.path`` and the
+editable-install finder of our package from ``sys.meta_path``, then checks that ``matris`` is the
+official one. Requests and replies are one JSON line each on the worker's stdin/stdout; everything
+the official code prints goes to stderr (the prints while loading, e.g. ``MatRIS initialized with N
+parameters``, come back as ``info["log"]``).
+
+What matters when comparing speeds with the official code on CPU:
+
+- ``mode``: ``"fast"`` (its default) and ``"torch"`` run the same eager PyTorch code on CPU: both
+  the model (``fast = mode == "fast" and device.type == "cuda"``, model/model.py) and the graph
+  converter (CUDA graph building only for ``mode="fast"`` on a CUDA device, graph/converter.py)
+  fall back to it. ``torch.compile`` is used only on that CUDA fast path; nothing is compiled on
+  CPU.
+- ``activation_checkpoint`` (the calculator's default is ``True``): on CPU it wraps the whole
+  forward pass in ``torch.utils.checkpoint`` (non-reentrant), so forces and stress recompute the
+  forward pass; ``False`` is the fastest CPU setting.
+- A calculator call includes ``AseAtomsAdaptor.get_structure`` and the graph converter (pymatgen's
+  ``Structure.get_neighbor_list`` and NumPy); ``evaluate`` reports the converter's part apart as
+  ``graph_seconds``.
+- Geometry is float32: the converter stores fractional coordinates and the lattice as float32
+  (graph/converter.py) and Cartesian positions are ``frac @ lattice`` in float32
+  (model/processgraph.py). The official code has no float64 path; ``dtype="float64"`` here casts
+  the model with ``Module.to`` and gives its graphs float64 fractional coordinates, lattice and
+  images built from the same float64 inputs (a worker-side adapter; the official files are
+  untouched), so that both implementations can be compared without float32 rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SITE = os.environ.get("MATRIS_OFFICIAL_SITE", "/work/official/site")
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+
+CHECK_CONFIG = dict(num_layers=10, three_body_expansion="Fourier", norm_type="layer", use_bias=False,
+                    mlp_hidden_dims=(256, 128, 128), three_body_cutoff=4.5)
+
+
+# ----------------------------------------------------------------------------- parent side
+def save_official_checkpoint(model: Any, path: str | os.PathLike) -> Path:
+    """Write our :class:`matris.MatRIS` ``model`` to ``path`` in the published layout
+    (``{"config", "state_dict", "targets"}``, float32 CPU tensors), which the official
+    ``MatRIS.load`` reads (it ignores ``targets``). Uses :meth:`matris.MatRIS.save`."""
+    import torch
+
+    return model.save(path, dtype=torch.float32)
+
+
+def atoms_request(atoms: Any) -> dict[str, Any]:
+    """An ``evaluate`` request for ASE ``atoms``: positions, cell, numbers and pbc as exact floats."""
+    return {"positions": atoms.get_positions().tolist(), "cell": atoms.cell.array.tolist(),
+            "numbers": [int(z) for z in atoms.numbers], "pbc": [bool(p) for p in atoms.pbc]}
+
+
+class OfficialWorkerError(RuntimeError):
+    """The worker answered a request with an error, or died."""
+
+
+class OfficialWorker:
+    """A persistent subprocess running the official MatRIS code (see the module docstring).
+
+    ``python``: the interpreter (it needs torch, ase and pymatgen); ``site``: the folder holding
+    the official ``matris`` package; ``stderr``: where the worker's stderr goes (default: ours).
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, python: str = sys.executable, site: str | os.PathLike = DEFAULT_SITE,
+                 stderr: Any = None):
+        site = Path(site).resolve()
+        if not (site / "matris" / "model" / "model.py").is_file():
+            raise FileNotFoundError(f"no official matris package under {site}")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PYTHONPATH"] = str(site)
+        env["PYTHONUNBUFFERED"] = "1"
+        self.site = site
+        self.proc = subprocess.Popen(
+            [python, str(HERE), "--worker", "--site", str(site)], cwd=str(site), env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
+        )
+        self.hello = self._read()  # versions; proves the official package imported
+
+    # -- protocol
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise OfficialWorkerError(f"official worker exited (code {code}) without answering; see its stderr")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise OfficialWorkerError(reply.get("error", "unknown error"))
+        return reply
+
+    def request(self, cmd: str, **args: Any) -> dict[str, Any]:
+        """Send one request and return its reply (a dict); errors raise :class:`OfficialWorkerError`."""
+        if self.proc.poll() is not None:
+            raise OfficialWorkerError(f"official worker has exited (code {self.proc.returncode})")
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    # -- requests
+    def load(self, checkpoint: str | os.PathLike, mode: str = "torch", activation_checkpoint: bool = False,
+             dtype: str = "float32", threads: int | None = None, task: str = "efs") -> dict[str, Any]:
+        """Build the official ``MatRISCalculator(checkpoint, task, device="cpu", mode,
+        activation_checkpoint)``; ``dtype``: "float32" (the official one) or "float64" (see the module
+        docstring); ``threads``: ``torch.set_num_threads``. Returns ``params`` (the official count),
+        ``log`` (what the official code printed), ``dtype``, ``threads`` and the versions."""
+        return self.request("load", checkpoint=str(Path(checkpoint).resolve()), mode=mode,
+                            activation_checkpoint=bool(activation_checkpoint), dtype=str(dtype).removeprefix("torch."),
+                            threads=threads, task=task)
+
+    def configure(self, mode: str | None = None, activation_checkpoint: bool | None = None,
+                  dtype: str | None = None, threads: int | None = None) -> dict[str, Any]:
+        """Change the loaded calculator's settings in place (``None``: leave as is)."""
+        return self.request("configure", mode=mode, activation_checkpoint=activation_checkpoint,
+                            dtype=None if dtype is None else str(dtype).removeprefix("torch."), threads=threads)
+
+    def evaluate(self, atoms: Any = None, *, extxyz: str | None = None, positions: Any = None, cell: Any = None,
+                 numbers: Any = None, pbc: Any = True) -> dict[str, Any]:
+        """Energy (eV), forces (eV/Å, ``[n, 3]``), stress (eV/Å³, Voigt ``[xx, yy, zz, yz, xz, xy]``)
+        of one structure, given as ASE ``atoms``, an ``extxyz`` string (one frame; note extxyz
+        stores positions to 1e-8 Å) or ``positions``/``cell``/``numbers``/``pbc``. ``seconds``: the
+        wall time of the calculator call (graph building included); ``graph_seconds``: its
+        graph converter part (pymatgen neighbour list and graph tensors); ``peak_rss_gb``: the
+        worker's peak resident memory so far. Arrays come back as NumPy arrays."""
+        import numpy as np
+
+        if atoms is not None:
+            req = atoms_request(atoms)
+        elif extxyz is not None:
+            req = {"extxyz": extxyz}
+        else:
+            req = {"positions": np.asarray(positions, dtype=float).tolist(),
+                   "cell": np.asarray(cell, dtype=float).tolist(),
+                   "numbers": [int(z) for z in numbers],
+                   "pbc": np.broadcast_to(np.asarray(pbc, dtype=bool), 3).tolist()}
+        out = self.request("evaluate", **req)
+        out["forces"] = np.asarray(out["forces"], dtype=float)
+        out["stress"] = np.asarray(out["stress"], dtype=float)
+        return out
+
+    def close(self) -> None:
+        """Ask the worker to quit, and wait for it (killed after 30 s)."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> "OfficialWorker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- worker side
+def _isolate_official(site: str) -> None:
+    """Make ``import matris`` find only the official package under ``site``."""
+    here = str(HERE.parent)
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) not in (here, str(ROOT))]
+    if site not in sys.path:
+        sys.path.insert(0, site)
+    # our editable install maps matris (and matris.kernels) through a meta-path finder
+    sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")
+                        and "__editable__" not in getattr(f, "__name__", "")]
+    import matris
+
+    path = Path(matris.__file__).resolve()
+    if Path(site).resolve() not in path.parents:
+        raise ImportError(f"imported matris from {path}, not the official package under {site}")
+
+
+class _Worker:
+    """The official calculator and the request handlers (runs in the worker process)."""
+
+    def __init__(self) -> None:
+        self.calc = None
+        self.graph_seconds = 0.0
+
+    def hello(self) -> dict[str, Any]:
+        import ase
+        import matris
+        import torch
+
+        return {"matris": matris.__version__, "matris_file": matris.__file__, "torch": torch.__version__,
+                "ase": ase.__version__, "python": sys.version.split()[0], "threads": torch.get_num_threads()}
+
+    def _wrap_converter(self) -> None:
+        """Time graph building, and give graphs float64 geometry when the model is float64."""
+        import torch
+
+        model = self.calc.model
+        converter = model.graph_converter
+        original = converter.forward
+
+        def forward(structure, *args, **kwargs):
+            start = time.perf_counter()
+            graph = original(structure, *args, **kwargs)
+            dtype = next(model.parameters()).dtype
+            if dtype != torch.float32:
+                frac = kwargs.get("frac_coords")
+                lattice = kwargs.get("lattice_matrix")
+                graph.atom_frac_coord = torch.as_tensor(
+                    structure.frac_coords if frac is None else frac, dtype=dtype).clone()
+                graph.lattice = torch.as_tensor(
+                    structure.lattice.matrix if lattice is None else lattice, dtype=dtype).clone()
+                graph.neighbor_image = graph.neighbor_image.to(dtype)
+            self.graph_seconds += time.perf_counter() - start
+            return graph
+
+        converter.forward = forward
+
+    def _settings(self) -> dict[str, Any]:
+        import torch
+
+        return {"mode": self.calc.mode, "activation_checkpoint": self.calc.activation_checkpoint,
+                "dtype": str(next(self.calc.model.parameters()).dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads()}
+
+    def load(self, checkpoint: str, mode: str, activation_checkpoint: bool, dtype: str, threads: int | None,
+             task: str) -> dict[str, Any]:
+        import contextlib
+        import io
+
+        from matris.applications import MatRISCalculator
+
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            self.calc = MatRISCalculator(model=checkpoint, task=task, device="cpu", mode=mode,
+                                         activation_checkpoint=activation_checkpoint)
+        sys.stderr.write(log.getvalue())
+        self._wrap_converter()
+        settings = self.configure(dtype=dtype, threads=threads)
+        return {"params": self.calc.model.get_params(), "log": log.getvalue(), **settings, **self.hello()}
+
+    def configure(self, mode: str | None = None, activation_checkpoint: bool | None = None, dtype: str | None = None,
+                  threads: int | None = None) -> dict[str, Any]:
+        import torch
+
+        if self.calc is None:
+            raise RuntimeError("no calculator: send 'load' first")
+        if mode is not None:
+            if mode not in ("fast", "torch"):
+                raise ValueError(f"mode must be 'fast' or 'torch', got {mode!r}")
+            self.calc.mode = mode
+        if activation_checkpoint is not None:
+            self.calc.activation_checkpoint = bool(activation_checkpoint)
+        if dtype is not None:
+            if dtype not in ("float32", "float64"):
+                raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+            self.calc.model.to(getattr(torch, dtype))
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.calc.reset()
+        return self._settings()
+
+    def evaluate(self, extxyz: str | None = None, positions=None, cell=None, numbers=None,
+                 pbc=True) -> dict[str, Any]:
+        import io
+
+        import numpy as np
+        from ase import Atoms
+        from ase.calculators.calculator import all_changes
+        from ase.stress import full_3x3_to_voigt_6_stress
+
+        if self.calc is None:
+            raise RuntimeError("no calculator: send 'load' first")
+        if extxyz is not None:
+            from ase.io import read
+
+            atoms = read(io.StringIO(extxyz), format="extxyz", index=0)
+        else:
+            atoms = Atoms(numbers=numbers, positions=positions, cell=cell, pbc=pbc)
+        atoms.calc = None
+        self.calc.reset()
+        self.graph_seconds = 0.0
+        start = time.perf_counter()
+        self.calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
+        seconds = time.perf_counter() - start
+        results = self.calc.results
+        stress = np.asarray(results["stress"], dtype=float)
+        if stress.shape == (3, 3):
+            stress = full_3x3_to_voigt_6_stress(stress)
+        return {"energy": float(results["energy"]), "forces": np.asarray(results["forces"], dtype=float).tolist(),
+                "stress": stress.tolist(), "seconds": seconds, "graph_seconds": self.graph_seconds,
+                "natoms": len(atoms), "peak_rss_gb": _peak_rss_gb()}
+
+
+def _peak_rss_gb() -> float | None:
+    """This process's peak resident memory (VmHWM), GB; ``None`` where /proc does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024**2
+    except OSError:
+        pass
+    return None
+
+
+def worker_main(site: str) -> None:
+    """Serve JSON-line requests on stdin; replies go to the original stdout, prints to stderr."""
+    import traceback
+
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything else written to stdout (Python or C) lands on stderr
+    sys.stdout = sys.stderr
+
+    def reply(obj: dict[str, Any]) -> None:
+        protocol.write(json.dumps(obj) + "\n")
+        protocol.flush()
+
+    try:
+        _isolate_official(site)
+        worker = _Worker()
+        reply({"ok": True, **worker.hello()})
+    except Exception:  # noqa: BLE001 - reported to the parent
+        reply({"ok": False, "error": traceback.format_exc()})
+        return
+    handlers = {"load": worker.load, "configure": worker.configure, "evaluate": worker.evaluate,
+                "hello": worker.hello}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            cmd = req.pop("cmd")
+            if cmd == "quit":
+                reply({"ok": True})
+                return
+            reply({"ok": True, **handlers[cmd](**req)})
+        except Exception:  # noqa: BLE001 - reported to the parent
+            reply({"ok": False, "error": traceback.format_exc()})
+
+
+# ----------------------------------------------------------------------------- self-check
+def check(python: str, site: str, threads: int, repeat: int) -> dict[str, Any]:
+    """Our model and the official code on the same random weights: parity, then speed."""
+    import tempfile
+
+    import numpy as np
+    import torch
+    from ase.build import bulk
+    from ase.calculators.calculator import all_changes
+
+    sys.path.insert(0, str(ROOT))
+    from matris import MatRIS, MatRISCalculator, MatRISConfig
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = MatRIS(MatRISConfig(**CHECK_CONFIG)).eval()
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (2, 2, 2)
+    atoms.rattle(stdev=0.05, seed=1)
+    print(f"config: {CHECK_CONFIG}; ours: {sum(p.numel() for p in model.parameters())} parameters")
+    print(f"structure: rattled diamond Si{len(atoms)}; threads {threads}")
+
+    def ours(calc):
+        calc.reset()
+        start = time.perf_counter()
+        calc.calculate(atoms, ["energy", "forces", "stress"], all_changes)
+        seconds = time.perf_counter() - start
+        r = calc.results
+        return {"energy": float(r["energy"]), "forces": np.asarray(r["forces"]), "stress": np.asarray(r["stress"]),
+                "seconds": seconds}
+
+    out: dict[str, Any] = {"config": {k: list(v) if isinstance(v, tuple) else v for k, v in CHECK_CONFIG.items()},
+                           "natoms": len(atoms), "threads": threads, "parity": {}, "seconds": {}}
+    with tempfile.TemporaryDirectory() as tmp, OfficialWorker(python=python, site=site) as official:
+        path = save_official_checkpoint(model, Path(tmp) / "check.pth.tar")
+        info = official.load(path, mode="torch", activation_checkpoint=False, dtype="float64", threads=threads)
+        out["official"] = {k: info[k] for k in ("params", "log", "matris", "torch", "python")}
+        print(f"official {info['matris']} ({info['matris_file']}) on Python {info['python']}, torch {info['torch']}")
+        print("official load printed: " + " | ".join(info["log"].strip().splitlines()))
+
+        print("\nparity (max |Δ|, ours - official):")
+        for dtype in ("float64", "float32"):
+            official.configure(dtype=dtype)
+            a = ours(MatRISCalculator(model, dtype=dtype))
+            b = official.evaluate(atoms)
+            d = {"energy_eV": abs(a["energy"] - b["energy"]),
+                 "energy_per_atom_eV": abs(a["energy"] - b["energy"]) / len(atoms),
+                 "forces_eV_per_A": float(np.abs(a["forces"] - b["forces"]).max()),
+                 "stress_eV_per_A3": float(np.abs(a["stress"] - b["stress"]).max()),
+                 "stress_GPa": float(np.abs(a["stress"] - b["stress"]).max() / 0.006241509074460763),
+                 "energy_ours_eV": a["energy"], "energy_official_eV": b["energy"],
+                 "max_abs_force_eV_per_A": float(np.abs(b["forces"]).max()),
+                 "max_abs_stress_GPa": float(np.abs(b["stress"]).max() / 0.006241509074460763)}
+            out["parity"][dtype] = d
+            print(f"  {dtype}: E {d['energy_eV']:.3e} eV ({d['energy_per_atom_eV']:.3e} eV/atom), "
+                  f"F {d['forces_eV_per_A']:.3e} eV/Å, σ {d['stress_eV_per_A3']:.3e} eV/Å³ ({d['stress_GPa']:.3e} GPa)"
+                  f"   [E {b['energy']:.6f} eV, max|F| {d['max_abs_force_eV_per_A']:.3f}, "
+                  f"max|σ| {d['max_abs_stress_GPa']:.3f} GPa]")
+
+        print(f"\nfloat32 E+F+S call, {repeat} timed after one untimed (s):")
+        calc = MatRISCalculator(model, dtype="float32")
+        variants = {"ours (default CPU path)": lambda: ours(calc)}
+        for ac in (False, True):
+            def run(ac=ac):
+                official.configure(mode="torch", activation_checkpoint=ac, dtype="float32")
+                return official.evaluate(atoms)
+            variants[f"official mode=torch activation_checkpoint={ac}"] = run
+        for name, fn in variants.items():
+            fn()
+            times, graph = [], []
+            for _ in range(repeat):
+                r = fn()
+                times.append(r["seconds"])
+                graph.append(r.get("graph_seconds", float("nan")))
+            out["seconds"][name] = {"calls": times, "graph": graph}
+            extra = "" if np.isnan(graph).all() else f"   (graph building {np.median(graph):.3f})"
+            print(f"  {name:48s} " + " ".join(f"{t:.3f}" for t in times) + f"   median {np.median(times):.3f}{extra}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="parity and timing of ours against the official code")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--site", default=DEFAULT_SITE, help="folder holding the official matris package")
+    p.add_argument("--python", default=sys.executable, help="interpreter for the official worker")
+    p.add_argument("--threads", type=int, default=None, help="torch threads in both processes (default: torch's)")
+    p.add_argument("--repeat", type=int, default=3, help="timed calls per variant")
+    p.add_argument("--json", default=None, help="write the check's numbers to this JSON file")
+    args = p.parse_args(argv)
+    if args.worker:
+        worker_main(str(Path(args.site).resolve()))
+    elif args.check:
+        import torch
+
+        result = check(args.python, args.site, args.threads or torch.get_num_threads(), args.repeat)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    else:
+        p.print_help()
+
+
+if __name__ == "__main__":
+    main()
