@@ -132,20 +132,25 @@ class OfficialWorker:
 
     # -- requests
     def load(self, checkpoint: str | os.PathLike, mode: str = "torch", activation_checkpoint: bool = False,
-             dtype: str = "float32", threads: int | None = None, task: str = "efs") -> dict[str, Any]:
+             dtype: str = "float32", threads: int | None = None, keep_heap: bool | None = None,
+             task: str = "efs") -> dict[str, Any]:
         """Build the official ``MatRISCalculator(checkpoint, task, device="cpu", mode,
         activation_checkpoint)``; ``dtype``: "float32" (the official one) or "float64" (see the module
-        docstring); ``threads``: ``torch.set_num_threads``. Returns ``params`` (the official count),
-        ``log`` (what the official code printed), ``dtype``, ``threads`` and the versions."""
+        docstring); ``threads``: ``torch.set_num_threads``; ``keep_heap``: glibc keeps freed memory
+        for reuse, the setting our model makes on its first CPU call (``matris.kernels.heap``), so
+        that both run under one allocator (``None``: leave glibc's defaults). Returns ``params`` (the
+        official count), ``log`` (what the official code printed), the settings and the versions."""
         return self.request("load", checkpoint=str(Path(checkpoint).resolve()), mode=mode,
                             activation_checkpoint=bool(activation_checkpoint), dtype=str(dtype).removeprefix("torch."),
-                            threads=threads, task=task)
+                            threads=threads, keep_heap=keep_heap, task=task)
 
     def configure(self, mode: str | None = None, activation_checkpoint: bool | None = None,
-                  dtype: str | None = None, threads: int | None = None) -> dict[str, Any]:
+                  dtype: str | None = None, threads: int | None = None,
+                  keep_heap: bool | None = None) -> dict[str, Any]:
         """Change the loaded calculator's settings in place (``None``: leave as is)."""
         return self.request("configure", mode=mode, activation_checkpoint=activation_checkpoint,
-                            dtype=None if dtype is None else str(dtype).removeprefix("torch."), threads=threads)
+                            dtype=None if dtype is None else str(dtype).removeprefix("torch."), threads=threads,
+                            keep_heap=keep_heap)
 
     def evaluate(self, atoms: Any = None, *, extxyz: str | None = None, positions: Any = None, cell: Any = None,
                  numbers: Any = None, pbc: Any = True) -> dict[str, Any]:
@@ -215,6 +220,7 @@ class _Worker:
     def __init__(self) -> None:
         self.calc = None
         self.graph_seconds = 0.0
+        self.keep_heap = False
 
     def hello(self) -> dict[str, Any]:
         import ase
@@ -254,10 +260,10 @@ class _Worker:
 
         return {"mode": self.calc.mode, "activation_checkpoint": self.calc.activation_checkpoint,
                 "dtype": str(next(self.calc.model.parameters()).dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), "keep_heap": self.keep_heap}
 
     def load(self, checkpoint: str, mode: str, activation_checkpoint: bool, dtype: str, threads: int | None,
-             task: str) -> dict[str, Any]:
+             keep_heap: bool | None, task: str) -> dict[str, Any]:
         import contextlib
         import io
 
@@ -269,11 +275,11 @@ class _Worker:
                                          activation_checkpoint=activation_checkpoint)
         sys.stderr.write(log.getvalue())
         self._wrap_converter()
-        settings = self.configure(dtype=dtype, threads=threads)
+        settings = self.configure(dtype=dtype, threads=threads, keep_heap=keep_heap)
         return {"params": self.calc.model.get_params(), "log": log.getvalue(), **settings, **self.hello()}
 
     def configure(self, mode: str | None = None, activation_checkpoint: bool | None = None, dtype: str | None = None,
-                  threads: int | None = None) -> dict[str, Any]:
+                  threads: int | None = None, keep_heap: bool | None = None) -> dict[str, Any]:
         import torch
 
         if self.calc is None:
@@ -290,6 +296,8 @@ class _Worker:
             self.calc.model.to(getattr(torch, dtype))
         if threads:
             torch.set_num_threads(int(threads))
+        if keep_heap is not None:
+            self.keep_heap = _set_keep_heap(bool(keep_heap))
         self.calc.reset()
         return self._settings()
 
@@ -323,6 +331,26 @@ class _Worker:
         return {"energy": float(results["energy"]), "forces": np.asarray(results["forces"], dtype=float).tolist(),
                 "stress": stress.tolist(), "seconds": seconds, "graph_seconds": self.graph_seconds,
                 "natoms": len(atoms), "peak_rss_gb": _peak_rss_gb()}
+
+
+def _set_keep_heap(keep: bool) -> bool:
+    """glibc's malloc keeps freed memory (``M_MMAP_MAX = 0``, ``M_TRIM_THRESHOLD = 2 GiB - 1``) or
+    goes back to its usual thresholds and trims, as ``matris.kernels.heap.set_keep`` does (copied:
+    our package is not importable here). Returns whether keeping is on; False off glibc."""
+    import ctypes
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold, m_mmap_max = -1, -3, -4
+    if keep:
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+    libc.mallopt(m_mmap_max, 65536)
+    libc.mallopt(m_mmap_threshold, 32 << 20)
+    libc.mallopt(m_trim_threshold, 64 << 20)
+    libc.malloc_trim(0)
+    return False
 
 
 def _peak_rss_gb() -> float | None:

@@ -6,11 +6,21 @@ import torch
 from ase.io import read
 
 from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference
+from matris.model import basis
 from matris.structures import to_system
 
 # float64: relative to the quantity's largest magnitude in the structure (measured: ~1e-14)
 REL64 = 1e-10
 TOL64 = ("energy_per_atom", "forces", "stress_GPa", "magmoms")
+
+
+@pytest.fixture(autouse=True)
+def v09_fourier_constant(monkeypatch):
+    """The v0.9 reference kept the Fourier basis's constant 1/√2 as its float32 value in float64
+    too; we compute it exactly, as the official 1.0 code does (see
+    test_the_exact_fourier_constant_moves_float64_results_by_the_constants_difference). The
+    fixtures of v0.9 are matched with v0.9's constant, to the full float64 contract."""
+    monkeypatch.setattr(basis, "FOURIER_CONSTANT", basis.FOURIER_CONSTANT_V09)
 
 
 def _cases():
@@ -74,3 +84,25 @@ def test_batched_equals_single(fixture_data, folder):
     forces = np.concatenate([np.asarray(s["forces"]) for s in ref["structures"]])
     np.testing.assert_allclose(out.forces.numpy(), forces, atol=1e-8)
     np.testing.assert_allclose(out.stress.numpy(), [s["stress_GPa"] for s in ref["structures"]], atol=1e-7)
+
+
+def test_the_exact_fourier_constant_moves_float64_results_by_the_constants_difference(monkeypatch):
+    """1/√2 exactly (ours, as official 1.0) against v0.9's float32 value (1.2e-8 apart, 1.7e-8
+    relative): float64 results move by about that relative amount and no more, and float32 results
+    do not move at all (both constants round to the same float32)."""
+    import math
+
+    assert float(torch.tensor(math.sqrt(0.5), dtype=torch.float32)) == basis.FOURIER_CONSTANT_V09
+    folder = "small_fourier_float64"
+    systems = [to_system(a) for a in read(FIXTURES / folder / "structures.extxyz", ":")]
+    out = {}
+    for name, const in (("v0.9", basis.FOURIER_CONSTANT_V09), ("exact", math.sqrt(0.5))):
+        monkeypatch.setattr(basis, "FOURIER_CONSTANT", const)
+        for dtype in (torch.float64, torch.float32):
+            out[name, dtype] = evaluate(load_fixture_model(folder, dtype), systems)[0]
+    rel = abs(math.sqrt(0.5) - basis.FOURIER_CONSTANT_V09) / math.sqrt(0.5)
+    for key in ("energy", "forces", "stress"):
+        a, b = getattr(out["exact", torch.float64], key), getattr(out["v0.9", torch.float64], key)
+        moved = ((a - b).abs().max() / b.abs().max()).item()
+        assert 0 < moved < 100 * rel, f"{key}: {moved:.2e}"
+        assert torch.equal(getattr(out["exact", torch.float32], key), getattr(out["v0.9", torch.float32], key))

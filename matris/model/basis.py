@@ -2,9 +2,10 @@
 
 All functions take lengths in Å and angles in radians and return ``[n, K]`` tensors in the
 dtype of their input. These PyTorch forms are the references; on CUDA the fused Triton
-kernels of ``matris.kernels.basis`` compute the same values (``backend`` selects). Constants that the reference keeps in float32 (SH coefficients and
-factor, the Fourier constant, Gaussian centres) enter float64 computations as their float32
-values, so float64 results match the reference to rounding.
+kernels of ``matris.kernels.basis`` compute the same values (``backend`` selects). Constants that
+the reference keeps in float32 (SH coefficients and factor, Gaussian centres) enter float64
+computations as their float32 values, so float64 results match the reference to rounding; the
+Fourier basis's constant term is 1/√2 in the compute dtype, as in the official 1.0 code.
 """
 
 from __future__ import annotations
@@ -46,8 +47,12 @@ SH_RADIAL_COEFFICIENTS: tuple[tuple[tuple[float, ...], ...], ...] = (
     ),
 )
 
-# float32(1/sqrt(2)): the constant term of the Fourier basis, kept as its float32 value.
-FOURIER_CONSTANT = 0.7071067690849304
+# 1/sqrt(2): the constant term of the Fourier basis, exact in the compute dtype as the official 1.0
+# code computes it (in float32 it rounds to the value v0.9 kept, 0.7071067690849304, so float32
+# results are those of both releases; in float64 they are 1.0's: see tests/test_parity.py).
+FOURIER_CONSTANT = math.sqrt(0.5)
+# the constant of the v0.9 reference release, which kept the float32 value in float64 too
+FOURIER_CONSTANT_V09 = 0.7071067690849304
 
 
 def polynomial_envelope(s: torch.Tensor, p: int) -> torch.Tensor:
