@@ -1,50 +1,49 @@
-"""CPU speed of the published architecture against CHGNet, measured side by side in one process.
+"""CPU speed of the published architecture against CHGNet and the official MatRIS 1.0.0, side by side.
 
     python benchmarks/cpu_speed.py                      # Si 8/64/216, MD of Si64, op shares
-    python benchmarks/cpu_speed.py --json benchmarks/results/cpu_speed.json
-    python benchmarks/cpu_speed.py --sizes 8 64 --rounds 3 --variants chunked torch
+    python benchmarks/cpu_speed.py --official /work/official/site --json benchmarks/results/cpu_speed.json
+    python benchmarks/cpu_speed.py --sizes 8 64 --rounds 3 --variants fused torch
     python benchmarks/cpu_speed.py --markdown benchmarks/results/cpu_speed.json   # the docs' table
 
-Model: the 10-block width-128 architecture of MatRIS-10M (r_c 6 Å, r_3 4.5 Å), random
-weights (speed does not depend on their values), float32. Every call is an ASE calculator
-call for energy, forces and stress on a freshly rattled diamond-Si cell (``matris.bench``'s
-standard structures), graph construction included, as a user's script sees it.
+Model: the published MatRIS-10M architecture (``MatRISConfig.published_10m()``: 10 blocks of width
+128, Fourier three-body basis, LayerNorm, no Linear biases, energy head (256, 128, 128), r_c 6 Å,
+r_3 4.5 Å; 10,443,505 parameters), random weights (speed does not depend on their values),
+float32. Every call is an ASE calculator call for energy, forces and stress on a freshly rattled
+diamond-Si cell (``matris.bench``'s standard structures), graph construction included, as a
+user's script sees it.
 
-Variants of our model (``--variants``): ``chunked`` (the default CPU path, fused formulas run
-over cache-sized chunks, :mod:`matris.kernels`, with their elementwise, gather and scatter
-steps in the fused C++ loops of ``kernels/native.cpp``), ``chunked-ops`` (the same chunks with
-those steps as PyTorch ops, ``MATRIS_NATIVE=0``), ``torch`` (the composed PyTorch reference ops),
-``compiled`` (``model.compile()``: Inductor, dynamic shapes; its compile time is reported
-apart). CHGNet 0.3.0 runs in the same process when installed. The machine is shared and
-noisy, so the variants and CHGNet are timed in interleaved rounds (one call each per round)
-and the table reports medians over rounds and the ratio of medians; ``ratio`` is
-ours / CHGNet (lower is better). CHGNet's timed call follows an untimed one of its own: timed
-right after the ``torch`` variant, whose Si64 call frees about 8 GB, CHGNet's 0.15 s call took
-up to 0.27 s on this machine (the memory release lands on whoever runs next).
+Columns: ``fused`` (the default CPU path: the fused kernels of :mod:`matris.kernels` with their
+C++ loops, ``kernels/native.cpp``), ``torch`` (the composed PyTorch reference ops), ``compiled``
+(``model.compile()``: Inductor, dynamic shapes; its compile time is reported apart), CHGNet 0.3.0
+in the same process when installed, and, with ``--official SITE``, the official MatRIS 1.0.0 (the
+unpacked PyPI wheel at SITE) on the same weights in a process of its own
+(``benchmarks/official.py``), in its fastest CPU setting (``mode="torch"``,
+``activation_checkpoint=False``) and in its default one (activation checkpointing), the time of its
+calculator call measured inside its process. The machine is shared and noisy, so every column is
+timed in interleaved rounds (one call each per round) and the table reports medians over rounds
+and ratios of medians: ``ratio`` is ours / CHGNet (lower is better), ``speed-up`` official / ours.
+CHGNet's timed call follows an untimed one of its own (the memory another call released lands on
+whoever runs next).
 
-Our first CPU call makes the whole process keep freed memory for reuse
-(:mod:`matris.kernels.heap`), and CHGNet's calls in the same process get that too, so the
-ratios compare the two models under one allocator. After the table's rounds, CHGNet's Si64
-call is also timed with glibc's limits put back (``heap.set_keep(False)``), as it runs in a
-process of its own, interleaved with calls under the setting. It is not a column of the
-table: freeing the heap there would make our next call fault all its memory back in.
+``heap``: the same Si64 call of ours with glibc's malloc as it is (the default) and with
+:func:`matris.kernels.heap.keep_freed_memory` (opt-in), interleaved: the measured gain of that
+setting. The JSON records the CPU model and its widest instruction set (``meta.cpu``) and which
+native code paths ran (``native``).
 
 The op table is torch.profiler's self CPU time of one Si64 call of the default variant,
 grouped by family, so the next person sees where the time goes; "fused C++ loops" is the self
-time of the chunked kernels' autograd Functions (their native loops and Python glue). It is
-taken with the chunk loops (``native.set_whole_calls(False)``): the default path runs the same
-GEMMs and loops of a pass inside one library call, where a profiler cannot tell them apart.
-Under it, the GEMM floor: the GEMM FLOPs of one Si64 call, their rate inside the call (chunk
-loops), this machine's in-cache GEMM rate right after, and the least time those GEMMs need at
-that rate; and the same call three ways side by side: every GEMM in MKL, the native GEMM in the
-chunk loops, and the default whole passes.
+time of the fused kernels' autograd Functions (their native loops and Python glue). It is
+taken with the chunk loops (``native.set_whole_calls(False)``): on CPUs where the whole passes run
+(AVX2 without AVX-512) they run the same GEMMs and loops inside one library call, where a profiler
+cannot tell them apart. Under it, the GEMM floor: the GEMM FLOPs of one Si64 call, their rate
+inside the call, this machine's in-cache GEMM rate right after, and the least time those GEMMs need
+at that rate; where the native GEMM runs, the same call with every GEMM in MKL, with the native
+GEMM in the chunk loops, and with the whole passes, side by side.
 
 ``--train`` also times one training step (energy, force, stress and magmom loss with
-``create_graph``, backward) of Si8 (Si64 needs more than 24 GB with the 10M config) for
-the tiny config (examples/configs/tiny.yaml) and the 10M architecture, the default kernels
-against the composed ops (``torch``). Training calls run the composed ops in both (the
-chunked backwards give first derivatives only), so the two columns measure the same code:
-the rows show that the CPU fast path leaves training as it was.
+``create_graph``, backward) of Si8 (Si64 needs more than 20 GB with the 10M architecture) for
+the tiny config (examples/configs/tiny.yaml) and the published 10M architecture, the default
+kernels against the composed ops (``torch``).
 """
 
 from __future__ import annotations
@@ -66,6 +65,7 @@ from matris.atomic import write_json  # noqa: E402
 from matris.bench.measure import md_speed  # noqa: E402
 from matris.bench.structures import standard_structure  # noqa: E402
 from matris.kernels import heap, native  # noqa: E402
+from benchmarks.provenance import cpu_description  # noqa: E402
 
 FAMILIES = {
     "GEMM": ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm"),
@@ -135,43 +135,34 @@ def build_model(variant: str, base: MatRIS) -> MatRIS:
         model.kernel_backend = "torch"
     elif variant == "compiled":
         model.compile()
-    elif variant not in ("chunked", "chunked-ops"):
-        raise SystemExit(f"unknown variant {variant!r}; use chunked, chunked-ops, torch or compiled")
+    elif variant != "fused":
+        raise SystemExit(f"unknown variant {variant!r}; use fused, torch or compiled")
     return model
 
 
-def chgnet_allocator(chgnet, rounds: int) -> dict | None:
-    """CHGNet's Si64 E+F+S call with the kept-memory setting of our CPU calls (which covers the
-    whole process, :mod:`matris.kernels.heap`) and with glibc's limits put back, as CHGNet runs
-    in a process of its own: interleaved rounds, each call after an untimed one in its mode."""
-    if not heap.keep_freed_memory():
-        return None
-    atoms = standard_structure("si", 64).atoms
-    times = {"kept": [], "glibc": []}
+def heap_gain(calc, rounds: int, size: int = 64) -> dict:
+    """Our Si``size`` E+F+S call with glibc's malloc as the process has it (the default) and with
+    :func:`matris.kernels.heap.keep_freed_memory` (opt-in), interleaved: each timed call follows an
+    untimed one in its mode. glibc's behaviour is put back at the end."""
+    atoms = standard_structure("si", size).atoms
+    times = {"glibc": [], "kept": []}
+    if not heap.set_keep(True):
+        return {"available": False}
     try:
         for _ in range(rounds):
             for mode in times:
                 heap.set_keep(mode == "kept")
                 for timed in (False, True):
-                    chgnet.reset()
+                    calc.reset()
                     t0 = time.perf_counter()
-                    chgnet.calculate(atoms, ["energy", "forces", "stress"])
+                    calc.calculate(atoms, ["energy", "forces", "stress"])
                     if timed:
                         times[mode].append(time.perf_counter() - t0)
     finally:
-        heap.set_keep(True)
-    return {"structure": "Si64", "kind": "E+F+S", "seconds": {k: statistics.median(v) for k, v in times.items()},
-            "all_seconds": times}
-
-
-@contextlib.contextmanager
-def loops_for(variant: str):
-    """The fused C++ loops off for the ``chunked-ops`` variant's calls, on for the others."""
-    previous = native.set_enabled(variant != "chunked-ops")
-    try:
-        yield
-    finally:
-        native.set_enabled(previous)
+        heap.set_keep(False)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"available": True, "structure": f"Si{size}", "kind": "E+F+S", "seconds": med, "all_seconds": times,
+            "gain": med["glibc"] / med["kept"]}
 
 
 def train_steps(rounds: int) -> list[dict]:
@@ -181,8 +172,8 @@ def train_steps(rounds: int) -> list[dict]:
     from matris.train import TrainConfig
 
     tiny = TrainConfig.from_yaml(Path(__file__).resolve().parents[1] / "examples" / "configs" / "tiny.yaml").model
-    configs = {"tiny": tiny, "10M": MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj")}
-    system = to_system(standard_structure("si", 8).atoms)  # Si64 needs > 24 GB for the 10M config
+    configs = {"tiny": tiny, "10M": MatRISConfig.published_10m()}
+    system = to_system(standard_structure("si", 8).atoms)  # Si64 needs > 20 GB for the 10M config
     out = []
     print(f"\ntraining step, Si8, E+F+S+magmom loss (create_graph + backward + AdamW), {rounds} interleaved rounds")
     for name, cfg in configs.items():
@@ -340,27 +331,48 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
     return result
 
 
+def markdown_rows(rows: list[dict]) -> str:
+    """The table of timed calls: seconds per column, ours / CHGNet and the official code's time / ours."""
+    names = list(dict.fromkeys(k for r in rows for k in r["seconds"]))
+    ours = [k for k in names if k != "CHGNet" and k not in OFFICIAL]
+    has_chgnet = any("ratio_vs_chgnet" in r for r in rows)
+    officials = [o for o in OFFICIAL if any(o in r.get("speedup_vs_official", {}) for r in rows)]
+    head = ("| structure | call | " + " | ".join(f"{k} (s)" for k in names) + " |"
+            + "".join(f" {k} / CHGNet |" for k in ours if has_chgnet)
+            + "".join(f" {o} / {k} |" for o in officials for k in ours))
+    lines = [head, "|---|---|" + "---:|" * (head.count("|") - 3)]
+    for r in rows:
+        cells = [f"{r['seconds'][k]:.3g}" if k in r["seconds"] else "–" for k in names]
+        if has_chgnet:
+            cells += [f"{r['ratio_vs_chgnet'][k]:.1f}×" if "ratio_vs_chgnet" in r else "–" for k in ours]
+        for o in officials:
+            sp = r.get("speedup_vs_official", {}).get(o)
+            cells += [f"{sp[k]:.2f}×" if sp else "–" for k in ours]
+        lines.append(f"| {r['structure']} | {r['kind']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(path: str, command: bool = True) -> str:
     """The docs' table from a results file (so the numbers are never retyped); ``command``:
     name the command and commit that made it (the docs give them in a line of their own)."""
     import json
 
     data = json.loads(Path(path).read_text())
-    rows = data["rows"]
-    names = list(rows[0]["seconds"])
-    ours = [k for k in names if k != "CHGNet"]
-    head = "| structure | call | " + " | ".join(f"{k} (s)" for k in names) + " | " + \
-        " | ".join(f"{k} / CHGNet" for k in ours if "CHGNet" in names) + " |"
-    lines = [head, "|" + "---|" * 2 + "---:|" * (head.count("|") - 3)]
-    for r in rows:
-        ratios = [f"{r['ratio_vs_chgnet'][k]:.1f}×" for k in ours] if "ratio_vs_chgnet" in r else []
-        lines.append(f"| {r['structure']} | {r['kind']} | " + " | ".join(f"{r['seconds'][k]:.3g}" for k in names)
-                     + " | " + " | ".join(ratios) + " |")
-    if data.get("chgnet_allocator"):
-        a = data["chgnet_allocator"]["seconds"]
-        lines.append(f"\nCHGNet's Si64 E+F+S call, interleaved after the table's rounds: {a['kept']:.3g} s with the "
-                     f"kept-memory setting (as in the table), {a['glibc']:.3g} s with glibc's limits put back "
-                     f"(as in a process of its own).")
+    lines = [markdown_rows(data["rows"])]
+    cpu = data["meta"].get("cpu")
+    if cpu:
+        lines.append(f"\nCPU: {cpu['model']} ({cpu['isa']}); native GEMM and whole passes "
+                     f"{'on' if data.get('native', {}).get('whole_passes') else 'off (MKL GEMMs)'}.")
+    if data.get("official"):
+        o = data["official"]
+        lines.append(f"\n`official`: MatRIS {o.get('version', '1.0.0')} on the same weights, `mode=\"torch\"`, "
+                     "`activation_checkpoint=False` (its fastest CPU setting); `official-ckpt`: its default "
+                     "(activation checkpointing); each timed inside its own process.")
+    if data.get("heap", {}).get("available"):
+        h = data["heap"]
+        lines.append(f"\nMemory reuse (opt-in `matris.kernels.heap.keep_freed_memory()` or `MATRIS_CPU_HEAP=1`): "
+                     f"{h['structure']} E+F+S {h['seconds']['glibc']:.3g} s with glibc's malloc as it is, "
+                     f"{h['seconds']['kept']:.3g} s with it ({h['gain']:.2f}×), interleaved.")
     if data.get("train_steps"):
         lines += ["", "| training step, Si8 | default kernels (s) | composed ops (s) |", "|---|---:|---:|"]
         lines += [f"| {r['config']} config | {r['seconds']['default']:.3g} | {r['seconds']['torch']:.3g} |"
@@ -400,15 +412,40 @@ def markdown(path: str, command: bool = True) -> str:
     return "\n".join(lines)
 
 
+def official_worker(site: str, base: MatRIS, folder: Path):
+    """The official 1.0.0 code in a process of its own on ``base``'s weights (float32, our thread
+    count), or None with a message when it cannot run."""
+    from benchmarks.official import OfficialWorker, OfficialWorkerError, save_official_checkpoint
+
+    path = save_official_checkpoint(base, folder / "published-10m-random.pth.tar")
+    worker = OfficialWorker(site=site)
+    try:
+        info = worker.load(path, mode="torch", activation_checkpoint=False, dtype="float32",
+                           threads=torch.get_num_threads())
+    except OfficialWorkerError as exc:
+        worker.close()
+        print(f"the official MatRIS is not compared: {exc}", file=sys.stderr)
+        return None, None
+    return worker, info
+
+
+OFFICIAL = {"official": False, "official-ckpt": True}  # column -> its activation_checkpoint setting
+
+
 def main(argv=None) -> int:
+    import tempfile
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--markdown", default=None, metavar="JSON", help="print the docs' table of a results file and exit")
     p.add_argument("--sizes", type=int, nargs="*", default=[8, 64, 216], help="Si cells (multiples of 8 atoms)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (median reported)")
-    p.add_argument("--variants", nargs="*", default=["chunked", "chunked-ops", "torch"],
-                   help="chunked, chunked-ops, torch, compiled")
+    p.add_argument("--variants", nargs="*", default=["fused", "torch"], help="fused, torch, compiled")
     p.add_argument("--md-steps", type=int, default=5, help="VelocityVerlet steps of Si64 per variant (0: skip)")
     p.add_argument("--no-chgnet", action="store_true", help="do not compare with CHGNet")
+    p.add_argument("--official", default=None, metavar="SITE",
+                   help="compare with the official MatRIS 1.0.0 unpacked at SITE (see benchmarks/official.py)")
+    p.add_argument("--official-max-atoms", type=int, default=64, help="largest cell the official code is timed on")
+    p.add_argument("--heap-size", type=int, default=64, help="Si cell of the heap setting's measurement (0: skip)")
     p.add_argument("--no-profile", action="store_true", help="skip the op-family table and the GEMM floor")
     p.add_argument("--train", action="store_true", help="also time a training step (tiny and 10M configs)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -418,7 +455,7 @@ def main(argv=None) -> int:
         return 0
 
     torch.manual_seed(0)
-    base = MatRIS(MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj")).eval()
+    base = MatRIS(MatRISConfig.published_10m()).eval()
     calcs = {}
     compile_times = {}
     compile_errors = {}
@@ -435,45 +472,53 @@ def main(argv=None) -> int:
             chgnet = runner.calculator()
         except (ImportError, NotAvailable) as exc:
             print(f"CHGNet not compared: {exc}", file=sys.stderr)
+    tmp = tempfile.TemporaryDirectory(prefix="matris-cpu-speed-")
+    official, official_info = official_worker(args.official, base, Path(tmp.name)) if args.official else (None, None)
     names = list(calcs) + (["CHGNet"] if chgnet is not None else [])
     allcalcs = dict(calcs, **({"CHGNet": chgnet} if chgnet is not None else {}))
 
-    print(f"MatRIS 10-block width-128 ({base.num_parameters():,} parameters), float32, CPU, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; {args.rounds} interleaved rounds, medians")
+    def timed_call(k: str, atoms) -> float:
+        if k in OFFICIAL:  # its calculator call, timed inside its process
+            official.configure(activation_checkpoint=OFFICIAL[k])
+            return official.evaluate(atoms)["seconds"]
+        c = allcalcs[k]
+        if k == "CHGNet":  # settle: see the module docstring
+            c.reset()
+            c.calculate(atoms, ["energy", "forces", "stress"])
+        c.reset()
+        t0 = time.perf_counter()
+        c.calculate(atoms, ["energy", "forces", "stress"])
+        return time.perf_counter() - t0
+
+    isa = cpu_description()
+    print(f"MatRIS published 10M architecture ({sum(p.numel() for p in base.parameters()):,} parameters), float32, "
+          f"CPU {isa['model']} ({isa['isa']}), torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"{args.rounds} interleaved rounds, medians")
     rows = []
     for n in args.sizes:
         atoms = standard_structure("si", n).atoms
-        for k in list(names):  # warm-up; the first call of "compiled" is its compile
+        columns = names + ([k for k in OFFICIAL] if official is not None and n <= args.official_max_atoms else [])
+        for k in list(columns):  # warm-up; the first call of "compiled" is its compile
             t0 = time.perf_counter()
-            allcalcs[k].reset()
             try:
-                with loops_for(k):
-                    allcalcs[k].calculate(atoms, ["energy", "forces", "stress"])
+                timed_call(k, atoms)
             except Exception as exc:  # noqa: BLE001 - a compiler failure is a result, not the end of the run
                 if k != "compiled":
                     raise
                 print(f"compiled variant dropped: {type(exc).__name__}: {str(exc)[:300]}")
                 compile_errors[k] = f"{type(exc).__name__}: {str(exc)[:1000]}"
                 names.remove(k)
+                columns.remove(k)
                 del calcs[k]
                 continue
             if k == "compiled" and n == args.sizes[0]:
                 compile_times[k] = time.perf_counter() - t0
-        times = {k: [] for k in names}
+        times = {k: [] for k in columns}
         for _ in range(args.rounds):
-            for k in names:
-                c = allcalcs[k]
-                with loops_for(k):
-                    if k == "CHGNet":  # settle: see the module docstring
-                        c.reset()
-                        c.calculate(atoms, ["energy", "forces", "stress"])
-                    c.reset()
-                    t0 = time.perf_counter()
-                    c.calculate(atoms, ["energy", "forces", "stress"])
-                    times[k].append(time.perf_counter() - t0)
-        row = {"structure": f"Si{n}", "atoms": n, "kind": "E+F+S",
-               "seconds": {k: statistics.median(v) for k, v in times.items()}, "all_seconds": times}
-        rows.append(row)
+            for k in columns:
+                times[k].append(timed_call(k, atoms))
+        rows.append({"structure": f"Si{n}", "atoms": n, "kind": "E+F+S",
+                     "seconds": {k: statistics.median(v) for k, v in times.items()}, "all_seconds": times})
     if args.md_steps > 0:
         atoms = standard_structure("si", 64).atoms
         times = {k: [] for k in names}
@@ -482,40 +527,40 @@ def main(argv=None) -> int:
                 calc = allcalcs[k]
                 if k in calcs:  # MD asks for forces only, as `matris md` does
                     calc = MatRISCalculator(calcs[k].model, device="cpu", dtype=torch.float32, compute_stress=False)
-                with loops_for(k):
-                    times[k].append(md_speed(atoms, calc, args.md_steps).seconds / args.md_steps)
+                times[k].append(md_speed(atoms, calc, args.md_steps).seconds / args.md_steps)
         rows.append({"structure": "Si64", "atoms": 64, "kind": "MD step",
                      "seconds": {k: statistics.median(v) for k, v in times.items()}, "all_seconds": times})
 
-    width = {k: max(15, len(k) + 8) for k in names}
-    head = f"{'structure':10s} {'call':8s}" + "".join(f"{k + ' (s)':>{width[k]}s}" for k in names)
-    if chgnet is not None:
-        head += "".join(f"{k + '/CHGNet':>{width[k] + 4}s}" for k in calcs)
-    print(head)
-    print("-" * len(head))
     for row in rows:
         s = row["seconds"]
-        line = f"{row['structure']:10s} {row['kind']:8s}" + "".join(f"{s[k]:{width[k]}.4f}" for k in names)
-        if chgnet is not None:
+        if "CHGNet" in s:
             row["ratio_vs_chgnet"] = {k: s[k] / s["CHGNet"] for k in calcs}
-            line += "".join(f"{row['ratio_vs_chgnet'][k]:{width[k] + 3}.1f}×" for k in calcs)
-        print(line)
+        if "official" in s:
+            row["speedup_vs_official"] = {o: {k: s[o] / s[k] for k in calcs} for o in OFFICIAL if o in s}
+    print(markdown_rows(rows))
     for k, t in compile_times.items():
         print(f"{k}: first call (compile included) {t:.1f} s")
 
+    native_paths = {"library": native.library() is not None, "native_gemm": native.gemm_enabled(),
+                    "whole_passes": native.whole_calls()}
+
     def save(train_rows, shares):
         if args.json:
-            write_json(args.json, {"meta": provenance(argv, model_name="MatRIS 10-block width-128, random weights"),
+            write_json(args.json, {"meta": provenance(argv, model_name="MatRIS published 10M architecture "
+                                                                       "(MatRISConfig.published_10m()), random weights"),
                                    "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
-                                   "native_loops": native.library() is not None,
+                                   "native": native_paths, "official": official_info,
                                    "compile_seconds": compile_times, "compile_errors": compile_errors,
-                                   "op_shares": shares, "train_steps": train_rows, "chgnet_allocator": alloc,
+                                   "op_shares": shares, "train_steps": train_rows, "heap": gain,
                                    "gemm_floor": floor})
 
-    alloc = chgnet_allocator(chgnet, args.rounds) if chgnet is not None else None
-    if alloc:
-        print(f"CHGNet Si64 E+F+S: {alloc['seconds']['kept']:.4f} s with the kept-memory setting (as above), "
-              f"{alloc['seconds']['glibc']:.4f} s with glibc's limits put back")
+    if official is not None:
+        official.close()
+    tmp.cleanup()
+    gain = heap_gain(calcs[args.variants[0]], args.rounds, args.heap_size) if args.heap_size else {"available": False}
+    if gain.get("available"):
+        print(f"heap: {gain['structure']} E+F+S {gain['seconds']['glibc']:.3f} s with glibc's malloc as it is, "
+              f"{gain['seconds']['kept']:.3f} s with keep_freed_memory(): {gain['gain']:.2f}x")
     floor = None
     save([], None)  # what is measured so far survives a later failure
     train_rows = train_steps(args.rounds) if args.train else []

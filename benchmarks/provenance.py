@@ -37,6 +37,7 @@ def provenance(argv: list[str] | None = None, model_name: str | None = None, mod
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "cpu": cpu_description(),
     }
     if model_name or model_path:
         out["model"] = model_name or str(model_path)
@@ -44,3 +45,24 @@ def provenance(argv: list[str] | None = None, model_name: str | None = None, mod
         digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
         out["model_sha256"] = digest
     return out
+
+
+def cpu_description() -> dict:
+    """The CPU's model name and the widest vector instruction set it has (``"AVX-512"``,
+    ``"AVX2+FMA"``, ``"AVX"``, ``"SSE4.2"``, or the machine name elsewhere): CPU timings depend on it,
+    and the fused kernels' code paths too."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    for isa, needs in (("AVX-512", {"avx512f"}), ("AVX2+FMA", {"avx2", "fma"}), ("AVX", {"avx"}),
+                       ("SSE4.2", {"sse4_2"})):
+        if needs <= flags:
+            return {"model": model, "isa": isa}
+    return {"model": model, "isa": platform.machine()}

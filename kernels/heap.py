@@ -11,8 +11,12 @@ counts the faults of a call-like pattern with and without the setting).
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (large blocks come from the heap too; glibc
 still falls back to ``mmap`` where the heap cannot grow) and ``M_TRIM_THRESHOLD = 2 GiB - 1`` (up
 to that much free memory at the heap's top is kept). So the process keeps its peak memory, as
-PyTorch's CUDA caching allocator does on a GPU. The model calls it on its first CPU call;
-``MATRIS_CPU_HEAP=0`` turns it off (glibc's defaults stay), and :func:`release_memory` hands the
+PyTorch's CUDA caching allocator does on a GPU.
+
+It is opt-in, since it changes malloc for the whole host process (ASE, Jupyter, LAMMPS): call
+:func:`keep_freed_memory` in a script, or set ``MATRIS_CPU_HEAP=1`` and the model applies it on its
+first CPU call. The gain is measured by ``benchmarks/cpu_speed.py`` (``heap`` in its JSON: the same
+Si64 call with and without, side by side; see docs/performance.md). :func:`release_memory` hands the
 free memory back to the system (``malloc_trim``), e.g. after a large one-off calculation in a
 long-lived process. Other C libraries (macOS, musl) are left alone.
 """
@@ -50,15 +54,20 @@ def _glibc():
 
 
 def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse (see the module docstring); once per process.
-    Returns whether the setting is in effect (False off glibc or with ``MATRIS_CPU_HEAP=0``)."""
+    """Make glibc keep freed memory for reuse (see the module docstring), for the whole process.
+    Returns whether the setting is in effect (False off glibc)."""
     if _state["applied"]:
         return bool(_state["active"])
-    _state["applied"] = True
     _state["active"] = False
-    if os.environ.get("MATRIS_CPU_HEAP", "1") == "0":
-        return False
     return set_keep(True)
+
+
+def apply_environment() -> bool:
+    """What the model runs on its first CPU call: :func:`keep_freed_memory` if ``MATRIS_CPU_HEAP=1``,
+    else nothing (glibc's behaviour stays). Returns whether the setting is in effect."""
+    if _state["applied"] or os.environ.get("MATRIS_CPU_HEAP", "0").strip().lower() not in ("1", "true", "yes", "on"):
+        return bool(_state.get("active", False))
+    return keep_freed_memory()
 
 
 def set_keep(keep: bool) -> bool:

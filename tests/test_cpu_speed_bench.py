@@ -30,3 +30,26 @@ def test_profile_and_gemm_floor_count_the_native_gemm():
         assert floor["mkl_only"]["gemm_seconds"] > 0
         assert floor["chunk_loops"]["call_seconds"] > 0 and floor["call_seconds"] > 0
     assert native.whole_calls() == native.gemm_enabled()  # the profile's and the floor's switches are put back
+
+
+def test_the_benchmark_runs_end_to_end_on_the_published_architecture(tmp_path):
+    """One round of the smallest run writes a JSON with the published architecture, the CPU's
+    instruction set, the native paths that ran and the opt-in heap setting's measured gain; and
+    glibc's malloc is as it was afterwards (the setting is opt-in)."""
+    import json
+
+    from benchmarks.cpu_speed import main, markdown
+    from matris.kernels import heap
+
+    out = tmp_path / "cpu_speed.json"
+    assert main(["--sizes", "8", "--rounds", "1", "--md-steps", "0", "--no-chgnet", "--no-profile",
+                 "--heap-size", "8", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert "published_10m" in data["meta"]["model"] and data["meta"]["cpu"]["isa"]
+    assert set(data["rows"][0]["seconds"]) == {"fused", "torch"}
+    assert data["native"]["whole_passes"] == native.whole_calls()
+    if data["heap"]["available"]:
+        assert data["heap"]["gain"] > 0
+        assert not heap._state["active"]
+    table = markdown(str(out))
+    assert "| Si8 | E+F+S |" in table and data["meta"]["cpu"]["isa"] in table

@@ -243,7 +243,7 @@ class MatRIS(nn.Module):
         compiled = self._compile_options is not None and not create_graph and not return_node_features
         kernels = self.kernels_for(positions.device, create_graph, compiled)
         if positions.device.type == "cpu":
-            heap.keep_freed_memory()  # once per process: calls reuse freed memory (no page faults)
+            heap.apply_environment()  # MATRIS_CPU_HEAP=1 only: calls reuse freed memory (no page faults)
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
         if compiled:
             if self._compiled is None:
