@@ -255,10 +255,11 @@ def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, ro
 
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
                    chunk: int | None = None, res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """:func:`attention_pair_reference`, chunked for the CPU (``chunk`` rows at a time).
+    """:func:`attention_pair_reference` in the fused C++ loops of :mod:`.native` (``chunk`` rows at a
+    time; without them, e.g. no compiler, the reference).
 
-    Two passes over the edges: the logits and the per-segment maxima, then the exponentials
-    and the sums. The backward recomputes ``p = exp(α − lse)`` per chunk from the saved logits
+    One online pass over the edges (running maxima and sums per segment and channel, right after
+    each chunk's logits GEMM). The backward recomputes ``p = exp(α − lse)`` per chunk from the saved logits
     and log-sum-exp (the formulas of the module docstring) and never builds an edge-sized
     tensor beyond the gradients it returns. With ``create_graph`` or weight gradients it
     recomputes the reference under autograd (exact second order). ``res_weight`` (line graph
@@ -268,7 +269,9 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
     n_edges = messages.shape[0]
     if res_weight is not None and row_index is not None:
         raise ValueError("attention_pair: res_weight is for the line-graph form (row_index None)")
-    if n_edges == 0:
+    if n_edges == 0 or not native.usable(messages, target, source, row_index,
+                                         rows if row_index is not None else None):
+        # no fused loops here (no compiler, not contiguous float CPU tensors): the reference
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
     if chunk is None:
         chunk = max(64, (4 << 20) // (2 * messages.shape[1] * messages.element_size()))
@@ -276,65 +279,23 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
                                 res_weight)
 
 
-def _exp_minus(alpha: torch.Tensor, ref: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``exp(alpha − ref[index])`` written into ``out`` (``[c, C]``)."""
-    torch.index_select(ref, 0, index, out=out)
-    return torch.sub(alpha, out, out=out).exp_()
-
-
 class _AttentionPair(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, weight, row_index, m, target, source, n, chunk, res_weight):
-        e, c = m.shape
-        like = dict(dtype=m.dtype, device=m.device)
         ctx.res = res_weight is not None
-        if native.usable(m, target, source, row_index, rows if row_index is not None else None):
-            out_t, out_s, alpha, lse_s, lse_t, y_new = _forward_native(rows, weight, row_index, m, target, source, n,
-                                                                       chunk, res_weight)
-            ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t,
-                                  res_weight)
-            ctx.n, ctx.chunk, ctx.native = n, chunk, True  # α is then per bond on the atom graph
-            return (out_t, out_s, y_new) if ctx.res else (out_t, out_s)
-        alpha = torch.empty(e, 2 * c, **like)
-        max_s = torch.full((n, c), float("-inf"), **like)
-        max_t = torch.full((n, c), float("-inf"), **like)
-        for s in range(0, e, chunk):
-            a = alpha[s : s + chunk]
-            if row_index is None:
-                torch.mm(rows[s : s + chunk], weight.T, out=a)
-            else:
-                torch.index_select(rows, 0, row_index[s : s + chunk], out=a)
-            for mx, index, half in ((max_s, source, a[:, :c]), (max_t, target, a[:, c:])):
-                mx.scatter_reduce_(0, index[s : s + chunk, None].expand_as(half), half, "amax")
-        # empty segments keep −inf maxima: shift by 0 there (nothing is read from them)
-        max_s.nan_to_num_(neginf=0.0)
-        max_t.nan_to_num_(neginf=0.0)
-        sums = [torch.zeros(n, c, **like) for _ in range(4)]  # Σp_s, Σp_s·m, Σp_t, Σp_t·m
-        p = torch.empty(min(chunk, e), c, **like)
-        pm = torch.empty_like(p)
-        for s in range(0, e, chunk):
-            a, mm_, k = alpha[s : s + chunk], m[s : s + chunk], min(chunk, e - s)
-            for half, ref, index, den, num in ((a[:, :c], max_s, source, sums[0], sums[1]),
-                                                (a[:, c:], max_t, target, sums[2], sums[3])):
-                idx = index[s : s + chunk]
-                q = _exp_minus(half, ref, idx, p[:k])
-                den.index_add_(0, idx, q)
-                num.index_add_(0, idx, torch.mul(q, mm_, out=pm[:k]))
-        outs, lses = [], []
-        for den, num, mx in ((sums[0], sums[1], max_s), (sums[2], sums[3], max_t)):
-            safe = torch.where(den > 0, den, torch.ones_like(den))
-            outs.append(num.div_(safe))
-            lses.append(safe.log_().add_(mx))
-        out_s, out_t = outs
-        ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, *lses, res_weight)
-        ctx.n, ctx.chunk, ctx.native = n, chunk, False
-        return (out_t, out_s, torch.addcmul(m, res_weight, rows)) if ctx.res else (out_t, out_s)
+        out_t, out_s, alpha, lse_s, lse_t, y_new = _forward_native(rows, weight, row_index, m, target, source, n,
+                                                                   chunk, res_weight)
+        ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t,
+                              res_weight)
+        ctx.n, ctx.chunk = n, chunk  # α is per bond on the atom graph
+        return (out_t, out_s, y_new) if ctx.res else (out_t, out_s)
 
     @staticmethod
     def backward(ctx, g_t, g_s, g_y=None):
         rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        if torch.is_grad_enabled() or (needs[1] and row_index is None) or (ctx.res and needs[8]):
+        if (torch.is_grad_enabled() or (needs[1] and row_index is None) or (ctx.res and needs[8])
+                or native.library() is None):
             def ref(r, w, msg, *rw):
                 return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
 
@@ -344,8 +305,6 @@ class _AttentionPair(torch.autograd.Function):
                 return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, g[3]
             g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
             return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, None
-        e, c = m.shape
-        chunk = ctx.chunk
         g_t = torch.zeros_like(out_t) if g_t is None else g_t.contiguous()
         g_s = torch.zeros_like(out_s) if g_s is None else g_s.contiguous()
         g_y = g_y.contiguous() if g_y is not None and ctx.res else None  # None: y' reaches no output
@@ -353,40 +312,8 @@ class _AttentionPair(torch.autograd.Function):
         g_rows = None
         if needs[0]:
             g_rows = torch.empty_like(rows) if row_index is None else torch.zeros_like(rows)
-        like = dict(dtype=m.dtype, device=m.device)
-        if ctx.native:
-            _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s,
-                             g_t, g_m, g_rows, chunk, g_y, res_weight)
-            return g_rows, None, None, g_m, None, None, None, None, None
-        k0 = min(chunk, e)
-        p, gi, tmp = torch.empty(k0, c, **like), torch.empty(k0, c, **like), torch.empty(k0, c, **like)
-        g_alpha = torch.empty(k0, 2 * c, **like)
-        for s in range(0, e, chunk):
-            a, mm_, k = alpha[s : s + chunk], m[s : s + chunk], min(chunk, e - s)
-            ga = g_alpha[:k]
-            gm = g_m[s : s + chunk] if g_m is not None else None
-            first = True
-            for half, lse, out, grad, index, cols in ((a[:, :c], lse_s, out_s, g_s, source, slice(0, c)),
-                                                      (a[:, c:], lse_t, out_t, g_t, target, slice(c, 2 * c))):
-                idx = index[s : s + chunk]
-                q = _exp_minus(half, lse, idx, p[:k])
-                gg = torch.index_select(grad, 0, idx, out=gi[:k])
-                # ∂L/∂m += p·G[idx]
-                if gm is not None and first:
-                    torch.mul(q, gg, out=gm)
-                elif gm is not None:
-                    gm.addcmul_(q, gg)
-                first = False
-                # ∂L/∂α = p·(m − out[idx])·G[idx]
-                o = torch.index_select(out, 0, idx, out=tmp[:k])
-                torch.sub(mm_, o, out=o).mul_(gg)
-                torch.mul(o, q, out=ga[:, cols])
-            if g_rows is not None:
-                if row_index is None:
-                    torch.mm(ga, weight, out=g_rows[s : s + chunk])
-                else:
-                    g_rows.index_add_(0, row_index[s : s + chunk], ga)
-        _residual_backward(g_y, res_weight, g_m, g_rows)
+        _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s, g_t, g_m,
+                         g_rows, ctx.chunk, g_y, res_weight)
         return g_rows, None, None, g_m, None, None, None, None, None
 
 

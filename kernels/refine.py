@@ -1,4 +1,4 @@
-"""The edge side of Refine on the line graph (spec §5), chunked for the CPU.
+"""The edge side of Refine on the line graph (spec §5), fused for the CPU.
 
     g     = q[src] ⊙ q[tgt]                        [E, C]   q = W_env·basis per bond [B, C]
     u_g   = u ⊙ g
@@ -7,8 +7,8 @@
 
 ``u`` is Φ's output. The composed PyTorch ops write about eight edge-sized tensors in the
 forward pass and more in the backward; here each chunk of rows goes through every step in
-cache. The forward keeps the FFN's pre-activation ``[E, C]`` (the fused loops keep its SiLU slope
-in its place); the backward recomputes ``g`` per chunk:
+cache. The forward keeps the SiLU slope of the FFN's pre-activation ``[E, C]``; the backward
+recomputes ``g`` per chunk:
 
     G_h  = silu'(h) ⊙ (G_y'·W₂),   G_in = G_h·W₁,   G_y = w ⊙ G_y'
     G_ug = G_R[tgt] (+ G_in if smooth),   G_u = G_ug ⊙ g (+ G_in if not smooth)
@@ -27,7 +27,6 @@ from . import native
 from .backend import recompute_backward
 from .segment import scatter_sum
 
-_aten = torch.ops.aten
 CHUNK_BYTES = 2 << 20  # rows per chunk: 4,096 float32 rows of C = 128
 
 
@@ -49,8 +48,9 @@ def refine_edges_reference(u, q, src, tgt, num_segments: int, y=None, res_weight
 
 def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=None, b1=None, w2=None, b2=None,
                  smooth: bool = False, chunk: int | None = None):
-    """:func:`refine_edges_reference`, chunked (``chunk`` rows at a time)."""
-    if u.shape[0] == 0:
+    """:func:`refine_edges_reference` in the fused C++ loops of :mod:`.native` (``chunk`` rows at a
+    time); without them (no compiler, not contiguous float CPU tensors) the reference."""
+    if u.shape[0] == 0 or not native.usable(u, q, src, tgt):
         return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
     if chunk is None:
         chunk = max(64, CHUNK_BYTES // (u.shape[1] * u.element_size()))
@@ -68,30 +68,8 @@ class _RefineEdges(torch.autograd.Function):
         y_new = torch.empty(e, w2.shape[0], **like) if edges else None
         ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h)
         ctx.n, ctx.smooth, ctx.chunk, ctx.edges = n, smooth, chunk, edges
-        ctx.slope = native.usable(u, q, src, tgt)  # h holds silu'(h), the FFN's slope
-        if ctx.slope:
-            _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new)
-            return (agg, y_new) if edges else agg
-        k0 = min(chunk, e)
-        ta, tb = torch.empty(k0, c, **like), torch.empty(k0, c, **like)
-        act = torch.empty(k0, w1.shape[0], **like) if edges else None
-        for s in range(0, e, chunk):
-            k = min(chunk, e - s)
-            idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
-            g = torch.index_select(q, 0, idx_s, out=ta[:k]).mul_(torch.index_select(q, 0, idx_t, out=tb[:k]))
-            u_g = g.mul_(u[s : s + chunk])
-            agg.index_add_(0, idx_t, u_g)
-            if not edges:
-                continue
-            hs = h[s : s + chunk]
-            torch.mm(u_g if smooth else u[s : s + chunk], w1.T, out=hs)
-            if b1 is not None:
-                hs.add_(b1)
-            a = _aten.silu.out(hs, out=act[:k])
-            yn = torch.mm(a, w2.T, out=y_new[s : s + chunk])
-            if b2 is not None:
-                yn.add_(b2)
-            yn.addcmul_(y[s : s + chunk], res_weight)
+        # h holds silu'(h), the FFN's slope, after the forward
+        _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new)
         return (agg, y_new) if edges else agg
 
     @staticmethod
@@ -99,10 +77,11 @@ class _RefineEdges(torch.autograd.Function):
         u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h = ctx.saved_tensors
         needs = ctx.needs_input_grad
         n, smooth, chunk = ctx.n, ctx.smooth, ctx.chunk
-        if not ctx.edges and torch.is_grad_enabled():
+        reference = native.library() is None  # turned off since the forward (tests): the exact reference
+        if not ctx.edges and (torch.is_grad_enabled() or reference):
             g = recompute_backward(lambda u_, q_: refine_edges_reference(u_, q_, src, tgt, n), (u, q), g_agg)
             return g[0], g[1], *[None] * 11
-        if ctx.edges and (torch.is_grad_enabled() or any(needs[6:11])):
+        if ctx.edges and (torch.is_grad_enabled() or any(needs[6:11]) or reference):
             def ref(u_, q_, y_, rw, w1_, w2_, *biases):
                 bb = list(biases)
                 b1_ = bb.pop(0) if b1 is not None else None
@@ -122,37 +101,8 @@ class _RefineEdges(torch.autograd.Function):
         g_ynew = g_ynew.contiguous() if g_ynew is not None else None
         g_u = torch.empty_like(u) if needs[0] else None
         g_q = torch.zeros_like(q) if needs[1] else None
-        if native.usable(u, q, src, tgt, g_agg, g_ynew, h):
-            g_y = _backward_native(u, q, src, tgt, w1, w2, h, ctx.slope, smooth, chunk, g_agg, g_ynew, g_u, g_q,
-                                   res_weight if needs[5] else None)
-            return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
-        g_y = torch.mul(g_ynew, res_weight) if needs[5] and g_ynew is not None else None
-        k0 = min(chunk, e)
-        qs, qt, gug, tmp = (torch.empty(k0, c, **like) for _ in range(4))
-        gh = torch.empty(k0, w1.shape[0], **like) if g_ynew is not None else None
-        for s in range(0, e, chunk):
-            k = min(chunk, e - s)
-            idx_s, idx_t = src[s : s + chunk], tgt[s : s + chunk]
-            us = u[s : s + chunk]
-            g_in = None
-            if g_ynew is not None:
-                torch.mm(g_ynew[s : s + chunk], w2, out=gh[:k])
-                g_h = (gh[:k].mul_(h[s : s + chunk]) if ctx.slope else
-                       _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k]))
-                g_in = torch.mm(g_h, w1, out=tmp[:k])
-            g_ug = torch.index_select(g_agg, 0, idx_t, out=gug[:k])
-            if smooth and g_in is not None:
-                g_ug.add_(g_in)
-            q_s = torch.index_select(q, 0, idx_s, out=qs[:k])
-            q_t = torch.index_select(q, 0, idx_t, out=qt[:k])
-            if g_u is not None:
-                gu = torch.mul(q_s, q_t, out=g_u[s : s + chunk]).mul_(g_ug)
-                if not smooth and g_in is not None:
-                    gu.add_(g_in)
-            if g_q is not None:
-                g_g = g_ug.mul_(us)  # ∂L/∂g = G_ug ⊙ u
-                g_q.index_add_(0, idx_s, q_t.mul_(g_g))
-                g_q.index_add_(0, idx_t, q_s.mul_(g_g))
+        g_y = _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q,
+                               res_weight if needs[5] else None)
         return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
 
 
@@ -184,10 +134,10 @@ def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk
         yn.addcmul_(y[s : s + chunk], res_weight)
 
 
-def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_ynew, g_u, g_q, res_weight=None):
+def _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q, res_weight=None):
     """The backward's chunk loop with :mod:`.native` (the formulas of the module docstring): the
-    rows in one pass, then the two terms of ∂L/∂q scattered by source and by target. ``slope``:
-    ``h`` holds silu'(h) (a forward with the fused loops), else the pre-activation itself.
+    rows in one pass, then the two terms of ∂L/∂q scattered by source and by target (``h`` holds
+    silu'(h)).
     ``g_ynew`` None: no FFN backward (G_in = 0). Returns G_y = w ⊙ G_y' where ``res_weight`` is
     given (else None)."""
     e, c = u.shape
@@ -195,7 +145,7 @@ def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_y
     g_y = None
     if res_weight is not None and g_ynew is not None:
         g_y = torch.empty_like(g_ynew)
-    if slope and _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q, g_y, res_weight):
+    if _backward_whole(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q, g_y, res_weight):
         return g_y
     if g_y is not None:
         torch.mul(g_ynew, res_weight, out=g_y)
@@ -211,10 +161,7 @@ def _backward_native(u, q, src, tgt, w1, w2, h, slope, smooth, chunk, g_agg, g_y
         k = min(chunk, e - s)
         if ffn:
             by_w2(g_ynew[s : s + chunk], out=gh[:k])
-            if slope:
-                gh[:k].mul_(h[s : s + chunk])
-            else:
-                _aten.silu_backward.grad_input(gh[:k], h[s : s + chunk], grad_input=gh[:k])
+            gh[:k].mul_(h[s : s + chunk])
             by_w1(gh[:k], out=g_in[:k])
         bwd(g_agg.data_ptr(), native.ptr(g_in), u[s : s + chunk].data_ptr(), q.data_ptr(),
             src[s : s + chunk].data_ptr(), tgt[s : s + chunk].data_ptr(), k, c, int(smooth),

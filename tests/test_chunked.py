@@ -1,9 +1,7 @@
-"""The chunked CPU forms (kernels/phi.py, refine.py, aggregate.attention_pair) against their
-PyTorch references: values, first derivatives through the fused backward, gradcheck and exact
-second derivatives (gradgradcheck), and the whole model against the composed ops on the fixtures.
-Every kernel test runs twice (the ``loops`` fixture): with the fused C++ loops
-(kernels/native.cpp) and with their PyTorch-op forms, so both stay equal to the references; the
-whole model runs once, on the default path."""
+"""The fused CPU kernels (kernels/phi.py, refine.py, aggregate.attention_pair, with the C++ loops
+of kernels/native.cpp) against their PyTorch references in float64: values, first derivatives
+through the fused backward, gradcheck and exact second derivatives (gradgradcheck), and the whole
+model against the composed ops on the fixtures."""
 
 import pytest
 import torch
@@ -18,14 +16,11 @@ from matris.structures import to_system
 F64 = torch.float64
 
 
-@pytest.fixture(params=["native", "torch-ops"])
-def loops(request):
-    """The elementwise steps as fused C++ loops, or as PyTorch ops."""
-    if request.param == "native" and native.library() is None:
+@pytest.fixture
+def loops():
+    """The fused C++ loops (without them the kernels are their references: nothing to compare)."""
+    if native.library() is None:
         pytest.skip("the fused CPU library cannot be built here (no C++ compiler)")
-    previous = native.set_enabled(request.param == "native")
-    yield request.param
-    native.set_enabled(previous)
 
 
 def _gen(seed):

@@ -73,7 +73,8 @@ def _run_all(dtype, chunk=64, c=32):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("c", [32, 6])  # 6: rows that are no whole number of vectors (the loops' remainders)
-def test_agrees_with_the_pytorch_forms(dtype, c):
+def test_agrees_with_the_references(dtype, c):
+    """The fused loops (on) against the PyTorch references (what the kernels run with them off)."""
     got = _run_all(dtype, c=c)
     previous = native.set_enabled(False)
     try:
