@@ -42,6 +42,11 @@ What matters when comparing speeds with the official code on CPU:
 - A calculator call includes ``AseAtomsAdaptor.get_structure`` and the graph converter (pymatgen's
   ``Structure.get_neighbor_list`` and NumPy); ``evaluate`` reports the converter's part apart as
   ``graph_seconds``.
+- Memory: eager autograd keeps every intermediate; the worker's peak RSS (``peak_rss_gb``) for
+  the rattled Si64 cell of the ``--check`` config is about 8 GB in float32 (12-15 GB once a float64
+  call has run). ``keep_heap=True`` gives the worker the glibc setting our model can opt into, for
+  a comparison under one allocator (on the 2-core development machine it changed the official
+  Si64 call by under 1%).
 - Geometry is float32: the converter stores fractional coordinates and the lattice as float32
   (graph/converter.py) and Cartesian positions are ``frac @ lattice`` in float32
   (model/processgraph.py). The official code has no float64 path; ``dtype="float64"`` here casts
@@ -137,8 +142,9 @@ class OfficialWorker:
         """Build the official ``MatRISCalculator(checkpoint, task, device="cpu", mode,
         activation_checkpoint)``; ``dtype``: "float32" (the official one) or "float64" (see the module
         docstring); ``threads``: ``torch.set_num_threads``; ``keep_heap``: glibc keeps freed memory
-        for reuse, the setting our model makes on its first CPU call (``matris.kernels.heap``), so
-        that both run under one allocator (``None``: leave glibc's defaults). Returns ``params`` (the
+        for reuse (``True``), the opt-in setting of ``matris.kernels.heap.keep_freed_memory``
+        (``MATRIS_CPU_HEAP=1``), so that both can run under one allocator; ``False`` puts glibc's
+        thresholds back; ``None`` leaves glibc's defaults (the official code as a user runs it). Returns ``params`` (the
         official count), ``log`` (what the official code printed), the settings and the versions."""
         return self.request("load", checkpoint=str(Path(checkpoint).resolve()), mode=mode,
                             activation_checkpoint=bool(activation_checkpoint), dtype=str(dtype).removeprefix("torch."),
@@ -401,7 +407,7 @@ def worker_main(site: str) -> None:
 
 
 # ----------------------------------------------------------------------------- self-check
-def check(python: str, site: str, threads: int, repeat: int) -> dict[str, Any]:
+def check(python: str, site: str, threads: int, repeat: int, keep_heap: bool = False) -> dict[str, Any]:
     """Our model and the official code on the same random weights: parity, then speed."""
     import tempfile
 
@@ -409,11 +415,16 @@ def check(python: str, site: str, threads: int, repeat: int) -> dict[str, Any]:
     import torch
     from ase.build import bulk
     from ase.calculators.calculator import all_changes
+    from ase.units import GPa
 
     sys.path.insert(0, str(ROOT))
     from matris import MatRIS, MatRISCalculator, MatRISConfig
 
     torch.set_num_threads(threads)
+    if keep_heap:
+        from matris.kernels import heap
+
+        heap.set_keep(True)
     torch.manual_seed(0)
     model = MatRIS(MatRISConfig(**CHECK_CONFIG)).eval()
     atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (2, 2, 2)
@@ -448,34 +459,46 @@ def check(python: str, site: str, threads: int, repeat: int) -> dict[str, Any]:
                  "energy_per_atom_eV": abs(a["energy"] - b["energy"]) / len(atoms),
                  "forces_eV_per_A": float(np.abs(a["forces"] - b["forces"]).max()),
                  "stress_eV_per_A3": float(np.abs(a["stress"] - b["stress"]).max()),
-                 "stress_GPa": float(np.abs(a["stress"] - b["stress"]).max() / 0.006241509074460763),
+                 "stress_GPa": float(np.abs(a["stress"] - b["stress"]).max() / GPa),
                  "energy_ours_eV": a["energy"], "energy_official_eV": b["energy"],
                  "max_abs_force_eV_per_A": float(np.abs(b["forces"]).max()),
-                 "max_abs_stress_GPa": float(np.abs(b["stress"]).max() / 0.006241509074460763)}
+                 "max_abs_stress_GPa": float(np.abs(b["stress"]).max() / GPa)}
             out["parity"][dtype] = d
             print(f"  {dtype}: E {d['energy_eV']:.3e} eV ({d['energy_per_atom_eV']:.3e} eV/atom), "
-                  f"F {d['forces_eV_per_A']:.3e} eV/Å, σ {d['stress_eV_per_A3']:.3e} eV/Å³ ({d['stress_GPa']:.3e} GPa)"
-                  f"   [E {b['energy']:.6f} eV, max|F| {d['max_abs_force_eV_per_A']:.3f}, "
+                  f"F {d['forces_eV_per_A']:.3e} eV/Å, "
+                  f"σ {d['stress_eV_per_A3']:.3e} eV/Å³ ({d['stress_GPa']:.3e} GPa)   "
+                  f"[E {b['energy']:.6f} eV, max|F| {d['max_abs_force_eV_per_A']:.3f}, "
                   f"max|σ| {d['max_abs_stress_GPa']:.3f} GPa]")
 
-        print(f"\nfloat32 E+F+S call, {repeat} timed after one untimed (s):")
+        # the machine is shared and noisy: one call of each variant per round, medians over rounds
+        print(f"\nfloat32 E+F+S call (s), {repeat} rounds of one call each after an untimed one; "
+              f"glibc heap in both processes: {'kept (--keep-heap)' if keep_heap else 'as each ships'}:")
+        official.configure(mode="torch", dtype="float32", keep_heap=keep_heap or None)
         calc = MatRISCalculator(model, dtype="float32")
         variants = {"ours (default CPU path)": lambda: ours(calc)}
         for ac in (False, True):
             def run(ac=ac):
-                official.configure(mode="torch", activation_checkpoint=ac, dtype="float32")
+                official.configure(activation_checkpoint=ac)
                 return official.evaluate(atoms)
             variants[f"official mode=torch activation_checkpoint={ac}"] = run
+        calls: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
         for name, fn in variants.items():
             fn()
-            times, graph = [], []
-            for _ in range(repeat):
-                r = fn()
-                times.append(r["seconds"])
-                graph.append(r.get("graph_seconds", float("nan")))
-            out["seconds"][name] = {"calls": times, "graph": graph}
-            extra = "" if np.isnan(graph).all() else f"   (graph building {np.median(graph):.3f})"
-            print(f"  {name:48s} " + " ".join(f"{t:.3f}" for t in times) + f"   median {np.median(times):.3f}{extra}")
+        for _ in range(repeat):
+            for name, fn in variants.items():
+                calls[name].append(fn())
+        for name, rs in calls.items():
+            times = [r["seconds"] for r in rs]
+            row = {"calls": times, "median": float(np.median(times)), "min": min(times)}
+            if "graph_seconds" in rs[0]:
+                row["graph_median"] = float(np.median([r["graph_seconds"] for r in rs]))
+                row["peak_rss_gb"] = rs[-1]["peak_rss_gb"]
+            out["seconds"][name] = row
+            extra = (f"   graph {row['graph_median']:.3f}, worker peak RSS {row['peak_rss_gb']:.1f} GB"
+                     if "graph_median" in row else "")
+            print(f"  {name:48s} " + " ".join(f"{t:7.3f}" for t in times)
+                  + f"   median {row['median']:.3f} min {row['min']:.3f}{extra}")
+        out["keep_heap"] = bool(keep_heap)
     return out
 
 
@@ -489,6 +512,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--python", default=sys.executable, help="interpreter for the official worker")
     p.add_argument("--threads", type=int, default=None, help="torch threads in both processes (default: torch's)")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per variant")
+    p.add_argument("--keep-heap", action="store_true",
+                   help="glibc keeps freed memory in both processes (matris.kernels.heap.set_keep), not as each ships")
     p.add_argument("--json", default=None, help="write the check's numbers to this JSON file")
     args = p.parse_args(argv)
     if args.worker:
@@ -496,7 +521,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.check:
         import torch
 
-        result = check(args.python, args.site, args.threads or torch.get_num_threads(), args.repeat)
+        result = check(args.python, args.site, args.threads or torch.get_num_threads(), args.repeat, args.keep_heap)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     else:

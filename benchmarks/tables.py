@@ -351,6 +351,7 @@ TABLES = {
     "lammps_cpu": lammps,
     "parity": parity,
     "cpu_speed": cpu_speed,
+    "cpu_speed_epyc_avx2": cpu_speed,
     "bench_demo_cpu": bench,
     "bench_cpu": bench,
     "simulate_cpu": simulate,
