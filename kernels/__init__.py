@@ -4,7 +4,7 @@ Each operation has a PyTorch reference (used on every device and by the tests as
 truth); GPU kernels written in Triton live beside their reference and are selected on CUDA.
 """
 
-from .backend import triton_available, use_chunked, use_triton
+from .backend import triton_available, use_fused_cpu, use_triton
 from .segment import scatter_sum, segment_softmax
 from .aggregate import (Segments, attention_pair, attention_pair_reference, softmax_aggregate,
                         softmax_aggregate_reference)
@@ -31,5 +31,5 @@ __all__ = [
     "gather_sum_activate_reference",
     "triton_available",
     "use_triton",
-    "use_chunked",
+    "use_fused_cpu",
 ]

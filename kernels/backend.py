@@ -1,9 +1,9 @@
-"""Which implementation a kernel uses: Triton on CUDA, chunked PyTorch on the CPU.
+"""Which implementation a kernel uses: Triton on CUDA, the fused C++ loops on the CPU.
 
-``"triton"``: the fused GPU kernels. ``"chunked"``: the same fused formulas written in PyTorch
-ops and run over cache-sized chunks of rows (:mod:`.phi`, :func:`.aggregate.attention_pair`),
-the fast path on a CPU. ``"torch"``: the composed PyTorch reference. ``"auto"`` (default)
-picks Triton on CUDA and chunked elsewhere. Override per call with ``backend=...``, or for the
+``"triton"``: the fused GPU kernels. ``"fused"``: the same fused formulas for the CPU, run over
+cache-sized chunks of rows in the C++ loops of :mod:`.native` (:mod:`.phi`,
+:func:`.aggregate.attention_pair`, :mod:`.refine`). ``"torch"``: the composed PyTorch reference.
+``"auto"`` (default) picks Triton on CUDA and the fused CPU kernels elsewhere. Override per call with ``backend=...``, or for the
 whole process with the environment variable ``MATRIS_KERNELS``. Triton kernels also run on
 CPU tensors under ``TRITON_INTERPRET=1`` (slow; used by the CPU checks).
 """
@@ -15,7 +15,7 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "triton", "chunked", "torch")
+BACKENDS = ("auto", "triton", "fused", "torch")
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,7 +48,7 @@ def use_triton(device: torch.device, backend: str | None = None) -> bool:
     choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
     if choice not in BACKENDS:
         raise ValueError(f"unknown kernel backend {choice!r}; use one of {BACKENDS} (argument or MATRIS_KERNELS)")
-    if choice in ("torch", "chunked"):
+    if choice in ("torch", "fused"):
         return False
     runnable = triton_available() and (device.type == "cuda" or interpreting())
     if choice == "triton":
@@ -61,10 +61,10 @@ def use_triton(device: torch.device, backend: str | None = None) -> bool:
     return runnable and device.type == "cuda"
 
 
-def use_chunked(device: torch.device, backend: str | None = None) -> bool:
-    """Whether the chunked PyTorch forms run on ``device`` (see the module docstring)."""
+def use_fused_cpu(device: torch.device, backend: str | None = None) -> bool:
+    """Whether the fused CPU kernels run on ``device`` (see the module docstring)."""
     choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
-    return choice == "chunked" or (choice == "auto" and not use_triton(device, backend))
+    return choice == "fused" or (choice == "auto" and not use_triton(device, backend))
 
 
 def recompute_backward(fn, inputs, grad):

@@ -241,14 +241,14 @@ def test_refine_edges_without_edge_update(chunk):
 
 @pytest.mark.parametrize("folder", [f for f in FOLDERS if "float64" in f])
 def test_chunked_model_equals_composed_ops(folder):
-    """The default CPU path (chunked) gives the composed ops' numbers to 1e-12 relative in float64
+    """The default CPU path (fused) gives the composed ops' numbers to 1e-12 relative in float64
     (the fused loops' PyTorch forms are checked kernel by kernel above: one whole-model run)."""
     model = load_fixture_model(folder, F64)
     systems = [to_system(a) for a in read(FIXTURES / folder / "structures.extxyz", ":")]
     assert load_reference(folder)["dtype"] == "float64"
     model.kernel_backend = "torch"
     ref, _ = evaluate(model, systems)
-    model.kernel_backend = "chunked"
+    model.kernel_backend = "fused"
     got, _ = evaluate(model, systems)
     for key in ("energy", "forces", "stress", "magmoms"):
         a, b = getattr(got, key), getattr(ref, key)
@@ -256,7 +256,7 @@ def test_chunked_model_equals_composed_ops(folder):
         assert err <= 1e-12 * b.abs().max().item(), f"{key}: {err:.2e}"
 
 
-@pytest.mark.parametrize("backend", ["torch", "chunked"])
+@pytest.mark.parametrize("backend", ["torch", "fused"])
 def test_last_block_skips_its_dead_edge_updates(backend, monkeypatch):
     """The energy reads atoms only, so the last block's FFN_edge (bonds and angles) reaches no
     output: it is not run; every other block runs both (values: the fixture parity tests)."""
@@ -282,6 +282,6 @@ def test_last_block_skips_its_dead_edge_updates(backend, monkeypatch):
     assert not [c for c in calls if c[0] == last]
     # the chunked line-graph Refine runs its FFN inside refine_edges (its weights, not the module)
     want = {(k, n) for k in range(last) for n in ("refine_block_line_graph", "refine_block_atom_graph")
-            if not (backend == "chunked" and n == "refine_block_line_graph")}
+            if not (backend == "fused" and n == "refine_block_line_graph")}
     assert set(calls) == want
-    assert chunked_calls == ([True] * last + [False] if backend == "chunked" else [])
+    assert chunked_calls == ([True] * last + [False] if backend == "fused" else [])

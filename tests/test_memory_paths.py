@@ -40,7 +40,7 @@ def test_automatic_level_follows_the_memory_budget(model64):
     _, g = evaluate(model64, [random_system(np.random.default_rng(1), n=6)])
     assert model64.checkpoint_level(g) == 0  # small systems keep everything
     # the chunked CPU kernels keep fewer activations than the composed ops
-    assert model64.estimated_activation_bytes(g, 0, kernels="chunked") < model64.estimated_activation_bytes(g, 0)
+    assert model64.estimated_activation_bytes(g, 0, kernels="fused") < model64.estimated_activation_bytes(g, 0)
     model64.kernel_backend = "torch"  # a shallow model on the chunked path skips level 1 (it keeps more)
     model64.activation_memory_limit = model64.estimated_activation_bytes(g, 1)
     try:

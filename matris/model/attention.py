@@ -52,8 +52,8 @@ class SeparableAttention(nn.Module):
         ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
         ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
         ``segments`` (by target, by source) selects the fused Triton aggregation and ``fused``
-        the fused Triton kernels of Φ (first-layer gathers, gated epilogue); ``fused="chunked"``
-        selects the chunked CPU forms of Φ and of both aggregations (:mod:`matris.kernels`)."""
+        the fused Triton kernels of Φ (first-layer gathers, gated epilogue); ``fused="cpu"``
+        selects the fused CPU kernels of Φ and of both aggregations (:mod:`matris.kernels`)."""
         n = x.shape[0]
         directed = d2u is not None
         if rewrite:
@@ -64,7 +64,7 @@ class SeparableAttention(nn.Module):
                           torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1), fused)
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
         w_st = torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
-        if fused == "chunked" and segments is None:
+        if fused == "cpu" and segments is None:
             if directed:
                 t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n)
                 return self._update(x, y, m, t_agg, s_agg, directed, fused)

@@ -28,7 +28,7 @@ class BlockGraph:
     atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`
     when the fused Triton aggregation is used; None for the PyTorch reference.
     fused_phi: run Φ's first-layer gathers and the gated epilogue as fused Triton kernels.
-    chunked: run Φ and the attention aggregations in their chunked PyTorch forms (the CPU fast
+    fused_cpu: run Φ, the attention aggregations and Refine's edge side in their fused CPU kernels (the CPU fast
     path, :mod:`matris.kernels.phi`); ignored where ``fused_phi`` or the segments are set.
     """
 
@@ -46,7 +46,7 @@ class BlockGraph:
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
     fused_phi: bool = False
-    chunked: bool = False
+    fused_cpu: bool = False
 
     @property
     def has_angles(self) -> bool:
@@ -72,7 +72,7 @@ class InteractionBlock(nn.Module):
         """``last``: the model's last block, whose Refine steps skip FFN_edge (their bond and angle
         updates reach no output; ``e`` and ``a`` come back as the attention left them)."""
         step = _checkpointed if g.checkpoint else _direct
-        fused = "chunked" if g.chunked and not g.fused_phi else g.fused_phi
+        fused = "cpu" if g.fused_cpu and not g.fused_phi else g.fused_phi
         opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=fused)
         if g.has_angles:
             e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond,

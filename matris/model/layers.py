@@ -107,17 +107,17 @@ class GatedMLP(nn.Module):
 
     def forward_terms(self, terms: list[Term], fused: bool | str = False) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation.
-        ``fused``: False (composed PyTorch ops), True (Triton kernels) or ``"chunked"`` (the
+        ``fused``: False (composed PyTorch ops), True (Triton kernels) or ``"cpu"`` (the
         whole Φ as :func:`matris.kernels.gated_phi`, for the CPU)."""
         core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
-        if fused == "chunked" and self.chunkable:
-            return self._chunked(terms)
+        if fused == "cpu" and self.chunkable:
+            return self._fused_cpu(terms)
         fused = fused is True
         hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, fused))
         h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
         return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate), fused)
 
-    def _chunked(self, terms: list[Term]) -> torch.Tensor:
+    def _fused_cpu(self, terms: list[Term]) -> torch.Tensor:
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = torch.cat([c0.weight, g0.weight])

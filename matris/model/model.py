@@ -15,7 +15,7 @@ from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..targets import DEFAULT_TARGETS, normalize_targets
-from ..kernels import heap, use_chunked, use_triton
+from ..kernels import heap, use_fused_cpu, use_triton
 from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
@@ -99,7 +99,7 @@ class MatRIS(nn.Module):
         self.checkpointing: int | None = None
         self.activation_memory_limit: int | None = None
         # Kernel implementation: None = automatic (Triton on CUDA, PyTorch elsewhere),
-        # "triton" or "torch"; the environment variable MATRIS_KERNELS also selects.
+        # "triton", "fused" (CPU) or "torch"; the environment variable MATRIS_KERNELS also selects.
         self.kernel_backend: str | None = None
         self.targets: str = DEFAULT_TARGETS
         self.name: str = "MatRIS"
@@ -310,7 +310,7 @@ class MatRIS(nn.Module):
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
         ``positions`` ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None). ``kernels``: "torch",
-        "chunked" or "triton". This is the region :meth:`compile` compiles. ``bond_vectors``
+        "fused" or "triton". This is the region :meth:`compile` compiles. ``bond_vectors``
         (``[B, 3]``, x_target − x_source − image shift) replaces the ones made from ``positions``
         and ``strain``, so that the energy's gradient with respect to each bond is available
         (per-bond forces, per-atom virials)."""
@@ -360,7 +360,7 @@ class MatRIS(nn.Module):
         if kernels == "triton":
             bg.fused_phi = True
             bg.atom_segments, bg.line_segments = g.segments()
-        bg.chunked = kernels == "chunked"
+        bg.fused_cpu = kernels == "fused"
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         for k, block in enumerate(self.interaction_block):
@@ -427,12 +427,12 @@ class MatRIS(nn.Module):
             setattr(matmul, name, before)
 
     def kernels_for(self, device: torch.device, create_graph: bool = False, compiled: bool = False) -> str:
-        """The kernels a call runs: "triton" (CUDA), "chunked" (the CPU fast path, inference
+        """The kernels a call runs: "triton" (CUDA), "fused" (the CPU fast path, inference
         only and never compiled: its chunk loops would unroll) or "torch" (composed ops)."""
         if use_triton(device, self.kernel_backend):
             return "triton"
-        if not create_graph and not compiled and use_chunked(device, self.kernel_backend):
-            return "chunked"
+        if not create_graph and not compiled and use_fused_cpu(device, self.kernel_backend):
+            return "fused"
         return "torch"
 
     def estimated_activation_bytes(self, graph: GraphBatch, level: int = 0, dtype: torch.dtype | None = None,
@@ -441,14 +441,14 @@ class MatRIS(nn.Module):
 
         Counted in angle- (and directed-edge-) sized tensors of the block width, measured
         on CPU (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the
-        chunked CPU kernels, measured on Si64 against 48 for the composed ops); level 1
+        fused CPU kernels, measured on Si64 against 48 for the composed ops); level 1
         (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
         (Φ recomputed too) 2 per block plus ≈ 30.
         """
         c = self.config
         itemsize = torch.finfo(dtype or self.dtype).bits // 8
         rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
-        level0 = 21 if kernels == "chunked" else 45
+        level0 = 21 if kernels == "fused" else 45
         tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
         return tensors * rows * itemsize
 
