@@ -488,15 +488,62 @@ void refine_bwd(const T* gagg, const T* gin, const T* u, const T* q, const i64* 
 // packed once per call by gemm_pack into 16-column panels [N/16][K][16], C row-major (ldc).
 // Why: MKL's sgemm packs both operands on every call, which these shapes (4,096 rows × K 128|256
 // × N 128|256, a different weight each call, A just written by a fused loop) cannot amortise;
-// this 6×16 register kernel reads A where it lies and packs the weight once per kernel call.
-// On a 2-core EPYC (AVX2, no AVX-512) it makes a Si64 call's GEMMs 10-40 % faster than MKL's,
-// side by side (benchmarks/cpu_speed.py, gemm_floor; near the FMA peak in L2). Each output is one fused
-// multiply-add chain in k order: the same sums for any thread count. Only built for AVX2 + FMA
-// without AVX-512 (where MKL's wider kernels win); elsewhere gemm_available() is 0 and the
-// Python side calls torch.mm. With S (row stride lds), the product is multiplied elementwise by
+// this register kernel reads A where it lies and packs the weight once per kernel call: 6 rows ×
+// 16 columns with AVX2 + FMA, 12 rows × 32 columns with AVX-512. On a 2-core EPYC (AVX2) it made a
+// Si64 call's GEMMs 10-40 % faster than MKL's; on a 2-core AVX-512 Xeon it runs the row-chunk
+// shapes at MKL's rate in cache, and the whole passes built on it make the Si64 call ~7 % faster
+// than MKL GEMMs between the fused loops (benchmarks/cpu_speed.py, gemm_floor). Each output is one
+// fused multiply-add chain in k order: the same sums for any thread count and either instruction
+// set. Without AVX2 + FMA gemm_available() is 0 and the Python side calls torch.mm. With S (row stride lds), the product is multiplied elementwise by
 // S[M, N] before it is stored: the backward's silu' factor, applied to each tile in registers
 // instead of in a pass of its own over the stored product.
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+constexpr int kGemm = 1;
+
+// AVX-512: rows [0, R) of a row block times two adjacent 16-column panels (Bp, Bp + 16·K) at once
+// (2R accumulators), or one panel (Two = false: the last panel of an odd count); R ≤ 12. Each output
+// is the same k-ordered FMA chain as in the AVX2 kernel below: the same bits.
+template <int R, bool Two>
+static inline void gemm_block(const float* A, i64 lda, const float* Bp, i64 K, float* C, i64 ldc, const float* S,
+                              i64 lds) {
+    __m512 c0[R], c1[R];
+    const float* B1 = Bp + 16 * K;
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+    for (i64 k = 0; k < K; ++k) {
+        const __m512 b0 = _mm512_loadu_ps(Bp + k * 16);
+        const __m512 b1 = Two ? _mm512_loadu_ps(B1 + k * 16) : b0;
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) {
+            const __m512 a = _mm512_set1_ps(A[r * lda + k]);
+            c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
+            if (Two) c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
+        }
+    }
+    if (S) {  // the optional elementwise factor, while the tile is in registers
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) {
+            c0[r] = _mm512_mul_ps(c0[r], _mm512_loadu_ps(S + r * lds));
+            if (Two) c1[r] = _mm512_mul_ps(c1[r], _mm512_loadu_ps(S + r * lds + 16));
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+        _mm512_storeu_ps(C + r * ldc, c0[r]);
+        if (Two) _mm512_storeu_ps(C + r * ldc + 16, c1[r]);
+    }
+}
+
+template <int R>
+static inline void gemm_rows(const float* A, i64 lda, const float* Bp, i64 K, i64 N, float* C, i64 ldc, const float* S,
+                             i64 lds) {
+    i64 j = 0;
+    for (; j + 32 <= N; j += 32)
+        gemm_block<R, true>(A, lda, Bp + j * K, K, C + j, ldc, S ? S + j : nullptr, lds);
+    if (j < N) gemm_block<R, false>(A, lda, Bp + j * K, K, C + j, ldc, S ? S + j : nullptr, lds);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 constexpr int kGemm = 1;
 
@@ -535,20 +582,30 @@ static inline void gemm_rows(const float* A, i64 lda, const float* Bp, i64 K, i6
                              i64 lds) {
     for (i64 j = 0; j < N; j += 16) gemm_block<R>(A, lda, Bp + j * K, K, C + j, ldc, S ? S + j : nullptr, lds);
 }
+#endif
 
-// rows [0, M) in one thread: 6-row register blocks, the remaining rows through a narrower kernel
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// rows [0, M) in one thread: kRows-row register blocks, the remaining rows through narrower kernels
+#if defined(__AVX512F__)
+constexpr int kRows = 12;  // 24 accumulators of 32
+#else
+constexpr int kRows = 6;  // 12 accumulators of 16
+#endif
+template <int R>
+static inline void gemm_tail(const float* A, i64 lda, const float* Bp, i64 K, i64 N, float* C, i64 ldc,
+                             const float* S, i64 lds, i64 rows) {
+    if constexpr (R > 0) {
+        if (rows == R) gemm_rows<R>(A, lda, Bp, K, N, C, ldc, S, lds);
+        else gemm_tail<R - 1>(A, lda, Bp, K, N, C, ldc, S, lds, rows);
+    }
+}
+
 static void gemm_serial(const float* A, i64 M, i64 K, i64 lda, const float* Bp, i64 N, float* C, i64 ldc,
                         const float* S, i64 lds) {
     i64 i = 0;
-    for (; i + 6 <= M; i += 6) gemm_rows<6>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds);
-    switch (M - i) {
-        case 5: gemm_rows<5>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-        case 4: gemm_rows<4>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-        case 3: gemm_rows<3>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-        case 2: gemm_rows<2>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-        case 1: gemm_rows<1>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds); break;
-        default: break;
-    }
+    for (; i + kRows <= M; i += kRows)
+        gemm_rows<kRows>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds);
+    gemm_tail<kRows - 1>(A + i * lda, lda, Bp, K, N, C + i * ldc, ldc, S ? S + i * lds : nullptr, lds, M - i);
 }
 #else
 constexpr int kGemm = 0;

@@ -3,7 +3,8 @@
 The chunked CPU kernels (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`) run, where this library
 is available, their elementwise, gather and scatter steps as one fused loop each (one pass over
 the rows instead of one pass per PyTorch op), and their float32 row-chunk GEMMs with its AVX2
-kernel (:class:`Matmul`; torch.mm on other CPUs, in float64 and with ``MATRIS_NATIVE_GEMM=0``).
+kernel (:class:`Matmul`, AVX2 or AVX-512; torch.mm on other CPUs, in float64 and with
+``MATRIS_NATIVE_GEMM=0``).
 Without it (no compiler, or ``MATRIS_NATIVE=0``) they run the same formulas in PyTorch ops; both
 forms are tested against each other and against the references.
 
@@ -240,9 +241,8 @@ def threads() -> int:
 
 
 def gemm_enabled() -> bool:
-    """Whether :class:`Matmul` uses the library's float32 GEMM: built for AVX2 + FMA without
-    AVX-512 (where it beats MKL's sgemm on the row-chunk shapes; elsewhere MKL's kernels are wider)
-    and not turned off with ``MATRIS_NATIVE_GEMM=0``."""
+    """Whether :class:`Matmul` uses the library's float32 GEMM: built where the CPU has AVX2 + FMA
+    (its AVX2 or AVX-512 kernel) and not turned off with ``MATRIS_NATIVE_GEMM=0`` (benchmarks)."""
     lib = library()
     return lib is not None and lib.has_gemm and os.environ.get("MATRIS_NATIVE_GEMM", "1") != "0"
 
