@@ -275,46 +275,100 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
     if chunk is None:
         chunk = max(64, (4 << 20) // (2 * messages.shape[1] * messages.element_size()))
-    return _AttentionPair.apply(rows, weight, row_index, messages, target, source, num_segments, int(chunk),
-                                res_weight)
+    out_t, out_s, y_new = torch.ops.matris.attention_pair(rows, weight, row_index, messages, target, source,
+                                                          num_segments, int(chunk), res_weight)[:3]
+    return (out_t, out_s) if res_weight is None else (out_t, out_s, y_new)
 
 
-class _AttentionPair(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rows, weight, row_index, m, target, source, n, chunk, res_weight):
-        ctx.res = res_weight is not None
-        out_t, out_s, alpha, lse_s, lse_t, y_new = _forward_native(rows, weight, row_index, m, target, source, n,
-                                                                   chunk, res_weight)
-        ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t,
-                              res_weight)
-        ctx.n, ctx.chunk = n, chunk  # α is per bond on the atom graph
-        return (out_t, out_s, y_new) if ctx.res else (out_t, out_s)
+# ---------------------------------------------------------------------------- registered operators
+# matris::attention_pair (forward: T, S, y' and what the backward reads) and
+# matris::attention_pair_backward (input gradients): CPU kernels in the fused C++ loops, fake
+# kernels for shapes, and autograd: the backward operator where only input gradients are wanted
+# (inference), else the reference under autograd (exact second order).
+@torch.library.custom_op("matris::attention_pair", mutates_args=(), device_types="cpu")
+def attention_pair_op(rows: torch.Tensor, weight: torch.Tensor | None, row_index: torch.Tensor | None,
+                      messages: torch.Tensor, target: torch.Tensor, source: torch.Tensor, num_segments: int,
+                      chunk: int, res_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(T [n, C], S [n, C], y' [E, C] (empty without res_weight), α [E, 2C] (empty on the atom
+    graph, where α is ``rows`` read through ``row_index``), lse_s [n, C], lse_t [n, C])``."""
+    out_t, out_s, alpha, lse_s, lse_t, y_new = _forward_native(rows, weight, row_index, messages, target, source,
+                                                               num_segments, chunk, res_weight)
+    return (out_t, out_s, y_new if y_new is not None else messages.new_empty(0),
+            alpha if row_index is None else messages.new_empty(0), lse_s, lse_t)
 
-    @staticmethod
-    def backward(ctx, g_t, g_s, g_y=None):
-        rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        if (torch.is_grad_enabled() or (needs[1] and row_index is None) or (ctx.res and needs[8])
-                or native.library() is None):
-            def ref(r, w, msg, *rw):
-                return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
 
-            w = weight if weight is not None else rows.new_zeros(0)
-            if ctx.res:
-                g = recompute_backward(ref, (rows, w, m, res_weight), (g_t, g_s, g_y))
-                return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, g[3]
-            g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
-            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, None
-        g_t = torch.zeros_like(out_t) if g_t is None else g_t.contiguous()
-        g_s = torch.zeros_like(out_s) if g_s is None else g_s.contiguous()
-        g_y = g_y.contiguous() if g_y is not None and ctx.res else None  # None: y' reaches no output
-        g_m = torch.empty_like(m) if needs[3] else None
-        g_rows = None
-        if needs[0]:
-            g_rows = torch.empty_like(rows) if row_index is None else torch.zeros_like(rows)
-        _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s, g_t, g_m,
-                         g_rows, ctx.chunk, g_y, res_weight)
-        return g_rows, None, None, g_m, None, None, None, None, None
+@attention_pair_op.register_fake
+def _(rows, weight, row_index, messages, target, source, num_segments, chunk, res_weight):
+    e, c = messages.shape
+    per_node = [messages.new_empty((num_segments, c)) for _ in range(4)]
+    return (per_node[0], per_node[1], messages.new_empty((e, c) if res_weight is not None else (0,)),
+            messages.new_empty((e, 2 * c) if row_index is None else (0,)), per_node[2], per_node[3])
+
+
+@torch.library.custom_op("matris::attention_pair_backward", mutates_args=(), device_types="cpu")
+def attention_pair_backward_op(g_t: torch.Tensor, g_s: torch.Tensor, g_y: torch.Tensor | None, rows: torch.Tensor,
+                               weight: torch.Tensor | None, row_index: torch.Tensor | None, messages: torch.Tensor,
+                               target: torch.Tensor, source: torch.Tensor, alpha: torch.Tensor,
+                               out_s: torch.Tensor, out_t: torch.Tensor, lse_s: torch.Tensor, lse_t: torch.Tensor,
+                               res_weight: torch.Tensor | None, want_rows: bool, want_messages: bool,
+                               chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(∂L/∂rows, ∂L/∂messages)``, each an empty tensor where it is not wanted. ``g_y``: ∂L/∂y'
+    (None where y' reaches no output)."""
+    g_rows, g_m = _attention_grad_buffers(rows, messages, row_index, want_rows, want_messages)
+    _backward_native(rows, weight, row_index, messages, target, source, alpha if row_index is None else rows, out_s,
+                     out_t, lse_s, lse_t, g_s.contiguous(), g_t.contiguous(), g_m if want_messages else None,
+                     g_rows if want_rows else None, chunk, g_y.contiguous() if g_y is not None else None, res_weight)
+    return g_rows, g_m
+
+
+def _attention_grad_buffers(rows, messages, row_index, want_rows, want_messages):
+    g_rows = (rows.new_empty(rows.shape) if row_index is None else rows.new_zeros(rows.shape)) if want_rows else \
+        rows.new_empty(0)
+    return g_rows, messages.new_empty(messages.shape if want_messages else (0,))
+
+
+@attention_pair_backward_op.register_fake
+def _(g_t, g_s, g_y, rows, weight, row_index, messages, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight,
+      want_rows, want_messages, chunk):
+    return _attention_grad_buffers(rows, messages, row_index, want_rows, want_messages)
+
+
+def _attention_setup(ctx, inputs, output):
+    rows, weight, row_index, m, target, source, n, chunk, res_weight = inputs
+    out_t, out_s, _, alpha, lse_s, lse_t = output
+    ctx.set_materialize_grads(False)  # an output that reaches no loss gets None (its terms are skipped)
+    ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight)
+    ctx.n, ctx.chunk, ctx.res = n, chunk, res_weight is not None
+    ctx.want_rows, ctx.want_messages = rows.requires_grad, m.requires_grad
+    ctx.want_weights = (weight is not None and weight.requires_grad and row_index is None) or (
+        res_weight is not None and res_weight.requires_grad)
+
+
+def _attention_backward(ctx, g_t, g_s, g_y, *_unused):
+    rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight = ctx.saved_tensors
+    g_t = torch.zeros_like(out_t) if g_t is None else g_t
+    g_s = torch.zeros_like(out_s) if g_s is None else g_s
+    g_y = g_y if ctx.res and g_y is not None else None  # None: y' reaches no output
+    if torch.is_grad_enabled() or ctx.want_weights:
+        def ref(r, w, msg, *rw):
+            return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
+
+        w = weight if weight is not None else rows.new_zeros(0)
+        if ctx.res:
+            g = recompute_backward(ref, (rows, w, m, res_weight),
+                                   (g_t, g_s, g_y if g_y is not None else torch.zeros_like(m)))
+            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, g[3]
+        g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
+        return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, None
+    g_rows, g_m = attention_pair_backward_op(g_t, g_s, g_y, rows, weight, row_index, m, target, source, alpha, out_s,
+                                             out_t, lse_s, lse_t, res_weight, ctx.want_rows, ctx.want_messages,
+                                             ctx.chunk)
+    return (g_rows if ctx.want_rows else None, None, None, g_m if ctx.want_messages else None, None, None, None, None,
+            None)
+
+
+attention_pair_op.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
 def _residual_backward(g_y, res_weight, g_m, g_rows):

@@ -108,73 +108,132 @@ def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weigh
         gate_norm_bias = gate_norm_bias if gate_norm_bias is not None else torch.zeros_like(gate_norm)
     else:
         core_norm_bias = gate_norm_bias = None
-    flat = [t for term in terms for t in term]
-    return _GatedPhi.apply(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm,
-                           gate_norm, core_norm_bias, gate_norm_bias, float(eps), layer, int(chunk), *flat)
+    return torch.ops.matris.gated_phi(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias,
+                                      core_norm, gate_norm, core_norm_bias, gate_norm_bias, projs, indices,
+                                      float(eps), layer, int(chunk))[0]
 
 
-_N_ARGS = 14  # _GatedPhi's arguments before the flat (projection, index) pairs
+# ---------------------------------------------------------------------------- registered operators
+# matris::gated_phi (forward: the output and what the backward reads) and matris::gated_phi_backward
+# (input gradients), CPU kernels in the fused C++ loops, fake kernels for shapes, and autograd: the
+# backward operator where only input gradients are wanted (inference), else the reference under
+# autograd (weight gradients, create_graph: exact second order).
+@torch.library.custom_op("matris::gated_phi", mutates_args=(), device_types="cpu")
+def gated_phi_op(rows: torch.Tensor | None, row_weight: torch.Tensor | None, bias1: torch.Tensor,
+                 core_weight: torch.Tensor, core_bias: torch.Tensor, gate_weight: torch.Tensor,
+                 gate_bias: torch.Tensor, core_norm: torch.Tensor, gate_norm: torch.Tensor,
+                 core_norm_bias: torch.Tensor | None, gate_norm_bias: torch.Tensor | None,
+                 projections: list[torch.Tensor], indices: list[torch.Tensor], eps: float, layer: bool,
+                 chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor, torch.Tensor]:
+    """``(out [E, d], silu'(pre) [E, 2H], core [E, d], gate [E, d], r_c [E, 1], r_g [E, 1], σ(gn) [E, d])``:
+    Φ and what its backward reads (core and gate centred for LayerNorm); ``layer``: LayerNorm (with
+    both norm biases given), else RMSNorm."""
+    out, pre, core, gate, r_c, r_g, sig = _phi_buffers(rows, indices, bias1, core_weight)
+    norms = (core_norm, gate_norm, core_norm_bias, gate_norm_bias, int(layer))
+    if not _forward_whole(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, norms, eps,
+                          projections, indices, pre, core, gate, r_c, r_g, sig, out):
+        _forward_native(native.library(), rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias,
+                        norms, eps, chunk, projections, indices, pre, core, gate, r_c, r_g, sig, out)
+    return out, pre, core, gate, r_c, r_g, sig
 
 
-class _GatedPhi(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, eps, layer, chunk, *flat):
-        projs, indices = list(flat[0::2]), list(flat[1::2])
-        n = rows.shape[0] if rows is not None else indices[0].shape[0]
-        two_h, d = bias1.shape[0], wc.shape[0]
-        like = dict(dtype=bias1.dtype, device=bias1.device)
-        pre = torch.empty(n, two_h, **like)  # holds silu'(pre) after the forward
-        core = torch.empty(n, d, **like)  # centred for LayerNorm
-        gate = torch.empty(n, d, **like)
-        r_c = torch.empty(n, 1, **like)
-        r_g = torch.empty(n, 1, **like)
-        out = torch.empty(n, d, **like)
-        sig = torch.empty(n, d, **like)  # σ(gn), kept for the backward
-        norms = (nc, ng, nbc, nbg, int(layer))
-        if not _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, norms, eps, projs, indices, pre, core, gate,
-                              r_c, r_g, sig, out):
-            _forward_native(native.library(), rows, row_weight, bias1, wc, bc, wg, bg, norms, eps, chunk, projs,
-                            indices, pre, core, gate, r_c, r_g, sig, out)
-        ctx.save_for_backward(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, pre, core, gate, r_c, r_g,
-                              sig, *projs, *indices)
-        ctx.eps, ctx.layer, ctx.chunk, ctx.n_terms = eps, layer, chunk, len(projs)
-        return out
+def _phi_buffers(rows, indices, bias1, core_weight):
+    n = rows.shape[0] if rows is not None else indices[0].shape[0]
+    two_h, d = bias1.shape[0], core_weight.shape[0]
+    shapes = ((n, d), (n, two_h), (n, d), (n, d), (n, 1), (n, 1), (n, d))
+    return tuple(bias1.new_empty(shape) for shape in shapes)
 
-    @staticmethod
-    def backward(ctx, grad):
-        saved = ctx.saved_tensors
-        rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, pre, core, gate, r_c, r_g, sig = saved[:17]
-        projs, indices = list(saved[17 : 17 + ctx.n_terms]), list(saved[17 + ctx.n_terms :])
-        eps, chunk, layer = ctx.eps, ctx.chunk, ctx.layer
-        needs = ctx.needs_input_grad
-        grad = grad.contiguous()
-        if torch.is_grad_enabled() or any(needs[1:11]) or not native.usable(grad, pre, *indices):
-            # create_graph or weight gradients: the reference under autograd (exact second order)
-            k = ctx.n_terms
-            none = bias1.new_zeros(0)
 
-            def ref(*xs):
-                r = xs[0] if rows is not None else None
-                rw = xs[1] if rows is not None else None
-                return gated_phi_reference(r, rw, list(zip(xs[11 : 11 + k], indices)), *xs[2:9], eps,
-                                           norm="layer" if layer else "rms", core_norm_bias=xs[9] if layer else None,
-                                           gate_norm_bias=xs[10] if layer else None)
+@gated_phi_op.register_fake
+def _(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm, core_norm_bias,
+      gate_norm_bias, projections, indices, eps, layer, chunk):
+    return _phi_buffers(rows, indices, bias1, core_weight)
 
-            inputs = (rows if rows is not None else none, row_weight if rows is not None else none, bias1, wc, bc, wg,
-                      bg, nc, ng, nbc if layer else none, nbg if layer else none, *projs)
-            g = recompute_backward(ref, inputs, grad)
-            g_rows, g_rw = (g[0], g[1]) if rows is not None else (None, None)
-            g_nb = (g[9], g[10]) if layer else (None, None)
-            return (g_rows, g_rw, *g[2:9], *g_nb, None, None, None, *[x for gp in g[11:] for x in (gp, None)])
 
-        g_rows = torch.empty_like(rows) if rows is not None and needs[0] else None
-        g_projs = [torch.zeros_like(p) if needs[_N_ARGS + 2 * k] else None for k, p in enumerate(projs)]
-        norms = (nc, ng, nbc, nbg, int(layer))
-        if not _backward_whole(grad, row_weight, wc, wg, norms, pre, core, gate, r_c, r_g, sig, indices, g_rows,
-                               g_projs, chunk):
-            _backward_native(native.library(), grad, row_weight, wc, wg, norms, pre, core, gate, r_c, r_g, sig,
-                             indices, g_rows, g_projs, chunk)
-        return (g_rows, *[None] * (_N_ARGS - 1), *[x for gp in g_projs for x in (gp, None)])
+@torch.library.custom_op("matris::gated_phi_backward", mutates_args=(), device_types="cpu")
+def gated_phi_backward_op(grad: torch.Tensor, row_weight: torch.Tensor | None, core_weight: torch.Tensor,
+                          gate_weight: torch.Tensor, core_norm: torch.Tensor, gate_norm: torch.Tensor,
+                          core_norm_bias: torch.Tensor | None, slope: torch.Tensor, core: torch.Tensor,
+                          gate: torch.Tensor, r_c: torch.Tensor, r_g: torch.Tensor, sig: torch.Tensor,
+                          indices: list[torch.Tensor], projection_rows: list[int], want_rows: bool,
+                          want_projections: list[bool], layer: bool, chunk: int) -> list[torch.Tensor]:
+    """``[∂L/∂rows, ∂L/∂P_1, …]`` from the forward's saved tensors; a gradient that is not wanted is
+    an empty tensor."""
+    g_rows, g_projs = _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_projections)
+    grad = grad.contiguous()
+    wanted = [g if w else None for g, w in zip(g_projs, want_projections)]
+    norms = (core_norm, gate_norm, core_norm_bias, None, int(layer))
+    rows_out = g_rows if want_rows else None
+    if not _backward_whole(grad, row_weight, core_weight, gate_weight, norms, slope, core, gate, r_c, r_g, sig,
+                           indices, rows_out, wanted, chunk):
+        _backward_native(native.library(), grad, row_weight, core_weight, gate_weight, norms, slope, core, gate, r_c,
+                         r_g, sig, indices, rows_out, wanted, chunk)
+    return [g_rows, *g_projs]
+
+
+def _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_projections):
+    """∂L/∂rows ``[E, d_r]`` and ∂L/∂P_k ``[n_k, 2H]`` (zeroed: they are scattered into), or empty
+    tensors where a gradient is not wanted."""
+    g_rows = grad.new_empty((grad.shape[0], row_weight.shape[1]) if want_rows else (0,))
+    g_projs = [slope.new_zeros((rows, slope.shape[1])) if want else slope.new_empty((0,))
+               for rows, want in zip(projection_rows, want_projections)]
+    return g_rows, g_projs
+
+
+@gated_phi_backward_op.register_fake
+def _(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias, slope, core, gate, r_c, r_g,
+      sig, indices, projection_rows, want_rows, want_projections, layer, chunk):
+    g_rows, g_projs = _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_projections)
+    return [g_rows, *g_projs]
+
+
+def _phi_setup(ctx, inputs, output):
+    (rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, layer, chunk) = inputs
+    _, slope, core, gate, r_c, r_g, sig = output
+    ctx.set_materialize_grads(False)  # only the first output is differentiable; the others get None
+    ctx.save_for_backward(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g,
+                          sig, *projs, *indices)
+    ctx.eps, ctx.layer, ctx.chunk, ctx.n_terms = eps, layer, chunk, len(projs)
+    ctx.want_rows = rows is not None and rows.requires_grad
+    ctx.want_weights = any(t is not None and t.requires_grad for t in (row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc,
+                                                                       nbg))
+    ctx.want_projections = [p.requires_grad for p in projs]
+
+
+def _phi_backward(ctx, grad, *_unused):
+    saved = ctx.saved_tensors
+    rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g, sig = saved[:17]
+    projs, indices = list(saved[17 : 17 + ctx.n_terms]), list(saved[17 + ctx.n_terms :])
+    eps, layer = ctx.eps, ctx.layer
+    if grad is None:  # Φ's output reaches no loss
+        return (None, None, *[None] * 9, [None] * len(projs), [None] * len(indices), None, None, None)
+    if torch.is_grad_enabled() or ctx.want_weights:
+        # create_graph or weight gradients: the reference under autograd (exact second order)
+        k = ctx.n_terms
+        none = bias1.new_zeros(0)
+
+        def ref(*xs):
+            r = xs[0] if rows is not None else None
+            rw = xs[1] if rows is not None else None
+            return gated_phi_reference(r, rw, list(zip(xs[11 : 11 + k], indices)), *xs[2:9], eps,
+                                       norm="layer" if layer else "rms", core_norm_bias=xs[9] if layer else None,
+                                       gate_norm_bias=xs[10] if layer else None)
+
+        inputs = (rows if rows is not None else none, row_weight if rows is not None else none, bias1, wc, bc, wg,
+                  bg, nc, ng, nbc if layer else none, nbg if layer else none, *projs)
+        g = recompute_backward(ref, inputs, grad)
+        g_rows, g_rw = (g[0], g[1]) if rows is not None else (None, None)
+        g_nb = (g[9], g[10]) if layer else (None, None)
+        return (g_rows, g_rw, *g[2:9], *g_nb, list(g[11:]), [None] * k, None, None, None)
+    grads = gated_phi_backward_op(grad, row_weight, wc, wg, nc, ng, nbc, slope, core, gate, r_c, r_g, sig, indices,
+                                  [p.shape[0] for p in projs], ctx.want_rows, ctx.want_projections, layer, ctx.chunk)
+    g_rows = grads[0] if ctx.want_rows else None
+    g_projs = [g if want else None for g, want in zip(grads[1:], ctx.want_projections)]
+    return (g_rows, *[None] * 10, g_projs, [None] * len(indices), None, None, None)
+
+
+gated_phi_op.register_autograd(_phi_backward, setup_context=_phi_setup)
 
 
 def _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, norms, eps, projs, indices, pre, core, gate, r_c, r_g,

@@ -54,56 +54,107 @@ def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=
         return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
     if chunk is None:
         chunk = max(64, CHUNK_BYTES // (u.shape[1] * u.element_size()))
-    return _RefineEdges.apply(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, bool(smooth), int(chunk))
+    agg, y_new, _ = torch.ops.matris.refine_edges(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2,
+                                                  bool(smooth), int(chunk))
+    return agg if y is None else (agg, y_new)
 
 
-class _RefineEdges(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u, q, src, tgt, n, y, res_weight, w1, b1, w2, b2, smooth, chunk):
-        e, c = u.shape
-        edges = y is not None  # False: R only, no FFN_edge (see refine_edges_reference)
-        like = dict(dtype=u.dtype, device=u.device)
-        agg = torch.zeros(n, c, **like)
-        h = torch.empty(e, w1.shape[0], **like) if edges else None
-        y_new = torch.empty(e, w2.shape[0], **like) if edges else None
-        ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h)
-        ctx.n, ctx.smooth, ctx.chunk, ctx.edges = n, smooth, chunk, edges
-        # h holds silu'(h), the FFN's slope, after the forward
-        _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new)
-        return (agg, y_new) if edges else agg
+# ---------------------------------------------------------------------------- registered operators
+# matris::refine_edges (forward: R, y' and the FFN's SiLU slope) and matris::refine_edges_backward
+# (input gradients): CPU kernels in the fused C++ loops, fake kernels for shapes, and autograd: the
+# backward operator where only input gradients are wanted (inference), else the reference under
+# autograd (exact second order).
+@torch.library.custom_op("matris::refine_edges", mutates_args=(), device_types="cpu")
+def refine_edges_op(u: torch.Tensor, q: torch.Tensor, src: torch.Tensor, tgt: torch.Tensor, num_segments: int,
+                    y: torch.Tensor | None, res_weight: torch.Tensor | None, w1: torch.Tensor | None,
+                    b1: torch.Tensor | None, w2: torch.Tensor | None, b2: torch.Tensor | None, smooth: bool,
+                    chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(R [n, C], y' [E, C], silu'(h) [E, C_h])``; without ``y`` (no edge update) the last two
+    are empty."""
+    agg, y_new, h = _refine_buffers(u, num_segments, y, w1, w2)
+    edges = y is not None
+    _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg,
+                    h if edges else None, y_new if edges else None)
+    return agg, y_new, h
 
-    @staticmethod
-    def backward(ctx, g_agg, g_ynew=None):
-        u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        n, smooth, chunk = ctx.n, ctx.smooth, ctx.chunk
-        reference = native.library() is None  # turned off since the forward (tests): the exact reference
-        if not ctx.edges and (torch.is_grad_enabled() or reference):
-            g = recompute_backward(lambda u_, q_: refine_edges_reference(u_, q_, src, tgt, n), (u, q), g_agg)
-            return g[0], g[1], *[None] * 11
-        if ctx.edges and (torch.is_grad_enabled() or any(needs[6:11]) or reference):
-            def ref(u_, q_, y_, rw, w1_, w2_, *biases):
-                bb = list(biases)
-                b1_ = bb.pop(0) if b1 is not None else None
-                b2_ = bb.pop(0) if b2 is not None else None
-                return refine_edges_reference(u_, q_, src, tgt, n, y_, rw, w1_, b1_, w2_, b2_, smooth)
 
-            inputs = (u, q, y, res_weight, w1, w2) + tuple(b for b in (b1, b2) if b is not None)
-            g = recompute_backward(ref, inputs, (g_agg, g_ynew))
-            rest = list(g[6:])
-            gb1 = rest.pop(0) if b1 is not None else None
-            gb2 = rest.pop(0) if b2 is not None else None
-            return g[0], g[1], None, None, None, g[2], g[3], g[4], gb1, g[5], gb2, None, None
-        e, c = u.shape
-        like = dict(dtype=u.dtype, device=u.device)
-        g_agg = torch.zeros(n, c, **like) if g_agg is None else g_agg.contiguous()
-        # None: no FFN backward (no edge update, or y' reaches no output): G_in = 0
-        g_ynew = g_ynew.contiguous() if g_ynew is not None else None
-        g_u = torch.empty_like(u) if needs[0] else None
-        g_q = torch.zeros_like(q) if needs[1] else None
-        g_y = _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg, g_ynew, g_u, g_q,
-                               res_weight if needs[5] else None)
-        return g_u, g_q, None, None, None, g_y, None, None, None, None, None, None, None
+def _refine_buffers(u, num_segments, y, w1, w2):
+    e, c = u.shape
+    edges = y is not None
+    return (u.new_zeros((num_segments, c)), u.new_empty((e, w2.shape[0]) if edges else (0,)),
+            u.new_empty((e, w1.shape[0]) if edges else (0,)))
+
+
+@refine_edges_op.register_fake
+def _(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk):
+    return _refine_buffers(u, num_segments, y, w1, w2)
+
+
+@torch.library.custom_op("matris::refine_edges_backward", mutates_args=(), device_types="cpu")
+def refine_edges_backward_op(g_agg: torch.Tensor, g_ynew: torch.Tensor | None, u: torch.Tensor, q: torch.Tensor,
+                             src: torch.Tensor, tgt: torch.Tensor, w1: torch.Tensor | None, w2: torch.Tensor | None,
+                             h: torch.Tensor, res_weight: torch.Tensor | None, smooth: bool, chunk: int,
+                             want_u: bool, want_q: bool, want_y: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor]:
+    """``(∂L/∂u, ∂L/∂q, ∂L/∂y)``, each an empty tensor where it is not wanted (or, for y, where
+    ``g_ynew`` is None: y' reaches no output)."""
+    g_u, g_q = _refine_grad_buffers(u, q, want_u, want_q)
+    g_y = _backward_native(u, q, src, tgt, w1, w2, h, smooth, chunk, g_agg.contiguous(),
+                           g_ynew.contiguous() if g_ynew is not None else None, g_u if want_u else None,
+                           g_q if want_q else None, res_weight if want_y else None)
+    return g_u, g_q, g_y if g_y is not None else u.new_empty(0)
+
+
+def _refine_grad_buffers(u, q, want_u, want_q):
+    return u.new_empty(u.shape if want_u else (0,)), q.new_zeros(q.shape if want_q else (0,))
+
+
+@refine_edges_backward_op.register_fake
+def _(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth, chunk, want_u, want_q, want_y):
+    g_u, g_q = _refine_grad_buffers(u, q, want_u, want_q)
+    return g_u, g_q, u.new_empty(g_ynew.shape if want_y and g_ynew is not None else (0,))
+
+
+def _refine_setup(ctx, inputs, output):
+    u, q, src, tgt, n, y, res_weight, w1, b1, w2, b2, smooth, chunk = inputs
+    ctx.set_materialize_grads(False)  # an output that reaches no loss gets None: its backward is skipped
+    ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, output[2])
+    ctx.n, ctx.smooth, ctx.chunk, ctx.edges = n, smooth, chunk, y is not None
+    ctx.want = (u.requires_grad, q.requires_grad, y is not None and y.requires_grad)
+    ctx.want_weights = any(t is not None and t.requires_grad for t in (res_weight, w1, b1, w2, b2))
+
+
+def _refine_backward(ctx, g_agg, g_ynew, *_unused):
+    u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h = ctx.saved_tensors
+    n, smooth = ctx.n, ctx.smooth
+    if g_agg is None:
+        g_agg = u.new_zeros((n, u.shape[1]))
+    if not ctx.edges:
+        g_ynew = None
+    if not ctx.edges and torch.is_grad_enabled():
+        g = recompute_backward(lambda u_, q_: refine_edges_reference(u_, q_, src, tgt, n), (u, q), g_agg)
+        return g[0], g[1], *[None] * 11
+    if ctx.edges and (torch.is_grad_enabled() or ctx.want_weights):
+        def ref(u_, q_, y_, rw, w1_, w2_, *biases):
+            bb = list(biases)
+            b1_ = bb.pop(0) if b1 is not None else None
+            b2_ = bb.pop(0) if b2 is not None else None
+            return refine_edges_reference(u_, q_, src, tgt, n, y_, rw, w1_, b1_, w2_, b2_, smooth)
+
+        inputs = (u, q, y, res_weight, w1, w2) + tuple(b for b in (b1, b2) if b is not None)
+        g = recompute_backward(ref, inputs, (g_agg, g_ynew if g_ynew is not None else torch.zeros_like(y)))
+        rest = list(g[6:])
+        gb1 = rest.pop(0) if b1 is not None else None
+        gb2 = rest.pop(0) if b2 is not None else None
+        return g[0], g[1], None, None, None, g[2], g[3], g[4], gb1, g[5], gb2, None, None
+    want_u, want_q, want_y = ctx.want
+    g_u, g_q, g_y = refine_edges_backward_op(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth, ctx.chunk,
+                                             want_u, want_q, want_y)
+    return (g_u if want_u else None, g_q if want_q else None, None, None, None,
+            g_y if want_y and g_ynew is not None else None, None, None, None, None, None, None, None)
+
+
+refine_edges_op.register_autograd(_refine_backward, setup_context=_refine_setup)
 
 
 def _forward_native(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, smooth, chunk, agg, h, y_new):

@@ -1,0 +1,105 @@
+"""The fused CPU kernels registered as PyTorch operators (``torch.ops.matris.*``): schema, fake
+(meta) kernels, autograd registration and AOT dispatch with dynamic shapes, checked by
+``torch.library.opcheck`` on float32 and float64 samples with a single row, row counts that are
+no multiple of the vector width, projection rows that no row reads, and no rows at all."""
+
+import pytest
+import torch
+
+from matris.kernels import native
+from matris.kernels.phi import gated_phi_reference
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU loops are off")
+
+
+def _phi_sample(dtype, e, layer, with_rows, seed=0, b=7, d_r=5, h=8, d=12):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, grad=False, positive=False):
+        t = torch.randn(*shape, generator=g, dtype=torch.float64)
+        t = (t.abs() + 0.5 if positive else t).to(dtype)
+        return t.requires_grad_(grad)
+
+    rows = r(e, d_r, grad=True) if with_rows else None
+    row_weight = r(2 * h, d_r) if with_rows else None
+    # indices below b - 2: the last projection rows are read by no row
+    projections = [r(b, 2 * h, grad=True), r(b, 2 * h)]  # the second frozen: no gradient asked for it
+    indices = [torch.randint(0, b - 2, (e,), generator=g) for _ in projections]
+    weights = [r(2 * h), r(d, h), r(d), r(d, h), r(d), r(d, positive=True), r(d, positive=True)]
+    norm_biases = [r(d), r(d)] if layer else [None, None]
+    eps = 1e-5 if layer else torch.finfo(dtype).eps
+    args = (rows, row_weight, *weights, *norm_biases, projections, indices, eps, layer, 4)
+    return args
+
+
+def _samples():
+    for dtype in (torch.float64, torch.float32):
+        for layer in (False, True):
+            for e, with_rows in ((1, True), (37, True), (37, False), (0, True)):
+                yield pytest.param(dtype, layer, e, with_rows,
+                                   id=f"{str(dtype)[6:]}-{'layer' if layer else 'rms'}-{e}rows-{with_rows}")
+
+
+@pytest.mark.parametrize("dtype,layer,e,with_rows", list(_samples()))
+def test_gated_phi_operator_passes_opcheck(dtype, layer, e, with_rows):
+    args = _phi_sample(dtype, e, layer, with_rows)
+    torch.library.opcheck(torch.ops.matris.gated_phi.default, args)
+
+
+@pytest.mark.parametrize("layer", [False, True])
+def test_gated_phi_operator_equals_its_reference_in_float64(layer):
+    args = _phi_sample(torch.float64, 37, layer, True)
+    rows, row_weight, *rest = args
+    weights, (nbc, nbg), (projections, indices), eps = rest[:7], rest[7:9], rest[9:11], rest[11]
+    got = torch.ops.matris.gated_phi(*args)[0]
+    want = gated_phi_reference(rows, row_weight, list(zip(projections, indices)), *weights, eps,
+                               norm="layer" if layer else "rms", core_norm_bias=nbc, gate_norm_bias=nbg)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(want)
+    wanted = [rows, projections[0]]
+    for a, b in zip(torch.autograd.grad(got, wanted, grad), torch.autograd.grad(want, wanted, grad)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _attention_sample(dtype, e, form, seed=1, n=7, c=6, d=5):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, grad=False):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * 2).to(dtype).requires_grad_(grad)
+
+    target = torch.randint(0, n - 2, (e,), generator=g)  # the last two nodes have no edges
+    source = torch.randint(0, n, (e,), generator=g)
+    m = r(e, c, grad=True)
+    if form == "atom":  # per-bond projected logits read through an index
+        b = 4
+        return (r(b, 2 * c, grad=True), None, torch.randint(0, b, (e,), generator=g), m, target, source, n, 4, None)
+    rows = r(e, c if form == "residual" else d, grad=True)
+    res = r(1, c) if form == "residual" else None
+    return (rows, r(2 * c, rows.shape[1]), None, m, target, source, n, 4, res)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("form", ["line", "residual", "atom"])
+@pytest.mark.parametrize("e", [1, 37])
+def test_attention_pair_operator_passes_opcheck(dtype, form, e):
+    torch.library.opcheck(torch.ops.matris.attention_pair.default, _attention_sample(dtype, e, form))
+
+
+def _refine_sample(dtype, e, edges, smooth, seed=2, b=5, n=6, c=6):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, grad=False, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_(grad)
+
+    src = torch.randint(0, b, (e,), generator=g)
+    tgt = torch.randint(0, n - 2, (e,), generator=g)  # nodes without edges
+    ffn = (r(e, c, grad=True), r(1, c), r(c, c, scale=0.3), r(c), r(c, c, scale=0.3), r(c)) if edges else \
+        (None,) * 6
+    return (r(e, c, grad=True), r(b, c, grad=True), src, tgt, n, *ffn, smooth, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("edges,smooth", [(True, False), (True, True), (False, False)])
+@pytest.mark.parametrize("e", [1, 37])
+def test_refine_edges_operator_passes_opcheck(dtype, edges, smooth, e):
+    torch.library.opcheck(torch.ops.matris.refine_edges.default, _refine_sample(dtype, e, edges, smooth))
