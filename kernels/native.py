@@ -219,6 +219,12 @@ def usable(*tensors: torch.Tensor) -> bool:
         return False
     if any(t.dtype != torch.int64 for t in given if not t.is_floating_point()):
         return False
+    return available()
+
+
+@torch.compiler.assume_constant_result
+def available() -> bool:
+    """Whether the library is loaded (a constant for torch.compile, which must not trace the build)."""
     return library() is not None
 
 

@@ -53,6 +53,57 @@ def test_compiled_model_recompiles_at_most_twice_and_matches_eager(dtype, rtol):
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
 
 
+@pytest.mark.skipif(__import__("matris.kernels.native", fromlist=["x"]).library() is None,
+                    reason="no C++ compiler: the fused CPU kernels are off")
+def test_compiled_cpu_model_runs_the_fused_operators_without_graph_breaks(monkeypatch):
+    """On a CPU the compiled graph calls the registered fused operators (matris::gated_phi,
+    attention_pair, refine_edges and their backwards), as many times as eager, with the same
+    numbers, in one graph (fullgraph=True) over three cell sizes."""
+    import torch._dynamo
+
+    from matris import MatRIS, MatRISConfig
+    from matris.kernels import aggregate, phi, refine
+
+    calls = {}
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*a, **k):
+            calls[module.__name__, name] = calls.get((module.__name__, name), 0) + 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    for module in (phi, aggregate, refine):
+        # the CPU kernels' first steps (a fake kernel, run while tracing, calls none of them)
+        counted(module, "_forward_native" if module is not phi else "_forward_whole")
+        counted(module, "_backward_native" if module is not phi else "_backward_whole")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = MatRISConfig.published_10m(num_layers=2, node_feat_dim=32, edge_feat_dim=32, three_body_feat_dim=32,
+                                        mlp_hidden_dims=(32,))
+    eager = MatRIS(config).double().eval()
+    model = MatRIS(config).double().eval()
+    model.load_state_dict(eager.state_dict())
+    model.compile(fullgraph=True, backend="aot_eager")
+    torch._dynamo.utils.counters.clear()
+    rng = np.random.default_rng(0)
+    for k in range(3):
+        s = [rattled_si(k, rng)]
+        calls.clear()
+        got, _ = evaluate(model, s)
+        compiled_calls = dict(calls)
+        calls.clear()
+        want, _ = evaluate(eager, s)
+        assert compiled_calls == calls and len(calls) == 6, (compiled_calls, calls)
+        for key in ("energy", "forces", "stress"):
+            a, b = getattr(got, key), getattr(want, key)
+            assert (a - b).abs().max() <= 1e-12 * b.abs().max(), key
+    assert 1 <= torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+
+
 def test_compiled_model_trains_eagerly_and_copies():
     """Training calls (create_graph) run eagerly; copies keep the setting, not the compiled function."""
     import copy

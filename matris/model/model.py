@@ -427,11 +427,11 @@ class MatRIS(nn.Module):
             setattr(matmul, name, before)
 
     def kernels_for(self, device: torch.device, create_graph: bool = False, compiled: bool = False) -> str:
-        """The kernels a call runs: "triton" (CUDA), "fused" (the CPU fast path, inference
-        only and never compiled: its chunk loops would unroll) or "torch" (composed ops)."""
+        """The kernels a call runs: "triton" (CUDA), "fused" (the CPU fast path for inference: the
+        registered ``torch.ops.matris`` operators, eager or compiled) or "torch" (composed ops)."""
         if use_triton(device, self.kernel_backend):
             return "triton"
-        if not create_graph and not compiled and use_fused_cpu(device, self.kernel_backend):
+        if not create_graph and use_fused_cpu(device, self.kernel_backend):
             return "fused"
         return "torch"
 
