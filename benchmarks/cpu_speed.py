@@ -32,7 +32,7 @@ native code paths ran (``native``).
 
 The op table is torch.profiler's self CPU time of one Si64 call of the default variant,
 grouped by family, so the next person sees where the time goes; "fused C++ loops" is the self
-time of the fused kernels' autograd Functions (their native loops and Python glue). It is
+time of the fused CPU operators (``torch.ops.matris.*``: their native loops and Python glue). It is
 taken with the chunk loops (``native.set_whole_calls(False)``): on CPUs where the whole passes run
 (AVX2 without AVX-512) they run the same GEMMs and loops inside one library call, where a profiler
 cannot tell them apart. Under it, the GEMM floor: the GEMM FLOPs of one Si64 call, their rate
@@ -76,8 +76,8 @@ FAMILIES = {
 }
 
 
-FUSED = ("_GatedPhi", "_GatedPhiBackward", "_AttentionPair", "_AttentionPairBackward", "_RefineEdges",
-         "_RefineEdgesBackward")
+FUSED = tuple(f"matris::{op}{suffix}" for op in ("gated_phi", "attention_pair", "refine_edges")
+              for suffix in ("", "_backward"))  # the fused CPU operators, as the profiler names them
 NATIVE_GEMM = "matris::native_gemm"  # the profiler's name for native.Matmul's calls (see op_shares)
 
 

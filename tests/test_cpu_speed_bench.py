@@ -23,6 +23,7 @@ def test_profile_and_gemm_floor_count_the_native_gemm():
     atoms = standard_structure("si", 8).atoms
     shares = op_shares(calc, atoms)
     assert shares["families"]["GEMM"]["ms"] > 0
+    assert shares["families"]["fused C++ loops"]["ms"] > 0  # the matris::* operators, by their names
     floor = gemm_floor(calc, atoms, chgnet_seconds=0.1)
     assert floor["gflop"] > 0 and floor["floor_ratio_vs_chgnet"] > 0
     if native.gemm_enabled():
