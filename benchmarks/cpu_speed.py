@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -275,15 +274,11 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
     # the same call with the native GEMM off (MKL for every product) first, then as configured
     mkl = None
     if native.gemm_enabled():
-        previous = os.environ.get("MATRIS_NATIVE_GEMM")
-        os.environ["MATRIS_NATIVE_GEMM"] = "0"
+        previous = native.set_native_gemm(False)
         try:
             mkl_call = one_call()
         finally:
-            if previous is None:
-                del os.environ["MATRIS_NATIVE_GEMM"]
-            else:
-                os.environ["MATRIS_NATIVE_GEMM"] = previous
+            native.set_native_gemm(previous)
         mkl = {"call_seconds": mkl_call, "gemm_seconds": seconds[0], "gemm_gflops": flops[0] / 1e9 / seconds[0]}
         flops[0], seconds[0], calls[0] = 0, 0.0, 0
     # then with the chunk loops, where every GEMM is a call of its own (counted: the FLOPs and their
@@ -392,7 +387,7 @@ def markdown(path: str, command: bool = True) -> str:
         if g.get("mkl_only"):
             m = g["mkl_only"]
             chunk = g.get("chunk_loops", {}).get("call_seconds")
-            lines.append(f"\nThe same Si64 call with every GEMM in MKL (`MATRIS_NATIVE_GEMM=0`), just before: "
+            lines.append(f"\nThe same Si64 call with every GEMM in MKL (`native.set_native_gemm(False)`), just before: "
                          f"{m['call_seconds']:.2f} s, its GEMMs {m['gemm_seconds']:.2f} s ({m['gemm_gflops']:.0f} GFLOP/s); "
                          + (f"with the native kernel in the chunk loops: {chunk:.2f} s, GEMMs "
                             f"{g['in_call_seconds']:.2f} s; as by default (whole passes in one call each): "

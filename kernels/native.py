@@ -4,7 +4,7 @@ The chunked CPU kernels (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`) run, wh
 is available, their elementwise, gather and scatter steps as one fused loop each (one pass over
 the rows instead of one pass per PyTorch op), and their float32 row-chunk GEMMs with its AVX2
 kernel (:class:`Matmul`, AVX2 or AVX-512; torch.mm on other CPUs, in float64 and with
-``MATRIS_NATIVE_GEMM=0``).
+:func:`set_native_gemm` off).
 Without it (no compiler, or ``MATRIS_NATIVE=0``) they run the same formulas in PyTorch ops; both
 forms are tested against each other and against the references.
 
@@ -246,11 +246,22 @@ def threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+_native_gemm = True
+
+
+def set_native_gemm(flag: bool) -> bool:
+    """Turn the library's GEMM (and the whole passes built on it) on or off for this process, so
+    that benchmarks can time every GEMM in MKL side by side; returns the previous setting."""
+    global _native_gemm
+    previous, _native_gemm = _native_gemm, bool(flag)
+    return previous
+
+
 def gemm_enabled() -> bool:
     """Whether :class:`Matmul` uses the library's float32 GEMM: built where the CPU has AVX2 + FMA
-    (its AVX2 or AVX-512 kernel) and not turned off with ``MATRIS_NATIVE_GEMM=0`` (benchmarks)."""
+    (its AVX2 or AVX-512 kernel) and not turned off by :func:`set_native_gemm`."""
     lib = library()
-    return lib is not None and lib.has_gemm and os.environ.get("MATRIS_NATIVE_GEMM", "1") != "0"
+    return _native_gemm and lib is not None and lib.has_gemm
 
 
 class Matmul:

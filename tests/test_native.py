@@ -196,12 +196,12 @@ def test_matmul_uses_the_native_gemm_where_it_applies_and_torch_mm_elsewhere(mon
     factor = torch.randn(300, 256, generator=g)[:, 128:]
     scaled = mm(a, out=torch.empty(300, 512)[:, :128], scale=factor)
     assert torch.equal(scaled, out * factor)
-    # float64, a width that is no multiple of 16, and MATRIS_NATIVE_GEMM=0: torch.mm, bit for bit
+    # float64, a width that is no multiple of 16, and the native GEMM turned off: torch.mm, bit for bit
     for x, b in ((a.double(), w.T.double()), (a, w[:24].T)):
         fallback = native.Matmul(b)
         assert fallback.lib is None
         assert torch.equal(fallback(x, out=torch.empty(300, b.shape[1], dtype=x.dtype)), torch.mm(x, b))
-    monkeypatch.setenv("MATRIS_NATIVE_GEMM", "0")
+    monkeypatch.setattr(native, "_native_gemm", False)
     assert not native.gemm_enabled() and native.Matmul(w.T).lib is None
 
 
