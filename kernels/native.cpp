@@ -1013,7 +1013,6 @@ static void refine_bwd_whole(const float* g_agg, const float* g_ynew, const floa
 MATRIS_EXPORT(float, f32)
 MATRIS_EXPORT(double, f64)
 
-extern "C" int matris_native_abi() { return 10; }
 
 // float32 GEMM (gemm_run, gemm_pack above); gemm_available(): 1 where the fast kernel is built
 extern "C" int gemm_available() { return kGemm; }

@@ -5,8 +5,8 @@ is available, their elementwise, gather and scatter steps as one fused loop each
 the rows instead of one pass per PyTorch op), and their float32 row-chunk GEMMs with its AVX2
 kernel (:class:`Matmul`, AVX2 or AVX-512; torch.mm on other CPUs, in float64 and with
 :func:`set_native_gemm` off).
-Without it (no compiler, or ``MATRIS_NATIVE=0``) they run the same formulas in PyTorch ops; both
-forms are tested against each other and against the references.
+Without it (no compiler, or ``MATRIS_NATIVE=0``) the kernels run their PyTorch references; the
+tests compare the two.
 
 The library is compiled on first use with ``$CXX`` (default ``c++``; C++17 and OpenMP:
 GCC ≥ 7 or Clang ≥ 5) ``-O3 -march=native -fopenmp`` and cached under
@@ -14,7 +14,8 @@ GCC ≥ 7 or Clang ≥ 5) ``-O3 -march=native -fopenmp`` and cached under
 overrides the folder), the hash covering the source,
 the compiler, the flags and the CPU (``-march=native`` code must not run on another kind of CPU
 that shares the cache folder, e.g. a cluster's home directory), so it is built once per kind of
-machine (a few seconds). The build writes to a temporary name and renames it, so concurrent
+machine (a few seconds), and a library built from other sources is never loaded (no version
+number is kept by hand). The build writes to a temporary name and renames it, so concurrent
 processes never load a half-written file. ``MATRIS_NATIVE=0`` turns it off;
 ``MATRIS_NATIVE=1`` makes a failed build an error instead of a one-time warning.
 """
@@ -36,7 +37,6 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "native.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math"]
-ABI = 10
 
 
 class NativeBuildError(RuntimeError):
@@ -139,8 +139,6 @@ class _Library:
     def __init__(self, path: Path):
         self.path = path
         self.cdll = ctypes.CDLL(str(path))
-        if self.cdll.matris_native_abi() != ABI:
-            raise NativeBuildError(f"{path} is from another version of matris; delete it and retry")
         self.fns = {}
         for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
             for name, args in _SIGNATURES.items():
