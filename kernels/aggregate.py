@@ -234,7 +234,7 @@ def _backward_triton(logits, messages, out, lse, grad_out, grad_lse, index):
     return grad_logits, grad_messages
 
 
-# ---------------------------------------------------------------------------- CPU, chunked
+# ---------------------------------------------------------------------------- CPU, fused loops
 def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, row_index: torch.Tensor | None,
                              messages: torch.Tensor, target: torch.Tensor, source: torch.Tensor,
                              num_segments: int, res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:

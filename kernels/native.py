@@ -1,8 +1,8 @@
 """The fused CPU loops (``native.cpp``): built once with the system's C++ compiler, called with ctypes.
 
-The chunked CPU kernels (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`) run, where this library
+The fused CPU kernels (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`) run, where this library
 is available, their elementwise, gather and scatter steps as one fused loop each (one pass over
-the rows instead of one pass per PyTorch op), and their float32 row-chunk GEMMs with its AVX2
+the rows instead of one pass per PyTorch op), and their float32 row-chunk GEMMs with its own
 kernel (:class:`Matmul`, AVX2 or AVX-512; torch.mm on other CPUs, in float64 and with
 :func:`set_native_gemm` off).
 Without it (no compiler, or ``MATRIS_NATIVE=0``) the kernels run their PyTorch references; the

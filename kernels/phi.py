@@ -239,7 +239,7 @@ gated_phi_op.register_autograd(_phi_backward, setup_context=_phi_setup)
 def _forward_whole(rows, row_weight, bias1, wc, bc, wg, bg, norms, eps, projs, indices, pre, core, gate, r_c, r_g,
                    sig, out) -> bool:
     """The whole forward in one call of the library's ``phi_fwd`` (float32 with the native GEMM:
-    every row goes through the chunked form's steps, in the same order, while it is in L2).
+    every row goes through the chunk loop's steps, in the same order, while it is in L2).
     False, with nothing written, where it does not apply. ``norms``: (w_c, w_g, b_c, b_g, layer)."""
     if pre.dtype != torch.float32 or not native.whole_calls() or (rows is not None and (
             rows.dtype != torch.float32 or rows.stride(1) != 1)):
