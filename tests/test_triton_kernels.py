@@ -36,6 +36,17 @@ def test_model_parity_through_triton_kernels():
     assert "3 passed" in res.stdout
 
 
+def test_published_family_through_triton_kernels_equals_the_official_1_0_code():
+    """The published family (Fourier, LayerNorm, no biases) on the Triton path (interpreted on CPU)
+    gives the official MatRIS 1.0.0's float64 numbers (tests/fixtures/official-v1.0)."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(ROOT / "tests" / "test_published_architecture.py"), "-k", "official_1_0_code and None"],
+                         capture_output=True, text=True, env=_env(TRITON_INTERPRET="1", MATRIS_KERNELS="triton"),
+                         timeout=1200, cwd=ROOT / "tests")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "1 passed" in res.stdout
+
+
 def test_phi_fusions_write_and_save_less():
     """The fused gathers and epilogue of one gated Φ write < 1/2.5 of the reference's edge-sized
     bytes and save < 1/1.4 of its activations for the backward (counted, not timed)."""
