@@ -17,8 +17,8 @@ Sections (each check fails on its own, with the error recorded, without stopping
 2. kernels: median time (CUDA events) of each kernel vs its reference, and for the fused
    attention and the fused Φ epilogue the achieved memory bandwidth as a fraction of the
    device's peak;
-3. energy+forces+stress of the 10-block width-128 model, 64 to 8,192 atoms, Triton vs
-   reference, with peak memory and time per atom;
+3. energy+forces+stress of the published 10M architecture (``MatRISConfig.published_10m()``:
+   Fourier, LayerNorm), 64 to 8,192 atoms, Triton vs reference, with peak memory and time per atom;
 4. one training step with a force loss (energy + forces, create_graph), Triton vs reference;
 5. the largest bcc Fe cell whose E+F+S fits, within a time budget;
 6. training throughput (structures/s, atoms/s) of the Lightning pipeline, tiny and 10M configs
@@ -29,7 +29,8 @@ Sections (each check fails on its own, with the error recorded, without stopping
 8. MD steps/s of 64-atom Si, positions kept on the device and the graph rebuilt there
    every step (GraphBatch.from_tensors; on the host when vesin-torch is missing);
 9. model.compile() and TF32: E+F+S of the 10M model at 1k-8k atoms eager vs compiled vs
-   compiled+TF32 (compile time apart; dynamic shapes, so one compilation serves every size),
+   compiled+TF32 vs compiled with CUDA graphs (``mode="reduce-overhead"``) (compile time apart;
+   dynamic shapes, so one compilation serves every size),
    and the accuracy cost of TF32: float32 energy and force errors against the float64
    fixture references with and without it.
 """
@@ -222,11 +223,12 @@ def graph_of(model, system, device, dtype):
 
 
 def published_model(device, dtype, smoke):
+    """The published MatRIS-10M architecture (``MatRISConfig.published_10m()``: Fourier, LayerNorm),
+    random weights; for ``--smoke`` a 1-block, width-16 model of the same family."""
     torch.manual_seed(0)
-    cfg = (MatRISConfig(num_layers=1, node_feat_dim=16, edge_feat_dim=16, three_body_feat_dim=16,
-                        mlp_hidden_dims=(16,), pairwise_cutoff=3.0, three_body_cutoff=2.5,
-                        reference_energy="mptrj") if smoke else
-           MatRISConfig(num_layers=10, three_body_cutoff=4.5, reference_energy="mptrj"))
+    cfg = (MatRISConfig.published_10m(num_layers=1, node_feat_dim=16, edge_feat_dim=16, three_body_feat_dim=16,
+                                      mlp_hidden_dims=(16,), pairwise_cutoff=3.0, three_body_cutoff=2.5)
+           if smoke else MatRISConfig.published_10m())
     return MatRIS(cfg).to(device=device, dtype=dtype).eval()
 
 
@@ -674,6 +676,8 @@ def compiled_variants(sec, device, smoke):
     compiled = copy.deepcopy(eager).compile(**options)
     compiled_tf32 = copy.deepcopy(eager).compile(**options)
     compiled_tf32.tf32 = True
+    # CUDA graphs (mode="reduce-overhead"): possible since every fused kernel is a registered operator
+    graphs = copy.deepcopy(eager).compile(mode="reduce-overhead") if device.type == "cuda" and not smoke else None
     systems = [diamond_si(1)] if smoke else [bcc_fe(8), bcc_fe(13), bcc_fe(16)]  # 1,024 / 4,394 / 8,192 atoms
 
     def first_call():
@@ -682,7 +686,13 @@ def compiled_variants(sec, device, smoke):
         compiled(g)
         compiled_tf32(g)
         sync(device)
-        return {"compile_s_both": time.perf_counter() - t0}
+        out = {"compile_s_both": time.perf_counter() - t0}
+        if graphs is not None:
+            t0 = time.perf_counter()
+            graphs(g)
+            sync(device)
+            out["compile_s_reduce_overhead"] = time.perf_counter() - t0
+        return out
 
     sec.check("compile", first_call)
     log(f"   {'structure':10s} {'atoms':>6s} {'eager (ms)':>11s} {'compiled':>10s} {'+TF32':>10s} {'speedup':>8s}")
@@ -690,8 +700,13 @@ def compiled_variants(sec, device, smoke):
     def row(system):
         g = graph_of(eager, system, device, torch.float32)
         out = {"atoms": system.num_atoms}
-        for name, m in (("eager", eager), ("compiled", compiled), ("compiled_tf32", compiled_tf32)):
+        variants = [("eager", eager), ("compiled", compiled), ("compiled_tf32", compiled_tf32)]
+        if graphs is not None:
+            variants.append(("compiled_cudagraphs", graphs))
+        for name, m in variants:
             out[name + "_s"] = median_time(lambda: m(g), device, repeat=3)
+        if graphs is not None:
+            out["speedup_compiled_cudagraphs"] = out["eager_s"] / out["compiled_cudagraphs_s"]
         ref, c = eager(g), compiled(g)
         out["compiled_force_rel_err"] = ((c.forces - ref.forces).abs().max() / ref.forces.abs().max()).item()
         out["speedup_compiled"] = out["eager_s"] / out["compiled_s"]

@@ -383,9 +383,9 @@ class MatRIS(nn.Module):
         Dynamic shapes (``dynamic=True``) let MD steps with changing numbers of atoms, bonds and
         angles reuse one compiled graph (a new graph is made at most for the first resizes).
         The compiled region is :meth:`_energy` (structure tensors → energy); forces and stress
-        are its derivatives, computed by the compiled backward. It runs the composed PyTorch
-        ops (which Inductor fuses) or, on CUDA, the Triton kernels, which are registered as
-        custom ops so the graph does not break around them. Used for inference only: calls
+        are its derivatives, computed by the compiled backward. It runs the fused operators
+        (``torch.ops.matris``: the C++ loops on a CPU, the Triton kernels on CUDA), registered
+        so that the graph does not break around them, and Inductor compiles what lies between. Used for inference only: calls
         that keep the graph of the forces (training) run eagerly, since compiled graphs do not
         support double backward. Extra ``kwargs`` go to ``torch.compile`` (``backend``,
         ``mode``...). Compilation happens on the first call and takes tens of seconds.
