@@ -69,8 +69,6 @@ DEFAULT_SITE = os.environ.get("MATRIS_OFFICIAL_SITE", "/work/official/site")
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 
-CHECK_CONFIG = dict(num_layers=10, three_body_expansion="Fourier", norm_type="layer", use_bias=False,
-                    mlp_hidden_dims=(256, 128, 128), three_body_cutoff=4.5)
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -426,10 +424,11 @@ def check(python: str, site: str, threads: int, repeat: int, keep_heap: bool = F
 
         heap.set_keep(True)
     torch.manual_seed(0)
-    model = MatRIS(MatRISConfig(**CHECK_CONFIG)).eval()
+    config = MatRISConfig.published_10m()
+    model = MatRIS(config).eval()
     atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (2, 2, 2)
     atoms.rattle(stdev=0.05, seed=1)
-    print(f"config: {CHECK_CONFIG}; ours: {sum(p.numel() for p in model.parameters())} parameters")
+    print(f"config: MatRISConfig.published_10m(); ours: {sum(p.numel() for p in model.parameters())} parameters")
     print(f"structure: rattled diamond Si{len(atoms)}; threads {threads}")
 
     def ours(calc):
@@ -441,7 +440,7 @@ def check(python: str, site: str, threads: int, repeat: int, keep_heap: bool = F
         return {"energy": float(r["energy"]), "forces": np.asarray(r["forces"]), "stress": np.asarray(r["stress"]),
                 "seconds": seconds}
 
-    out: dict[str, Any] = {"config": {k: list(v) if isinstance(v, tuple) else v for k, v in CHECK_CONFIG.items()},
+    out: dict[str, Any] = {"config": config.to_dict(),
                            "natoms": len(atoms), "threads": threads, "parity": {}, "seconds": {}}
     with tempfile.TemporaryDirectory() as tmp, OfficialWorker(python=python, site=site) as official:
         path = save_official_checkpoint(model, Path(tmp) / "check.pth.tar")

@@ -18,6 +18,7 @@ import torch
 from ase.build import bulk
 
 from conftest import evaluate, load_fixture_model
+from matris.kernels import native
 from matris.structures import to_system
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,8 +54,7 @@ def test_compiled_model_recompiles_at_most_twice_and_matches_eager(dtype, rtol):
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
 
 
-@pytest.mark.skipif(__import__("matris.kernels.native", fromlist=["x"]).library() is None,
-                    reason="no C++ compiler: the fused CPU kernels are off")
+@pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU kernels are off")
 def test_compiled_cpu_model_runs_the_fused_operators_without_graph_breaks(monkeypatch):
     """On a CPU the compiled graph calls the registered fused operators (matris::gated_phi,
     attention_pair, refine_edges and their backwards), as many times as eager, with the same
@@ -124,6 +124,7 @@ def test_triton_kernels_are_custom_ops_without_graph_breaks():
 import sys, numpy as np, torch
 sys.path.insert(0, "tests")
 from conftest import evaluate, load_fixture_model
+from matris.kernels import native
 from test_compile import rattled_si
 import matris.kernels.aggregate, matris.kernels.epilogue, matris.kernels.gather, matris.kernels.basis
 for name in ("softmax_aggregate", "gated_epilogue", "gather_sum_activate", "bessel", "fourier", "spherical"):
