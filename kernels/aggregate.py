@@ -254,17 +254,18 @@ def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, ro
 
 
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
-                   chunk: int | None = None, res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """:func:`attention_pair_reference` in the fused C++ loops of :mod:`.native` (``chunk`` rows at a
-    time; without them, e.g. no compiler, the reference).
+                   res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """:func:`attention_pair_reference` as the operator ``matris::attention_pair`` (C++ kernel in
+    ``csrc/cpu/attention.cpp``; where it cannot run, e.g. no compiler, the reference).
 
-    One online pass over the edges (running maxima and sums per segment and channel, right after
-    each chunk's logits GEMM). The backward recomputes ``p = exp(α − lse)`` per chunk from the saved logits
-    and log-sum-exp (the formulas of the module docstring) and never builds an edge-sized
-    tensor beyond the gradients it returns. With ``create_graph`` or weight gradients it
-    recomputes the reference under autograd (exact second order). ``res_weight`` (line graph
-    only): also the residual update y' of the reference, computed in the same pass over the rows
-    (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
+    One online pass over the edges (running maxima and sums per segment and channel), the line
+    graph's logits computed by a GEMM on each block of rows just before they are folded in. The
+    backward recomputes ``p = exp(α − lse)`` per row from the saved logits and log-sum-exp (the
+    formulas of the module docstring) and never builds an edge-sized tensor beyond the gradients
+    it returns (on the atom graph, ∂L/∂α before its sum to the bonds). With ``create_graph`` or
+    weight gradients it recomputes the reference under autograd (exact second order).
+    ``res_weight`` (line graph only): also the residual update y' of the reference, computed in
+    the same pass over the rows (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
     """
     n_edges = messages.shape[0]
     if res_weight is not None and row_index is not None:
@@ -273,73 +274,38 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
                                          rows if row_index is not None else None):
         # no fused loops here (no compiler, not contiguous float CPU tensors): the reference
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
-    if chunk is None:
-        chunk = max(64, (4 << 20) // (2 * messages.shape[1] * messages.element_size()))
     out_t, out_s, y_new = torch.ops.matris.attention_pair(rows, weight, row_index, messages, target, source,
-                                                          num_segments, int(chunk), res_weight)[:3]
+                                                          num_segments, res_weight)[:3]
     return (out_t, out_s) if res_weight is None else (out_t, out_s, y_new)
 
 
 # ---------------------------------------------------------------------------- registered operators
 # matris::attention_pair (forward: T, S, y' and what the backward reads) and
-# matris::attention_pair_backward (input gradients): CPU kernels in the fused C++ loops, fake
-# kernels for shapes, and autograd: the backward operator where only input gradients are wanted
-# (inference), else the reference under autograd (exact second order).
-@torch.library.custom_op("matris::attention_pair", mutates_args=(), device_types="cpu")
-def attention_pair_op(rows: torch.Tensor, weight: torch.Tensor | None, row_index: torch.Tensor | None,
-                      messages: torch.Tensor, target: torch.Tensor, source: torch.Tensor, num_segments: int,
-                      chunk: int, res_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                            torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(T [n, C], S [n, C], y' [E, C] (empty without res_weight), α [E, 2C] (empty on the atom
-    graph, where α is ``rows`` read through ``row_index``), lse_s [n, C], lse_t [n, C])``."""
-    out_t, out_s, alpha, lse_s, lse_t, y_new = _forward_native(rows, weight, row_index, messages, target, source,
-                                                               num_segments, chunk, res_weight)
-    return (out_t, out_s, y_new if y_new is not None else messages.new_empty(0),
-            alpha if row_index is None else messages.new_empty(0), lse_s, lse_t)
-
-
-@attention_pair_op.register_fake
-def _(rows, weight, row_index, messages, target, source, num_segments, chunk, res_weight):
+# matris::attention_pair_backward (input gradients) are defined, with their CPU kernels, in the C++
+# library (csrc/ops.cpp, csrc/cpu/attention.cpp); here, once it is loaded, their fake kernels and
+# autograd: the backward operator where only input gradients are wanted (inference), else the
+# reference under autograd (exact second order).
+# Outputs: (T [n, C], S [n, C], y' [E, C] (empty without res_weight), α [E, 2C] (empty on the atom
+# graph, where α is ``rows`` read through ``row_index``), lse_s [n, C], lse_t [n, C]).
+def _attention_fake(rows, weight, row_index, messages, target, source, num_segments, res_weight):
     e, c = messages.shape
     per_node = [messages.new_empty((num_segments, c)) for _ in range(4)]
     return (per_node[0], per_node[1], messages.new_empty((e, c) if res_weight is not None else (0,)),
             messages.new_empty((e, 2 * c) if row_index is None else (0,)), per_node[2], per_node[3])
 
 
-@torch.library.custom_op("matris::attention_pair_backward", mutates_args=(), device_types="cpu")
-def attention_pair_backward_op(g_t: torch.Tensor, g_s: torch.Tensor, g_y: torch.Tensor | None, rows: torch.Tensor,
-                               weight: torch.Tensor | None, row_index: torch.Tensor | None, messages: torch.Tensor,
-                               target: torch.Tensor, source: torch.Tensor, alpha: torch.Tensor,
-                               out_s: torch.Tensor, out_t: torch.Tensor, lse_s: torch.Tensor, lse_t: torch.Tensor,
-                               res_weight: torch.Tensor | None, want_rows: bool, want_messages: bool,
-                               chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(∂L/∂rows, ∂L/∂messages)``, each an empty tensor where it is not wanted. ``g_y``: ∂L/∂y'
-    (None where y' reaches no output)."""
-    g_rows, g_m = _attention_grad_buffers(rows, messages, row_index, want_rows, want_messages)
-    _backward_native(rows, weight, row_index, messages, target, source, alpha if row_index is None else rows, out_s,
-                     out_t, lse_s, lse_t, g_s.contiguous(), g_t.contiguous(), g_m if want_messages else None,
-                     g_rows if want_rows else None, chunk, g_y.contiguous() if g_y is not None else None, res_weight)
-    return g_rows, g_m
-
-
-def _attention_grad_buffers(rows, messages, row_index, want_rows, want_messages):
-    g_rows = (rows.new_empty(rows.shape) if row_index is None else rows.new_zeros(rows.shape)) if want_rows else \
-        rows.new_empty(0)
-    return g_rows, messages.new_empty(messages.shape if want_messages else (0,))
-
-
-@attention_pair_backward_op.register_fake
-def _(g_t, g_s, g_y, rows, weight, row_index, messages, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight,
-      want_rows, want_messages, chunk):
-    return _attention_grad_buffers(rows, messages, row_index, want_rows, want_messages)
+def _attention_backward_fake(g_t, g_s, g_y, rows, weight, row_index, messages, target, source, alpha, out_s, out_t,
+                             lse_s, lse_t, res_weight, want_rows, want_messages):
+    return rows.new_empty(rows.shape if want_rows else (0,)), messages.new_empty(messages.shape if want_messages
+                                                                                 else (0,))
 
 
 def _attention_setup(ctx, inputs, output):
-    rows, weight, row_index, m, target, source, n, chunk, res_weight = inputs
+    rows, weight, row_index, m, target, source, n, res_weight = inputs
     out_t, out_s, _, alpha, lse_s, lse_t = output
     ctx.set_materialize_grads(False)  # an output that reaches no loss gets None (its terms are skipped)
     ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight)
-    ctx.n, ctx.chunk, ctx.res = n, chunk, res_weight is not None
+    ctx.n, ctx.res = n, res_weight is not None
     ctx.want_rows, ctx.want_messages = rows.requires_grad, m.requires_grad
     ctx.want_weights = (weight is not None and weight.requires_grad and row_index is None) or (
         res_weight is not None and res_weight.requires_grad)
@@ -358,103 +324,17 @@ def _attention_backward(ctx, g_t, g_s, g_y, *_unused):
         if ctx.res:
             g = recompute_backward(ref, (rows, w, m, res_weight),
                                    (g_t, g_s, g_y if g_y is not None else torch.zeros_like(m)))
-            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, g[3]
+            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, g[3]
         g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
-        return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, None
-    g_rows, g_m = attention_pair_backward_op(g_t, g_s, g_y, rows, weight, row_index, m, target, source, alpha, out_s,
-                                             out_t, lse_s, lse_t, res_weight, ctx.want_rows, ctx.want_messages,
-                                             ctx.chunk)
-    return (g_rows if ctx.want_rows else None, None, None, g_m if ctx.want_messages else None, None, None, None, None,
-            None)
+        return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None
+    g_rows, g_m = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, weight, row_index, m, target, source,
+                                                           alpha, out_s, out_t, lse_s, lse_t, res_weight,
+                                                           ctx.want_rows, ctx.want_messages)
+    return g_rows if ctx.want_rows else None, None, None, g_m if ctx.want_messages else None, None, None, None, None
 
 
-attention_pair_op.register_autograd(_attention_backward, setup_context=_attention_setup)
-
-
-def _residual_backward(g_y, res_weight, g_m, g_rows):
-    """The residual y' = m + w ⊙ rows in the backward: ∂L/∂m += G_y', ∂L/∂rows += w ⊙ G_y'."""
-    if g_y is None:
-        return
-    if g_m is not None:
-        g_m.add_(g_y)
-    if g_rows is not None:
-        g_rows.addcmul_(g_y, res_weight)
-
-
-def _forward_native(rows, weight, row_index, m, target, source, n, chunk, res_weight=None):
-    """The forward with :mod:`.native`'s online softmax, chunk by chunk of edges right after the
-    chunk's logits GEMM (so α and m are read in cache) → (T, S, α, lse_s, lse_t). On the atom
-    graph (``row_index``) α stays per bond (``rows``) and is read through the index. With
-    ``res_weight``, y' = m + w ⊙ rows too (else None)."""
-    e, c = m.shape
-    like = dict(dtype=m.dtype, device=m.device)
-    lib, nt = native.library(), native.threads()
-    alpha = torch.empty(e, 2 * c, **like) if row_index is None else rows
-    out_s, out_t, lse_s, lse_t, sum_s, sum_t = (torch.empty(n, c, **like) for _ in range(6))
-    state = [t.data_ptr() for t in (out_s, out_t, lse_s, lse_t, sum_s, sum_t)]
-    lib("attn_init", m.dtype)(n, c, *state)
-    step = lib("attn_fwd", m.dtype)
-    logits = native.Matmul(weight.T) if row_index is None else None
-    if (logits is not None and logits.lib is not None and native.whole_calls()
-            and m.dtype == rows.dtype == torch.float32 and rows.stride(1) == 1
-            and (res_weight is None or (rows.shape[1] == c and res_weight.numel() == c
-                                        and res_weight.dtype == torch.float32))):
-        # the logits GEMM inside the online pass, one call: each thread computes its columns of a
-        # block of rows and folds them in while they are in L1 (the same numbers as the loop below)
-        y_new = torch.empty_like(m) if res_weight is not None else None
-        rw = res_weight.contiguous() if res_weight is not None else None
-        logits.lib.attn_fwd_gemm(rows.data_ptr(), rows.stride(0), rows.shape[1], logits.packed.data_ptr(),
-                                 m.data_ptr(), source.data_ptr(), target.data_ptr(), e, c, alpha.data_ptr(), *state,
-                                 native.ptr(rw), native.ptr(y_new), nt)
-    else:
-        y_new = torch.addcmul(m, res_weight, rows) if res_weight is not None else None
-        for s in range(0, e, chunk):
-            k = min(chunk, e - s)
-            if row_index is None:
-                a = logits(rows[s : s + chunk], out=alpha[s : s + chunk])
-                a_ptr, ix = a.data_ptr(), None
-            else:
-                a_ptr, ix = alpha.data_ptr(), row_index[s : s + chunk].data_ptr()
-            step(a_ptr, ix, m[s : s + chunk].data_ptr(), source[s : s + chunk].data_ptr(),
-                 target[s : s + chunk].data_ptr(), k, c, *state, nt)
-    finish = lib("attn_finish", m.dtype)
-    finish(n, c, out_s.data_ptr(), lse_s.data_ptr(), sum_s.data_ptr())
-    finish(n, c, out_t.data_ptr(), lse_t.data_ptr(), sum_t.data_ptr())
-    return out_t, out_s, alpha, lse_s, lse_t, y_new
-
-
-def _backward_native(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, g_s, g_t, g_m,
-                     g_rows, chunk, g_y=None, res_weight=None):
-    """The backward with :mod:`.native`: one fused pass per chunk for ∂L/∂m and ∂L/∂α, then
-    ∂L/∂rows by a GEMM (line graph) or a scatter to the bonds (atom graph)."""
-    e, c = m.shape
-    fn = native.library()("attn_bwd", m.dtype)
-    nt = native.threads()
-    by_weight = native.Matmul(weight) if g_rows is not None and row_index is None else None
-    if (by_weight is not None and by_weight.lib is not None and native.whole_calls() and m.dtype == torch.float32
-            and g_rows.is_contiguous()):
-        # ∂L/∂α of a block of rows and its GEMM to ∂L/∂rows while the block is in cache, one call
-        rw = res_weight.contiguous() if g_y is not None else None
-        by_weight.lib.attn_bwd_gemm(alpha.data_ptr(), m.data_ptr(), source.data_ptr(), target.data_ptr(), e, c,
-                                    out_s.data_ptr(), out_t.data_ptr(), lse_s.data_ptr(), lse_t.data_ptr(),
-                                    g_s.data_ptr(), g_t.data_ptr(), native.ptr(g_m), by_weight.packed.data_ptr(),
-                                    by_weight.n, g_rows.data_ptr(), native.ptr(g_y), native.ptr(rw), nt)
-        return
-    g_alpha = torch.empty(min(chunk, e), 2 * c, dtype=m.dtype)
-    for s in range(0, e, chunk):
-        k = min(chunk, e - s)
-        ga = g_alpha[:k]
-        if row_index is None:
-            a_ptr, ix = alpha[s : s + chunk].data_ptr(), None
-        else:
-            a_ptr, ix = alpha.data_ptr(), row_index[s : s + chunk].data_ptr()
-        fn(a_ptr, ix, m[s : s + chunk].data_ptr(), source[s : s + chunk].data_ptr(),
-           target[s : s + chunk].data_ptr(), k, c, out_s.data_ptr(), out_t.data_ptr(), lse_s.data_ptr(),
-           lse_t.data_ptr(), g_s.data_ptr(), g_t.data_ptr(), g_m[s : s + chunk].data_ptr() if g_m is not None else None,
-           ga.data_ptr(), nt)
-        if g_rows is not None:
-            if row_index is None:
-                by_weight(ga, out=g_rows[s : s + chunk])
-            else:
-                g_rows.index_add_(0, row_index[s : s + chunk], ga)
-    _residual_backward(g_y, res_weight, g_m, g_rows)
+def register_operators() -> None:
+    """Fake kernels and autograd of the C++ operators (called by :mod:`.native` once it loaded them)."""
+    torch.library.register_fake("matris::attention_pair")(_attention_fake)
+    torch.library.register_fake("matris::attention_pair_backward")(_attention_backward_fake)
+    torch.library.register_autograd("matris::attention_pair", _attention_backward, setup_context=_attention_setup)

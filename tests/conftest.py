@@ -63,3 +63,43 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MATRIS_DOWNLOAD_BACKOFF", "0")
     monkeypatch.setenv("MATRIS_DOWNLOAD_TIMEOUT", "10")
     return folder
+
+
+class OperatorLog:
+    """A torch dispatch mode that records the ``matris::*`` operators that run (name → calls, and
+    each call's arguments): which fused kernels a model call took."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        log = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func._schema.name
+                if name.startswith("matris::"):
+                    log.calls.setdefault(name.split("::")[1], []).append(args)
+                return func(*args, **(kwargs or {}))
+
+        self.calls = {}
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+    def counts(self) -> dict:
+        return {name: len(args) for name, args in self.calls.items()}
+
+
+def profiled_operator_counts(fn) -> dict:
+    """``fn()`` under the profiler → the number of calls of each ``matris::*`` operator (also
+    inside compiled graphs, where a dispatch mode would change what is traced)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key.split("::")[1]: e.count for e in prof.key_averages() if e.key.startswith("matris::")}

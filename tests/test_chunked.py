@@ -112,7 +112,7 @@ def test_attention_pair_matches_reference(projected, chunk):
     m.requires_grad_(True)
     gt, gs = torch.randn(n, 3, generator=_gen(2), dtype=F64), torch.randn(n, 3, generator=_gen(3), dtype=F64)
     want = attention_pair_reference(rows, w, ri, m, tgt, src, n)
-    got = attention_pair(rows, w, ri, m, tgt, src, n, chunk=chunk)
+    got = attention_pair(rows, w, ri, m, tgt, src, n)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
     assert torch.all(got[0][n - 2:] == 0)  # empty segments aggregate to zero, not NaN
@@ -128,7 +128,7 @@ def test_attention_pair_gradcheck_and_gradgradcheck(projected):
     rows, w, ri, m, tgt, src, n = attention_case(projected, e=13, n=5)
 
     def fn(r, msg):
-        return attention_pair(r, w, ri, msg, tgt, src, n, chunk=4)
+        return attention_pair(r, w, ri, msg, tgt, src, n)
 
     x = [rows.clone().requires_grad_(True), m.clone().requires_grad_(True)]
     assert torch.autograd.gradcheck(fn, x)
@@ -147,7 +147,7 @@ def test_attention_pair_with_the_residual_matches_reference(chunk):
     g = [torch.randn(n, 3, generator=_gen(2), dtype=F64), torch.randn(n, 3, generator=_gen(3), dtype=F64),
          torch.randn(m.shape, generator=_gen(5), dtype=F64)]
     want = attention_pair_reference(rows, w, None, m, tgt, src, n, res_weight=rw)
-    got = attention_pair(rows, w, None, m, tgt, src, n, chunk=chunk, res_weight=rw)
+    got = attention_pair(rows, w, None, m, tgt, src, n, res_weight=rw)
     assert len(got) == 3
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
@@ -166,7 +166,7 @@ def test_attention_pair_with_the_residual_gradcheck_and_gradgradcheck():
     rows, w, _, m, tgt, src, n = attention_case(False, e=13, n=5, d=3)
 
     def fn(r, msg, rw):
-        return attention_pair(r, w, None, msg, tgt, src, n, chunk=4, res_weight=rw)
+        return attention_pair(r, w, None, msg, tgt, src, n, res_weight=rw)
 
     x = [rows.clone().requires_grad_(True), m.clone().requires_grad_(True),
          torch.randn(1, 3, generator=_gen(6), dtype=F64, requires_grad=True)]

@@ -1,6 +1,6 @@
-"""benchmarks/cpu_speed.py's instrumented calls on a small model: the op profile and the GEMM
-floor wrap ``native.Matmul`` and must pass every argument through (a wrapper that did not
-stopped a committed benchmark run after its timing rounds)."""
+"""benchmarks/cpu_speed.py's instrumented calls on a small model (the op profile names the fused
+operators; the GEMM floor counts the reference path's MKL GEMMs and puts the model's backend
+back), and one round of the whole benchmark."""
 
 import sys
 from pathlib import Path
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.cpu_speed import gemm_floor, op_shares  # noqa: E402
 
 
-def test_profile_and_gemm_floor_count_the_native_gemm():
+def test_profile_and_gemm_floor_count_the_gemms():
     torch.manual_seed(0)
     config = MatRISConfig(num_layers=1, node_feat_dim=16, edge_feat_dim=16, three_body_feat_dim=16,
                           mlp_hidden_dims=(16,))
@@ -23,14 +23,11 @@ def test_profile_and_gemm_floor_count_the_native_gemm():
     atoms = standard_structure("si", 8).atoms
     shares = op_shares(calc, atoms)
     assert shares["families"]["GEMM"]["ms"] > 0
-    assert shares["families"]["fused C++ loops"]["ms"] > 0  # the matris::* operators, by their names
+    if native.library() is not None:
+        assert shares["families"]["fused operators"]["ms"] > 0  # the matris::* operators, by their names
     floor = gemm_floor(calc, atoms, chgnet_seconds=0.1)
-    assert floor["gflop"] > 0 and floor["floor_ratio_vs_chgnet"] > 0
-    if native.gemm_enabled():
-        assert floor["native_gemm_calls"] > 0 and 0 < floor["native_gflop"] <= floor["gflop"]
-        assert floor["mkl_only"]["gemm_seconds"] > 0
-        assert floor["chunk_loops"]["call_seconds"] > 0 and floor["call_seconds"] > 0
-    assert native.whole_calls() == native.gemm_enabled()  # the profile's and the floor's switches are put back
+    assert floor["gflop"] > 0 and floor["gemm_calls"] > 0 and floor["floor_ratio_vs_chgnet"] > 0
+    assert floor["call_seconds"] > 0 and calc.model.kernel_backend is None  # the backend is put back
 
 
 def test_the_benchmark_runs_end_to_end_on_the_published_architecture(tmp_path):
@@ -48,9 +45,14 @@ def test_the_benchmark_runs_end_to_end_on_the_published_architecture(tmp_path):
     data = json.loads(out.read_text())
     assert "published_10m" in data["meta"]["model"] and data["meta"]["cpu"]["isa"]
     assert set(data["rows"][0]["seconds"]) == {"fused", "torch"}
-    assert data["native"]["whole_passes"] == native.whole_calls()
+    if native.library() is not None:
+        assert data["native"]["instruction_set"] == native.instruction_set() in table_isas()
     if data["heap"]["available"]:
         assert data["heap"]["gain"] > 0
         assert not heap._state["active"]
     table = markdown(str(out))
     assert "| Si8 | E+F+S |" in table and data["meta"]["cpu"]["isa"] in table
+
+
+def table_isas():
+    return ("avx512", "avx2", "portable")

@@ -72,10 +72,10 @@ def _attention_sample(dtype, e, form, seed=1, n=7, c=6, d=5):
     m = r(e, c, grad=True)
     if form == "atom":  # per-bond projected logits read through an index
         b = 4
-        return (r(b, 2 * c, grad=True), None, torch.randint(0, b, (e,), generator=g), m, target, source, n, 4, None)
+        return (r(b, 2 * c, grad=True), None, torch.randint(0, b, (e,), generator=g), m, target, source, n, None)
     rows = r(e, c if form == "residual" else d, grad=True)
     res = r(1, c) if form == "residual" else None
-    return (rows, r(2 * c, rows.shape[1]), None, m, target, source, n, 4, res)
+    return (rows, r(2 * c, rows.shape[1]), None, m, target, source, n, res)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])

@@ -11,7 +11,8 @@ import torch
 from ase.build import bulk
 
 from matris import MatRIS, MatRISCalculator, MatRISConfig
-from matris.kernels import aggregate, native, phi, refine
+from conftest import OperatorLog
+from matris.kernels import native
 
 
 def test_published_configs_have_the_published_parameter_counts():
@@ -45,38 +46,9 @@ def published_file(tmp_path_factory):
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU loops are off")
-def test_published_architecture_runs_the_fused_cpu_path_and_equals_the_composed_ops(published_file, monkeypatch):
+def test_published_architecture_runs_the_fused_cpu_path_and_equals_the_composed_ops(published_file):
     saved = torch.load(published_file, weights_only=True)
     assert set(saved) == {"config", "state_dict", "targets"}
-    ran = {"phi": [], "attention": 0, "refine": 0}
-
-    def counting(module, key):  # the operators' CPU kernels call their module's _forward_native
-        real = module._forward_native
-
-        def forward(*args, **kwargs):
-            ran[key] += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(module, "_forward_native", forward)
-
-    counting(aggregate, "attention")
-    counting(refine, "refine")
-    # Φ (matris::gated_phi): its fused forward, whole pass or chunk loop, with the norm it ran
-    whole, chunks = phi._forward_whole, phi._forward_native
-
-    def whole_pass(*a):
-        taken = whole(*a)
-        if taken:
-            ran["phi"].append(bool(a[7][4]))  # norms = (w_c, w_g, b_c, b_g, layer)
-        return taken
-
-    def chunk_loop(*a):
-        ran["phi"].append(bool(a[8][4]))
-        return chunks(*a)
-
-    monkeypatch.setattr(phi, "_forward_whole", whole_pass)
-    monkeypatch.setattr(phi, "_forward_native", chunk_loop)
-
     atoms = bulk("Si", "diamond", a=5.43) * (2, 1, 1)
     atoms.rattle(0.05, seed=3)
     results = {}
@@ -84,14 +56,16 @@ def test_published_architecture_runs_the_fused_cpu_path_and_equals_the_composed_
         model = MatRIS.load(published_file, dtype=torch.float64)
         model.kernel_backend = backend
         calc = MatRISCalculator(model)
-        calc.calculate(atoms, ["energy", "forces", "stress"])
+        with OperatorLog() as log:
+            calc.calculate(atoms, ["energy", "forces", "stress"])
         results[backend] = dict(calc.results)
         if backend == "torch":
-            assert ran == {"phi": [], "attention": 0, "refine": 0}
+            assert log.calls == {}
     blocks = 10
-    # every block's two Φ of the line graph and the atom graph's, all LayerNorm
-    assert len(ran["phi"]) >= 2 * blocks and all(ran["phi"])
-    assert ran["attention"] >= blocks and ran["refine"] >= blocks - 1
+    # every block's two Φ of the line graph and the atom graph's, all LayerNorm (argument `layer`)
+    assert len(log.calls["gated_phi"]) >= 2 * blocks and all(args[14] for args in log.calls["gated_phi"])
+    assert len(log.calls["attention_pair"]) >= blocks and len(log.calls["refine_edges"]) >= blocks - 1
+    assert len(log.calls["gated_phi_backward"]) == len(log.calls["gated_phi"])
     want, got = results["torch"], results[None]
     assert abs(got["energy"] - want["energy"]) <= 1e-12 * max(1.0, abs(want["energy"]))
     for key in ("forces", "stress"):
