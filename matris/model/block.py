@@ -71,30 +71,41 @@ class InteractionBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``last``: the model's last block, whose Refine steps skip FFN_edge (their bond and angle
         updates reach no output; ``e`` and ``a`` come back as the attention left them)."""
-        step = _checkpointed if g.checkpoint else _direct
-        fused = "cpu" if g.fused_cpu and not g.fused_phi else g.fused_phi
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=fused)
+        step = _Steps(g)
         if g.has_angles:
-            e_new, a = step(self.attn_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond,
-                            segments=g.line_segments, **opts)
+            e_new, a = step(self.attn_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond)
             e = _masked(g.line_mask, e_new, e)
-        h, e = step(self.attn_block_atom_graph, h, e, g.edge_target, g.edge_source, d2u=g.edge_bond,
-                    segments=g.atom_segments, **opts)
+        h, e = step(self.attn_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, d2u=g.edge_bond)
         if g.has_angles:
-            e_new, a = step(self.refine_block_line_graph, e, a, g.angle_target_bond, g.angle_source_bond, g.rbf_3b,
-                            extra=(h, g.angle_atom), update_edges=not last, **opts)
+            e_new, a = step(self.refine_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond,
+                            g.rbf_3b, extra=(h, g.angle_atom), update_edges=not last)
             e = _masked(g.line_mask, e_new, e)
-        h, e = step(self.refine_block_atom_graph, h, e, g.edge_target, g.edge_source, g.rbf_pair, d2u=g.edge_bond,
-                    update_edges=not last, **opts)
+        h, e = step(self.refine_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, g.rbf_pair,
+                    d2u=g.edge_bond, update_edges=not last)
         return h, e, a
 
 
-def _direct(module, *args, **kwargs):
-    return module(*args, **kwargs)
+class _Steps:
+    """Runs a block's steps (attention or Refine, on the ``"line"`` or ``"atom"`` graph) with the
+    graph's kernels and memory setting."""
 
+    def __init__(self, g: BlockGraph):
+        self.g = g
 
-def _checkpointed(module, *args, **kwargs):
-    return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
+    @staticmethod
+    def options(g: BlockGraph, module, kind: str) -> dict:
+        fused = "cpu" if g.fused_cpu and not g.fused_phi else g.fused_phi
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=fused)
+        if isinstance(module, SeparableAttention):  # the Triton aggregation's CSR segments
+            opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
+        return opts
+
+    def __call__(self, module, kind, *args, **kwargs):
+        g = self.g
+        kwargs.update(self.options(g, module, kind))
+        if g.checkpoint:
+            return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
+        return module(*args, **kwargs)
 
 
 def _masked(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

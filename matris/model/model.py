@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +23,14 @@ from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
+from .recompute import checkpointed_block
 
 EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).
 ANGLE_SHRINK = 1 - 1e-6
+# training on forces recomputes the blocks of models this deep or deeper by default (see
+# MatRIS.uses_block_checkpointing): there the graph of the forces dominates the memory
+BLOCK_CHECKPOINT_MIN_BLOCKS = 4
 
 
 def available_memory(device: torch.device) -> int:
@@ -98,6 +103,10 @@ class MatRIS(nn.Module):
         # (see checkpoint_level); None = automatic. Same numbers either way.
         self.checkpointing: int | None = None
         self.activation_memory_limit: int | None = None
+        # Training on forces (create_graph): recompute each interaction block in the backward
+        # passes, exactly, instead of keeping every block's intermediates (matris.model.recompute).
+        # None = automatic: on for models of BLOCK_CHECKPOINT_MIN_BLOCKS blocks or more.
+        self.block_checkpointing: bool | None = None
         # Kernel implementation: None = automatic (Triton on CUDA, PyTorch elsewhere),
         # "triton", "fused" (CPU) or "torch"; the environment variable MATRIS_KERNELS also selects.
         self.kernel_backend: str | None = None
@@ -158,6 +167,17 @@ class MatRIS(nn.Module):
             f"structure {structure} contains {', '.join(bad)} (atom {k} is {element_symbol(int(z[k]))}, Z={int(z[k])}), "
             f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
             "a model that covers them (see 'matris models').")
+
+    def uses_block_checkpointing(self, create_graph: bool = True) -> bool:
+        """Whether a call with ``create_graph`` (training on forces) recomputes each block in the
+        backward passes (:mod:`matris.model.recompute`): ``self.block_checkpointing``, or by default
+        for models of :data:`BLOCK_CHECKPOINT_MIN_BLOCKS` blocks or more. Same gradients to float
+        rounding; a tenth of the training memory for the published 10-block models."""
+        if not create_graph:
+            return False
+        if self.block_checkpointing is not None:
+            return bool(self.block_checkpointing)
+        return self.config.num_layers >= BLOCK_CHECKPOINT_MIN_BLOCKS
 
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
@@ -245,13 +265,17 @@ class MatRIS(nn.Module):
         if positions.device.type == "cpu":
             heap.apply_environment()  # MATRIS_CPU_HEAP=1 only: calls reuse freed memory (no page faults)
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
+        # training on forces: blocks recomputed in the backward passes, the fast kernels where no
+        # weight gradient is wanted (the forward, the input gradients of the force computation)
+        block_kernels = self.kernels_for(positions.device) if self.uses_block_checkpointing(create_graph) else None
         if compiled:
             if self._compiled is None:
                 self._compiled = torch.compile(self._energy, **self._compile_options)
             energy_fn = self._compiled
         else:
             energy_fn = self._energy
-        e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features)
+        e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features,
+                                                            block_kernels=block_kernels)
         n_atoms = g.n_atoms.to(e_model.dtype)
         ref = self._reference_term(g, e_model)
         if self.config.is_intensive:
@@ -305,7 +329,8 @@ class MatRIS(nn.Module):
         return (ref / g.n_atoms.to(ref.dtype))[g.atom_batch]
 
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
-                return_node_features: bool = False, bond_vectors: torch.Tensor | None = None):
+                return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
+                block_kernels: str | None = None):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
@@ -313,7 +338,9 @@ class MatRIS(nn.Module):
         "fused" or "triton". This is the region :meth:`compile` compiles. ``bond_vectors``
         (``[B, 3]``, x_target − x_source − image shift) replaces the ones made from ``positions``
         and ``strain``, so that the energy's gradient with respect to each bond is available
-        (per-bond forces, per-atom virials)."""
+        (per-bond forces, per-atom virials). ``block_kernels`` (training on forces): recompute each
+        block in the backward passes (:mod:`matris.model.recompute`), running these kernels where
+        no weight gradient is wanted and ``kernels`` elsewhere."""
         cell = g.cell
         if strain is not None:
             eps = (strain + strain.transpose(1, 2)) / 2
@@ -357,14 +384,17 @@ class MatRIS(nn.Module):
             rewrite=self.projection_rewrite,
             checkpoint=level,
         )
-        if kernels == "triton":
-            bg.fused_phi = True
-            bg.atom_segments, bg.line_segments = g.segments()
-        bg.fused_cpu = kernels == "fused"
+        exact = bg  # the composed ops
+        segments = g.segments() if "triton" in (kernels, block_kernels) else None
+        bg = _with_kernels(exact, kernels, segments)
+        fast = _with_kernels(exact, block_kernels, segments) if block_kernels else None
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         for k, block in enumerate(self.interaction_block):
-            h, e, a = block(h, e, a, bg, last=k == last)
+            if fast is not None:
+                h, e, a = checkpointed_block(block, h, e, a, fast, exact, last=k == last)
+            else:
+                h, e, a = block(h, e, a, bg, last=k == last)
             if return_node_features:
                 features[f"block_{k}"] = h
 
@@ -584,3 +614,12 @@ class MatRIS(nn.Module):
         from ..predict import predict
 
         return predict(self, structures, batch_size=batch_size, **kwargs)
+
+
+def _with_kernels(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
+    """``bg`` set up for ``kernels`` ("triton", with the graph's ``segments``; "fused"; or "torch":
+    the composed ops)."""
+    if kernels == "triton":
+        atom, line = segments
+        return dataclasses.replace(bg, fused_phi=True, atom_segments=atom, line_segments=line, fused_cpu=False)
+    return dataclasses.replace(bg, fused_cpu=kernels == "fused")

@@ -1,0 +1,89 @@
+"""Per-block activation checkpointing in training (matris.model.recompute): the gradients of a
+training loss on energies, forces and stress equal those of the un-checkpointed step (float64,
+1e-12 relative), with the second-order terms the force and stress losses need; the fused CPU
+operators run where no weight gradient is wanted; the default follows the number of blocks."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import OperatorLog, random_system
+from matris import GraphBatch, MatRIS, MatRISConfig
+from matris.kernels import native
+
+
+def _model(norm="layer", basis="Fourier", layers=3, seed=0):
+    torch.manual_seed(seed)
+    config = MatRISConfig.published_10m(num_layers=layers, node_feat_dim=16, edge_feat_dim=16,
+                                        three_body_feat_dim=16, mlp_hidden_dims=(16, 8), norm_type=norm,
+                                        three_body_expansion=basis)
+    model = MatRIS(config).double().train()
+    with torch.no_grad():  # away from the initial values (norm weights of one, zero biases)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _graph(model, seed=0):
+    rng = np.random.default_rng(seed)
+    systems = [random_system(rng, n=6), random_system(rng, n=5, z=(3, 8))]
+    return GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff, dtype=torch.float64)
+
+
+def _loss_grads(model, g, terms=("energy", "forces", "stress")):
+    model.zero_grad(set_to_none=True)
+    out = model(g, compute_forces=True, compute_stress=True, create_graph=True)
+    loss = 0.0
+    if "energy" in terms:
+        loss = loss + (out.energy_per_atom ** 2).sum()
+    if "forces" in terms:
+        loss = loss + (out.forces ** 2).sum() + (out.forces[:, 0] * torch.arange(len(out.forces))).sum()
+    if "stress" in terms:
+        loss = loss + (out.stress ** 2).sum() * 1e-4
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, out
+
+
+@pytest.mark.parametrize("terms", [("energy", "forces", "stress"), ("forces",), ("energy",)],
+                         ids=["efs", "forces", "energy"])
+@pytest.mark.parametrize("norm,basis", [("layer", "Fourier"), ("rms", "SH")])
+def test_checkpointed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, terms):
+    model = _model(norm, basis)
+    g = _graph(model)
+    model.block_checkpointing = False
+    want, out_want = _loss_grads(model, g, terms)
+    model.block_checkpointing = True
+    got, out_got = _loss_grads(model, g, terms)
+    assert set(got) == set(want)
+    for name in want:
+        scale = want[name].abs().max().item() or 1.0
+        assert (got[name] - want[name]).abs().max().item() <= 1e-12 * scale, name
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(getattr(out_got, key), getattr(out_want, key), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU operators are off")
+def test_checkpointed_training_step_runs_the_fused_operators_where_no_weight_gradient_is_wanted():
+    """The block forward and the input gradients of the force computation run the fused CPU
+    operators; the second-order recomputation runs the composed ops (weight gradients)."""
+    model = _model()
+    g = _graph(model)
+    model.block_checkpointing = True
+    with OperatorLog() as log:
+        _loss_grads(model, g)
+    counts = log.counts()
+    blocks = model.config.num_layers
+    # each block: its forward, then its recomputation for the forces' input gradients
+    assert counts["gated_phi"] >= 2 * 2 * blocks and counts["gated_phi_backward"] >= 2 * blocks
+    model.block_checkpointing = False
+    with OperatorLog() as log:
+        _loss_grads(model, g)
+    assert log.calls == {}  # without checkpointing, training keeps the composed ops
+
+
+def test_block_checkpointing_is_on_by_default_for_deep_models_only():
+    shallow, deep = _model(layers=2), _model(layers=4)
+    assert not shallow.uses_block_checkpointing() and deep.uses_block_checkpointing()
+    assert not deep.uses_block_checkpointing(create_graph=False)  # inference keeps its own levels
+    deep.block_checkpointing = False
+    assert not deep.uses_block_checkpointing()
