@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser, finetune: bool = False) -> None:
         p.add_argument("--from", dest="from_checkpoint", required=True,
                        help="starting model: a name (see 'matris models'), a published-format checkpoint path, or an https URL")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="load the model and data, print the memory plan (what a step needs, how many structures a "
+                        "batch holds on this device and on 24-141 GB GPUs) and exit without training")
 
 
 def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,6 +106,11 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     config = load_config(args, extra or [])
     if args.print_config:
         print(config.to_yaml(), end="")
+        return 0
+    if getattr(args, "dry_run", False):
+        from ..train.run import dry_run
+
+        print(dry_run(config))
         return 0
     from ..train import fit
 

@@ -49,6 +49,9 @@ class BudgetBatchSampler:
         max_bonds: bonds per batch (None = no limit).
         max_angles: angles per batch (None = no limit).
         max_structures: structures per batch (None = no limit).
+        memory: ``[S]`` bytes of each position's share of a training step (e.g.
+            ``MatRIS.estimated_training_bytes``: linear, so a batch costs the sum).
+        max_memory: bytes of activations per batch (with ``memory``; None = no limit).
         shuffle: shuffle the order of each epoch.
         seed: seed of the order of each epoch.
         rank: this process's shard (DDP rank).
@@ -67,6 +70,8 @@ class BudgetBatchSampler:
         max_bonds: int | None = None,
         max_angles: int | None = None,
         max_structures: int | None = None,
+        memory: Sequence[int] | np.ndarray | None = None,
+        max_memory: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         rank: int = 0,
@@ -87,6 +92,13 @@ class BudgetBatchSampler:
         if any((a < 0).any() for a in sizes.values()):
             raise MatRISInputError("n_atoms, n_bonds and n_angles must be non-negative counts.")
         given = {"atoms": max_atoms, "bonds": max_bonds, "angles": max_angles}
+        if (memory is None) != (max_memory is None):
+            raise MatRISInputError("a memory budget needs both the cost of each structure (memory) and max_memory.")
+        if memory is not None:
+            sizes["memory"] = np.asarray(memory, dtype=np.int64).reshape(-1)
+            if sizes["memory"].size != sizes["atoms"].size or (sizes["memory"] < 0).any():
+                raise MatRISInputError("memory must give one non-negative cost per structure.")
+            given["memory"] = max_memory
         self.budgets: dict[str, int] = {}
         for name, b in list(given.items()) + [("structures", max_structures)]:
             if b is None:
@@ -95,7 +107,8 @@ class BudgetBatchSampler:
                 raise MatRISInputError(f"max_{name} must be a positive integer or None, got {b!r}.")
             self.budgets[name] = int(b)
         if not self.budgets:
-            raise MatRISInputError("give at least one budget: max_atoms, max_bonds, max_angles or max_structures.")
+            raise MatRISInputError("give at least one budget: max_atoms, max_bonds, max_angles, max_memory or "
+                                   "max_structures.")
         if not (isinstance(world_size, (int, np.integer)) and world_size >= 1 and 0 <= rank < world_size):
             raise MatRISInputError(f"need world_size >= 1 and 0 <= rank < world_size, got rank={rank}, "
                                    f"world_size={world_size}.")

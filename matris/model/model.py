@@ -31,6 +31,10 @@ ANGLE_SHRINK = 1 - 1e-6
 # training on forces recomputes the blocks of models this deep or deeper by default (see
 # MatRIS.uses_block_checkpointing): there the graph of the forces dominates the memory
 BLOCK_CHECKPOINT_MIN_BLOCKS = 4
+# the memory model of a training step (MatRIS.estimated_training_bytes): rows of the block width
+# per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py)
+TRAIN_ROWS_PEAK, TRAIN_ROWS_KEPT, TRAIN_ROWS_FULL = 164, 14, 235
+FRAMEWORK_BYTES = 512 * 2**20
 
 
 def available_memory(device: torch.device) -> int:
@@ -481,6 +485,35 @@ class MatRIS(nn.Module):
         level0 = 21 if kernels == "fused" else 45
         tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
         return tensors * rows * itemsize
+
+    def estimated_training_bytes(self, n_atoms, n_bonds, n_angles, dtype: torch.dtype | None = None,
+                                 block_checkpointing: bool | None = None):
+        """Peak memory of the activations of one training step (energy, forces and stress with
+        ``create_graph``, then the loss's backward) on a batch of ``n_atoms`` atoms, ``n_bonds``
+        bonds and ``n_angles`` angles (ints or arrays: per structure, then the costs add up over a
+        batch), in bytes; the parameters, optimizer state and framework are
+        :meth:`training_fixed_bytes`.
+
+        Counted in rows of the block width (``n_angles·d_t + 2·n_bonds·d_e`` floats) and fitted to
+        peak RSS on CPU, float32, published 10M architecture on rocksalt MgO cells (7,936 to 63,488
+        angles) and its 4-block form (``benchmarks/train_memory.py`` checks it): with block
+        checkpointing (:meth:`uses_block_checkpointing`) 164 rows for the block being recomputed
+        plus 14 per block kept; without, 235 per block.
+        """
+        c = self.config
+        itemsize = torch.finfo(dtype or self.dtype).bits // 8
+        rows = n_angles * c.three_body_feat_dim + 2 * n_bonds * c.edge_feat_dim + n_atoms * c.node_feat_dim
+        ckpt = self.uses_block_checkpointing() if block_checkpointing is None else block_checkpointing
+        per_row = (TRAIN_ROWS_PEAK + TRAIN_ROWS_KEPT * c.num_layers) if ckpt else TRAIN_ROWS_FULL * c.num_layers
+        return rows * per_row * itemsize
+
+    def training_fixed_bytes(self, dtype: torch.dtype | None = None, ema: bool = True) -> int:
+        """Memory of a training run besides the activations (:meth:`estimated_training_bytes`): the
+        parameters, their gradients, AdamW's two moments and the EMA copy, plus the framework's
+        own (:data:`FRAMEWORK_BYTES`: torch's libraries on CPU, the CUDA context on a GPU)."""
+        itemsize = torch.finfo(dtype or self.dtype).bits // 8
+        copies = 5 if ema else 4
+        return sum(p.numel() for p in self.parameters()) * itemsize * copies + FRAMEWORK_BYTES
 
     def checkpoint_level(self, graph: GraphBatch, dtype: torch.dtype | None = None, create_graph: bool = False,
                          kernels: str | None = None) -> int:

@@ -139,6 +139,9 @@ class DataConfig:
     max_atoms: typing.Optional[int] = _f(None, "batch budget: atoms per batch (per device)")
     max_bonds: typing.Optional[int] = _f(None, "batch budget: bonds per batch (per device)")
     max_angles: typing.Optional[int] = _f(None, "batch budget: angles per batch (per device)")
+    max_memory: typing.Optional[str] = _f(None, "batch budget by memory: 'auto' (what the device has free) or a "
+                                               "size like '20 GB' per device, turned into a budget by the model's "
+                                               "memory model (see matris finetune --dry-run)")
     num_workers: int = _f(0, "data-loading worker processes per device")
     datasets: list = _f([], "a mixture instead of train/val/test: a list of datasets {name, train, val, test, "
                         "weight, labels, reference_energy, val_fraction, split_by, reader keys}; see the docs")
@@ -226,6 +229,10 @@ class TrainerConfig:
     tensorboard: bool = _f(True, "write TensorBoard logs besides the CSV log")
     parity_plot: bool = _f(True, "at the end, plot predicted vs reference energies and forces of the validation set")
     deterministic: bool = _f(False, "use deterministic algorithms (slower on GPU)")
+    block_checkpointing: typing.Optional[bool] = _f(None, "recompute each interaction block in the backward passes "
+                                                         "of a step on forces (exact; about a seventh of the memory "
+                                                         "for the published 10M models); null: on for models of 4 "
+                                                         "blocks or more")
 
 
 @dataclass
@@ -302,8 +309,15 @@ class TrainConfig:
             problems.append("data.build_workers must be >= 1")
         if d.shard_size < 1:
             problems.append("data.shard_size must be >= 1")
-        if all(getattr(d, k) is None for k in ("max_structures", "max_atoms", "max_bonds", "max_angles")):
-            problems.append("set at least one batch budget (data.max_structures, max_atoms, max_bonds or max_angles)")
+        if all(getattr(d, k) is None for k in ("max_structures", "max_atoms", "max_bonds", "max_angles",
+                                                "max_memory")):
+            problems.append("set at least one batch budget (data.max_structures, max_atoms, max_bonds, max_angles "
+                            "or max_memory)")
+        if d.max_memory is not None:
+            try:
+                parse_memory(d.max_memory)
+            except ValueError as exc:
+                problems.append(str(exc))
         for k in ("energy_weight", "force_weight", "stress_weight", "magmom_weight"):
             if getattr(self.loss, k) < 0:
                 problems.append(f"loss.{k} must be >= 0")
@@ -484,3 +498,24 @@ def _coerce(value: Any, f: dataclasses.Field, key: str, source: str) -> Any:
 
 __all__ = ["TrainConfig", "DataConfig", "DatasetConfig", "LossConfig", "OptimConfig", "ReferenceConfig", "FinetuneConfig",
            "TrainerConfig", "iter_keys"]
+
+
+def parse_memory(value) -> int | None:
+    """``data.max_memory`` → bytes, or None for ``'auto'``: a number of GB (``20``, ``'20'``,
+    ``'20 GB'``, ``'20GiB'``, ``'500 MB'``); GB here are 2³⁰ bytes, as devices report them."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    text = str(value).strip().lower().replace(" ", "")
+    units = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20}
+    scale = 2**30
+    for unit, size in units.items():
+        if text.endswith(unit):
+            text, scale = text[: -len(unit)], size
+            break
+    try:
+        amount = float(text)
+    except ValueError:
+        amount = float("nan")
+    if not amount > 0 or amount == float("inf"):
+        raise ValueError(f"data.max_memory must be 'auto' or a positive size such as '20 GB', got {value!r}")
+    return int(amount * scale)

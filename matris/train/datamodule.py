@@ -186,6 +186,14 @@ class MatRISDataModule(L.LightningDataModule):
         self.datasets = _datasets(config)
         self.build_reports: list = []  # BuildReport of every cache entry loaded or built
         self.reference_energies: dict[str, np.ndarray] = {}  # per-dataset R_d (eV/atom) of a mixture
+        # data.max_memory: (cost of each structure from its sizes, bytes per batch); see set_memory_budget
+        self.memory_budget: tuple | None = None
+
+    def set_memory_budget(self, cost, budget: int) -> None:
+        """Batches by memory (``data.max_memory``): ``cost(n_atoms, n_bonds, n_angles)`` gives each
+        structure's bytes (arrays in, array out; :meth:`MatRIS.estimated_training_bytes`), and a
+        batch holds at most ``budget`` of them, besides the other budgets."""
+        self.memory_budget = (cost, int(budget))
 
     # ------------------------------------------------------------------ data
     def _files(self, entries: list[str]) -> list[Path]:
@@ -322,9 +330,13 @@ class MatRISDataModule(L.LightningDataModule):
         if c.datasets and shuffle:  # training: draw from the weighted mixture
             mixture = {"groups": subset.groups(), "weights": [ds.weight for ds in self.datasets],
                        "epoch_size": c.epoch_size}
+        memory = {}
+        if self.memory_budget is not None:
+            cost, budget = self.memory_budget
+            memory = {"memory": np.asarray(cost(a, b, t), dtype=np.int64), "max_memory": budget}
         return BudgetBatchSampler(a, b, t, max_atoms=c.max_atoms, max_bonds=c.max_bonds, max_angles=c.max_angles,
                                   max_structures=c.max_structures, shuffle=shuffle, seed=self.seed,
-                                  rank=rank, world_size=world, **mixture)
+                                  rank=rank, world_size=world, **mixture, **memory)
 
     def _rank(self) -> tuple[int, int]:
         if self.trainer is None:

@@ -97,6 +97,7 @@ def build_model(config: TrainConfig) -> MatRIS:
         model = MatRIS.load(ft.from_checkpoint).train()
     else:
         model = MatRIS(config.model).train()
+    model.block_checkpointing = config.trainer.block_checkpointing
     n_blocks = len(model.interaction_block)
     if ft.freeze_blocks > n_blocks:
         raise MatRISInputError(f"finetune.freeze_blocks = {ft.freeze_blocks} but the model has {n_blocks} blocks")
@@ -108,6 +109,44 @@ def build_model(config: TrainConfig) -> MatRIS:
         for p in module.parameters():
             p.requires_grad_(False)
     return model
+
+
+def apply_memory_budget(model: MatRIS, config: TrainConfig, data: MatRISDataModule):
+    """``data.max_memory``: the batch budget from the model's memory model, after checking that
+    the largest training structure fits (a clear error now instead of an out-of-memory kill later);
+    returns the plan (None without ``data.max_memory``)."""
+    if config.data.max_memory is None:
+        return None
+    from .memory import check_fits, plan_memory
+
+    sizes = data.train_set.sizes()
+    plan = plan_memory(model, config, sizes)
+    check_fits(plan, sizes)
+    dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
+    data.set_memory_budget(lambda a, b, t: model.estimated_training_bytes(np.asarray(a), np.asarray(b),
+                                                                          np.asarray(t), dtype), plan.budget)
+    rank_zero_info(f"matris: batches of up to {plan.budget / 2**30:.2f} GB of activations ({plan.source}; "
+                   f"{plan.fixed / 2**30:.2f} GB for weights, optimizer and framework)")
+    return plan
+
+
+def dry_run(config: TrainConfig) -> str:
+    """What a run would do with memory, without training: the model, the data, and the memory plan
+    (``data.max_memory``, or ``auto`` when it is not set) on the run's device."""
+    from .memory import describe, plan_memory, training_device
+
+    model = build_model(config)
+    data = MatRISDataModule(config.data, model.cutoff, model.three_body_cutoff, seed=config.trainer.seed)
+    data.setup("fit")
+    sizes = data.train_set.sizes()
+    device = training_device(config)
+    plan = plan_memory(model, config, sizes, device, max_memory=config.data.max_memory or "auto")
+    ckpt = "on" if model.uses_block_checkpointing() else "off"
+    head = (f"model: {model.num_parameters():,} parameters, {model.config.num_layers} "
+            f"blocks, block checkpointing {ckpt}; {len(data.train_set)} training structures")
+    verdict = "the largest structure fits" if plan.costs.max(initial=0) <= plan.budget else \
+        "the largest structure does NOT fit: raise data.max_memory, use a larger device or drop it"
+    return f"{head}\n{describe(plan, sizes, device)}\n{verdict}"
 
 
 def apply_reference_energies(model: MatRIS, config: TrainConfig, data: MatRISDataModule) -> str:
@@ -167,6 +206,7 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
     model = build_model(config)
     data = MatRISDataModule(config.data, model.cutoff, model.three_body_cutoff, seed=t.seed)
     data.setup("fit")
+    apply_memory_budget(model, config, data)
     summary = apply_reference_energies(model, config, data)
     module = MatRISModule(model, config, labels=data.labels)
     resume = _resume_path(config, out_dir)

@@ -1,0 +1,207 @@
+"""Peak memory and time of a training step of the published architecture, and the memory model.
+
+    python benchmarks/train_memory.py                          # the default cases, JSON to stdout's table
+    python benchmarks/train_memory.py --json benchmarks/results/train_memory.json
+    python benchmarks/train_memory.py --cases mgo16 emt16 --modes checkpointed whole
+
+A step is what ``matris train`` does per batch: energy, forces and stress with ``create_graph``, a
+loss on all three (the magnetic moments' head is off: fine-tuning data rarely has them), the
+backward, an AdamW step. Model: the published MatRIS-10M architecture
+(``MatRISConfig.published_10m()``, random weights), float32. Each (case, mode) runs in a fresh
+process, so its peak is its own: on CPU the peak resident set size (``ru_maxrss``), on CUDA
+``torch.cuda.max_memory_allocated`` (plus the process's RSS). One untimed step, then ``--steps``
+timed ones (median).
+
+Cases: rocksalt MgO (a = 4.21 Å, rattled 0.05 Å) of 8, 16 and 64 atoms (``mgo8``, ``mgo16``,
+``mgo64``; 7,936, 15,872 and 63,488 angles), and batches of the fine-tuning example's data
+(``examples/configs/data/emt_finetune.extxyz``: fcc metals of 1 to 8 atoms), its 2 and 16 (the
+example config's ``max_structures``) largest structures (``emt2``, ``emt16``).
+
+Modes: ``checkpointed`` (the default: blocks recomputed in the backward passes, the fused CPU
+operators where no weight gradient is wanted), ``checkpointed-composed`` (the same with the
+composed ops everywhere, ``MATRIS_KERNELS=torch``) and ``whole`` (every block's graph kept, as
+before; composed ops). A mode whose memory model predicts more than this machine has free is
+skipped, with the prediction recorded. Every row also gives the memory model's prediction
+(``MatRIS.training_fixed_bytes + estimated_training_bytes``) against the measured peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CASES = ("mgo8", "mgo16", "mgo64", "emt2", "emt16")
+MODES = ("checkpointed", "checkpointed-composed", "whole")
+GB = 2**30
+
+
+def structures(case: str):
+    """The case's structures (ASE Atoms)."""
+    from ase.build import bulk
+    from ase.io import read
+
+    if case.startswith("mgo"):
+        n = int(case[3:])
+        reps = {8: (1, 1, 1), 16: (2, 1, 1), 32: (2, 2, 1), 64: (2, 2, 2)}[n]
+        atoms = bulk("MgO", "rocksalt", a=4.21, cubic=True) * reps
+        atoms.rattle(0.05, seed=1)
+        return [atoms]
+    if case.startswith("emt"):
+        k = int(case[3:])
+        frames = read(ROOT / "examples" / "configs" / "data" / "emt_finetune.extxyz", ":")
+        return sorted(frames, key=len, reverse=True)[:k]
+    raise SystemExit(f"unknown case {case!r}; use one of {CASES}")
+
+
+def worker(case: str, mode: str, steps: int, device: str) -> dict:
+    """One (case, mode) in this process: the model, the batch, the steps and the peaks."""
+    import resource
+
+    import torch
+
+    from matris import GraphBatch, MatRIS, MatRISConfig
+    from matris.structures import to_system
+
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    model = MatRIS(MatRISConfig.published_10m()).to(dev).train()
+    model.block_checkpointing = mode != "whole"
+    if mode == "checkpointed-composed":
+        model.kernel_backend = "torch"
+    systems = [to_system(a) for a in structures(case)]
+    g = GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = model(g, compute_forces=True, compute_stress=True, compute_magmoms=False, create_graph=True)
+        loss = (out.energy_per_atom ** 2).mean() + (out.forces ** 2).mean() + (out.stress ** 2).mean()
+        loss.backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    times = []
+    for k in range(steps + 1):
+        t0 = time.perf_counter()
+        step()
+        if k:
+            times.append(time.perf_counter() - t0)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
+    predicted = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(n_atoms, n_bonds, n_angles))
+    row = {"case": case, "mode": mode, "device": str(dev), "structures": len(systems), "atoms": n_atoms,
+           "bonds": n_bonds, "angles": n_angles, "step_seconds": statistics.median(times), "all_seconds": times,
+           "peak_rss_bytes": peak_rss, "baseline_rss_bytes": base, "predicted_bytes": predicted}
+    if dev.type == "cuda":
+        row["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+    return row
+
+
+def free_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def predicted(case: str, mode: str) -> int:
+    """The memory model's prediction for a (case, mode), without running it."""
+    import torch
+
+    from matris import GraphBatch, MatRIS, MatRISConfig
+    from matris.structures import to_system
+
+    torch.manual_seed(0)
+    model = MatRIS(MatRISConfig.published_10m())
+    model.block_checkpointing = mode != "whole"
+    g = GraphBatch.from_systems([to_system(a) for a in structures(case)], model.cutoff, model.three_body_cutoff)
+    return model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(int(g.n_atoms.sum()),
+                                                                                       g.num_bonds, g.num_angles))
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| batch | atoms | angles | mode | peak memory (GB) | memory model (GB) | step (s) |\n"
+            "|---|---:|---:|---|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        peak = r.get("peak_cuda_bytes", r.get("peak_rss_bytes"))
+        lines.append(f"| {r['case']} | {r.get('atoms', '–')} | {r.get('angles', '–'):,} | {r['mode']} | "
+                     + (f"{peak / GB:.2f}" if peak else f"skipped: {r.get('skipped', '')}")
+                     + f" | {r['predicted_bytes'] / GB:.2f} | "
+                     + (f"{r['step_seconds']:.2f}" if "step_seconds" in r else "–") + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", nargs="*", default=["mgo8", "mgo16", "mgo64", "emt2", "emt16"], choices=CASES)
+    p.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per row (after one untimed)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--headroom", type=float, default=0.9,
+                   help="skip a row whose predicted peak exceeds this share of the free memory")
+    p.add_argument("--json", default=None, help="write the rows (and provenance) to this JSON file")
+    p.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a results file and exit")
+    p.add_argument("--worker", nargs=2, metavar=("CASE", "MODE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.markdown:
+        print(table(json.loads(Path(args.markdown).read_text())["rows"]))
+        return 0
+    if args.worker:
+        print("ROW " + json.dumps(worker(*args.worker, args.steps, args.device)))
+        return 0
+
+    rows = []
+    for case in args.cases:
+        for mode in args.modes:
+            need = predicted(case, mode)
+            free = free_bytes() if args.device == "cpu" else None
+            if free and need > args.headroom * free:
+                row = {"case": case, "mode": mode, "predicted_bytes": need,
+                       "skipped": f"predicted {need / GB:.1f} GB, {free / GB:.1f} GB free"}
+            else:
+                env = dict(os.environ)
+                if mode == "checkpointed-composed":
+                    env["MATRIS_KERNELS"] = "torch"
+                proc = subprocess.run([sys.executable, __file__, "--worker", case, mode, "--steps", str(args.steps),
+                                       "--device", args.device], capture_output=True, text=True, env=env)
+                found = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
+                if proc.returncode != 0 or not found:
+                    killed = proc.returncode in (-9, 137)
+                    row = {"case": case, "mode": mode, "predicted_bytes": need,
+                           "skipped": "killed (out of memory)" if killed else f"failed: {proc.stderr.strip()[-300:]}"}
+                else:
+                    row = json.loads(found[-1][4:])
+            rows.append(row)
+            print(table([row]).splitlines()[-1], flush=True)
+    print()
+    print(table(rows))
+    if args.json:
+        from benchmarks.provenance import provenance
+        from matris.atomic import write_json
+
+        write_json(args.json, {"meta": provenance(argv, model_name="MatRIS published 10M architecture "
+                                                                   "(MatRISConfig.published_10m()), random weights"),
+                               "rows": rows})
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
