@@ -140,6 +140,19 @@ def cpu_speed(name: str = "cpu_speed") -> str:
     return markdown(str(result_path(name)), command=False)  # the provenance line gives command and commit
 
 
+def train_memory(name: str = "train_memory") -> str:
+    from benchmarks.train_memory import gpu_table, table as memory_table
+
+    d = load(name)
+    text = memory_table(d["rows"]) + (f"\n\nCPU: {d['meta']['cpu']['model']} ({d['meta']['cpu']['isa']}), "
+                                      "peak resident set size of each row's process."
+                                      if d["meta"].get("cpu") else "")
+    if d.get("gpu_sizes"):
+        text += ("\n\nWhat the memory model implies for GPUs (float32, AdamW + EMA; angles of MgO-like cells per "
+                 "batch, and how many 64-atom MgO cells that is):\n\n" + gpu_table(d["gpu_sizes"]))
+    return text
+
+
 def simulate(name: str = "simulate_cpu") -> str:
     d = load(name)
     lines = ["| path | time | structures/s | converged | mean steps |", "|---|---:|---:|---:|---:|"]
@@ -363,6 +376,7 @@ TABLES = {
     "fusion_memory": fusion_memory,
     "kernel_resources_sm90": kernel_resources,
     "train_throughput_cpu": train_throughput,
+    "train_memory": train_memory,
     "data_throughput_cpu": data_throughput,
     "cache_build_cpu": cache_build,
     "compile_check_cpu": compile_check,

@@ -135,6 +135,39 @@ def predicted(case: str, mode: str) -> int:
                                                                                        g.num_bonds, g.num_angles))
 
 
+def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
+    """What the memory model implies for GPUs of these sizes (GB), float32, published 10M, AdamW +
+    EMA: the angles of MgO-like cells (the ``mgo64`` case's bonds and atoms per angle) that fit in
+    one batch, with block checkpointing and without."""
+    import torch
+
+    from matris import GraphBatch, MatRIS, MatRISConfig
+    from matris.structures import to_system
+
+    torch.manual_seed(0)
+    model = MatRIS(MatRISConfig.published_10m())
+    g = GraphBatch.from_systems([to_system(a) for a in structures("mgo64")], model.cutoff, model.three_body_cutoff)
+    n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
+    fixed = model.training_fixed_bytes()
+    out = []
+    for size in sizes:
+        row = {"gpu_gb": size}
+        for name, ckpt in (("checkpointed", True), ("whole", False)):
+            per_angle = model.estimated_training_bytes(n_atoms, n_bonds, n_angles, block_checkpointing=ckpt) / n_angles
+            row[f"{name}_angles"] = max(0, int((size * GB - fixed) / per_angle))
+        out.append(row)
+    return out
+
+
+def gpu_table(rows: list[dict]) -> str:
+    lines = ["| GPU memory | angles per batch, checkpointed | MgO64 cells | angles per batch, whole graph | "
+             "MgO64 cells |", "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['gpu_gb']} GB | {r['checkpointed_angles']:,} | {r['checkpointed_angles'] // 63488} | "
+                     f"{r['whole_angles']:,} | {r['whole_angles'] // 63488} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     head = ("| batch | atoms | angles | mode | peak memory (GB) | memory model (GB) | step (s) |\n"
             "|---|---:|---:|---|---:|---:|---:|")
@@ -161,7 +194,8 @@ def main(argv=None) -> int:
     p.add_argument("--worker", nargs=2, metavar=("CASE", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.markdown:
-        print(table(json.loads(Path(args.markdown).read_text())["rows"]))
+        data = json.loads(Path(args.markdown).read_text())
+        print(table(data["rows"]) + ("\n\n" + gpu_table(data["gpu_sizes"]) if data.get("gpu_sizes") else ""))
         return 0
     if args.worker:
         print("ROW " + json.dumps(worker(*args.worker, args.steps, args.device)))
@@ -192,13 +226,16 @@ def main(argv=None) -> int:
             print(table([row]).splitlines()[-1], flush=True)
     print()
     print(table(rows))
+    sizes = gpu_sizes()
+    print("\nwhat the memory model implies for GPUs (float32, AdamW + EMA, MgO-like cells):")
+    print(gpu_table(sizes))
     if args.json:
         from benchmarks.provenance import provenance
         from matris.atomic import write_json
 
         write_json(args.json, {"meta": provenance(argv, model_name="MatRIS published 10M architecture "
                                                                    "(MatRISConfig.published_10m()), random weights"),
-                               "rows": rows})
+                               "rows": rows, "gpu_sizes": sizes})
         print(f"wrote {args.json}")
     return 0
 

@@ -1,0 +1,90 @@
+"""Batches sized by memory (matris.train.memory): parsing data.max_memory, the model's training memory
+model, the memory budget of the batch sampler, the clear error for a structure that cannot fit,
+and the dry run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from matris import MatRIS, MatRISConfig
+from matris.cli import main as cli_main
+from matris.data import BudgetBatchSampler
+from matris.data.synthetic import write_emt_dataset
+from matris.errors import MatRISInputError
+from matris.train import TrainConfig
+from matris.train.config import parse_memory
+from matris.train.memory import check_fits, plan_memory
+from train_utils import micro_config, write_config
+
+GB = 2**30
+
+
+def test_max_memory_is_auto_or_a_size():
+    assert parse_memory("auto") is None and parse_memory(" Auto ") is None
+    assert parse_memory("20 GB") == parse_memory("20GiB") == parse_memory(20) == 20 * GB
+    assert parse_memory("512 MB") == 512 * 2**20
+    for bad in ("lots", "-3 GB", "0", "inf"):
+        with pytest.raises(ValueError, match="max_memory must be 'auto' or a positive size"):
+            parse_memory(bad)
+    config = TrainConfig.from_dict({"data": {"train": ["x.extxyz"], "max_memory": "lots", "max_structures": None}})
+    with pytest.raises(MatRISInputError, match="max_memory"):
+        config.validate("test")
+    alone = TrainConfig.from_dict({"data": {"train": ["x.extxyz"], "max_memory": "8 GB", "max_structures": None}})
+    alone.validate("test")  # a memory budget alone is a budget
+
+
+def test_the_memory_model_adds_up_over_a_batch_and_knows_checkpointing():
+    model = MatRIS(MatRISConfig.published_10m())
+    atoms, bonds, angles = np.array([8, 16, 64]), np.array([368, 715, 2859]), np.array([7936, 15872, 63488])
+    per = model.estimated_training_bytes(atoms, bonds, angles)
+    assert model.estimated_training_bytes(atoms.sum(), bonds.sum(), angles.sum()) == per.sum()  # linear
+    whole = model.estimated_training_bytes(atoms, bonds, angles, block_checkpointing=False)
+    assert (whole > 5 * per).all()  # ten blocks' graphs against one, plus what each keeps
+    assert (model.estimated_training_bytes(atoms, bonds, angles, torch.float64) == 2 * per).all()
+    # the measured peaks the model was fitted to (benchmarks/train_memory.py): MgO16 3.39 GB, MgO64 11.2 GB
+    fixed = model.training_fixed_bytes(ema=False)
+    assert 2.9 * GB < fixed + per[1] < 3.9 * GB and 10 * GB < fixed + per[2] < 12.5 * GB
+
+
+def test_the_sampler_fills_batches_up_to_the_memory_budget():
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 9, 200)
+    cost = n * 1000
+    sampler = BudgetBatchSampler(n, n * 10, n * 50, memory=cost, max_memory=9000, seed=1)
+    batches = list(sampler)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(200))
+    assert all(cost[b].sum() <= 9000 for b in batches) and max(cost[b].sum() for b in batches) > 7000
+    with pytest.raises(MatRISInputError, match="needs both"):
+        BudgetBatchSampler(n, n, n, memory=cost)
+
+
+def test_a_structure_that_cannot_fit_is_refused_before_training_with_what_it_needs():
+    model = MatRIS(MatRISConfig.published_10m())
+    config = TrainConfig.from_dict({"data": {"train": ["x.extxyz"], "max_memory": "3 GB"}, "trainer": {"accelerator": "cpu"}})
+    sizes = (np.array([8, 64]), np.array([368, 2859]), np.array([7936, 63488]))
+    plan = plan_memory(model, config, sizes)
+    assert plan.total == 3 * GB and plan.largest() == 1
+    with pytest.raises(MatRISInputError, match=r"largest training structure \(position 1: 64 atoms, 2859 bonds, 63488 "
+                                               r"angles\) needs about 1\d\.\d GB.*3\.0 GB allowed.*angles fit"):
+        check_fits(plan, sizes)
+    small = plan_memory(model, config, (sizes[0][:1], sizes[1][:1], sizes[2][:1]))
+    check_fits(small, (sizes[0][:1], sizes[1][:1], sizes[2][:1]))
+    tiny = plan_memory(model, config, sizes, max_memory="100 MB")
+    with pytest.raises(MatRISInputError, match="parameters, optimizer state and framework need"):
+        check_fits(tiny, sizes)
+
+
+def test_dry_run_prints_the_memory_plan_and_training_refuses_what_cannot_fit(tmp_path, capsys):
+    data = write_emt_dataset(tmp_path / "emt.extxyz", 6, seed=1, max_atoms=4)
+    cfg = micro_config(tmp_path / "run", [data], tmp_path / "cache", trainer={"max_steps": 1})
+    path = write_config(tmp_path / "c.yaml", cfg)
+    assert cli_main(["train", "--config", str(path), "--dry-run", "--data.max_memory", "2 GB"]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan on cpu (data.max_memory = 2 GB)" in out and "largest structure" in out
+    assert "a  80 GB device" in out and "the largest structure fits" in out
+    assert cli_main(["train", "--config", str(path), "--data.max_memory", "1 MB"]) == 2
+    err = capsys.readouterr().err
+    assert "need about" in err and "raise data.max_memory" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any step
