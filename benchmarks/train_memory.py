@@ -120,8 +120,8 @@ def free_bytes() -> int:
     return 0
 
 
-def predicted(case: str, mode: str) -> int:
-    """The memory model's prediction for a (case, mode), without running it."""
+def predicted(case: str, mode: str) -> dict:
+    """The memory model's prediction for a (case, mode), without running it, with the batch's sizes."""
     import torch
 
     from matris import GraphBatch, MatRIS, MatRISConfig
@@ -131,8 +131,9 @@ def predicted(case: str, mode: str) -> int:
     model = MatRIS(MatRISConfig.published_10m())
     model.block_checkpointing = mode != "whole"
     g = GraphBatch.from_systems([to_system(a) for a in structures(case)], model.cutoff, model.three_body_cutoff)
-    return model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(int(g.n_atoms.sum()),
-                                                                                       g.num_bonds, g.num_angles))
+    sizes = {"atoms": int(g.n_atoms.sum()), "bonds": g.num_bonds, "angles": g.num_angles}
+    need = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(*sizes.values()))
+    return {"case": case, "mode": mode, **sizes, "predicted_bytes": need}
 
 
 def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
@@ -174,7 +175,7 @@ def table(rows: list[dict]) -> str:
     lines = [head]
     for r in rows:
         peak = r.get("peak_cuda_bytes", r.get("peak_rss_bytes"))
-        lines.append(f"| {r['case']} | {r.get('atoms', '–')} | {r.get('angles', '–'):,} | {r['mode']} | "
+        lines.append(f"| {r['case']} | {r['atoms']} | {r['angles']:,} | {r['mode']} | "
                      + (f"{peak / GB:.2f}" if peak else f"skipped: {r.get('skipped', '')}")
                      + f" | {r['predicted_bytes'] / GB:.2f} | "
                      + (f"{r['step_seconds']:.2f}" if "step_seconds" in r else "–") + " |")
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
     p.add_argument("--steps", type=int, default=2, help="timed steps per row (after one untimed)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--headroom", type=float, default=0.9,
+    p.add_argument("--headroom", type=float, default=1.0,
                    help="skip a row whose predicted peak exceeds this share of the free memory")
     p.add_argument("--json", default=None, help="write the rows (and provenance) to this JSON file")
     p.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a results file and exit")
@@ -204,11 +205,11 @@ def main(argv=None) -> int:
     rows = []
     for case in args.cases:
         for mode in args.modes:
-            need = predicted(case, mode)
+            pred = predicted(case, mode)
+            need = pred["predicted_bytes"]
             free = free_bytes() if args.device == "cpu" else None
             if free and need > args.headroom * free:
-                row = {"case": case, "mode": mode, "predicted_bytes": need,
-                       "skipped": f"predicted {need / GB:.1f} GB, {free / GB:.1f} GB free"}
+                row = dict(pred, skipped=f"predicted {need / GB:.1f} GB, {free / GB:.1f} GB free")
             else:
                 env = dict(os.environ)
                 if mode == "checkpointed-composed":
@@ -218,8 +219,8 @@ def main(argv=None) -> int:
                 found = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
                 if proc.returncode != 0 or not found:
                     killed = proc.returncode in (-9, 137)
-                    row = {"case": case, "mode": mode, "predicted_bytes": need,
-                           "skipped": "killed (out of memory)" if killed else f"failed: {proc.stderr.strip()[-300:]}"}
+                    row = dict(pred, skipped="killed (out of memory)" if killed else
+                               f"failed: {proc.stderr.strip()[-300:]}")
                 else:
                     row = json.loads(found[-1][4:])
             rows.append(row)

@@ -87,3 +87,19 @@ def test_block_checkpointing_is_on_by_default_for_deep_models_only():
     assert not deep.uses_block_checkpointing(create_graph=False)  # inference keeps its own levels
     deep.block_checkpointing = False
     assert not deep.uses_block_checkpointing()
+
+
+def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph():
+    """Gradient accumulation: two batches' backward passes add up as without checkpointing."""
+    model = _model()
+    graphs = [_graph(model, seed=1), _graph(model, seed=2)]
+    result = {}
+    for ckpt in (False, True):
+        model.block_checkpointing = ckpt
+        model.zero_grad(set_to_none=True)
+        for g in graphs:
+            out = model(g, compute_forces=True, compute_stress=False, create_graph=True)
+            ((out.forces ** 2).sum() + out.energy.sum()).backward()
+        result[ckpt] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    for name, want in result[False].items():
+        assert (result[True][name] - want).abs().max() <= 1e-12 * (want.abs().max() or 1.0), name
