@@ -141,15 +141,15 @@ def cpu_speed(name: str = "cpu_speed") -> str:
 
 
 def train_memory(name: str = "train_memory") -> str:
-    from benchmarks.train_memory import gpu_table, table as memory_table
+    from benchmarks.train_memory import gpu_sizes, gpu_table, table as memory_table
 
     d = load(name)
-    text = memory_table(d["rows"]) + (f"\n\nCPU: {d['meta']['cpu']['model']} ({d['meta']['cpu']['isa']}), "
-                                      "peak resident set size of each row's process."
-                                      if d["meta"].get("cpu") else "")
-    if d.get("gpu_sizes"):
-        text += ("\n\nWhat the memory model implies for GPUs (float32, AdamW + EMA; angles of MgO-like cells per "
-                 "batch, and how many 64-atom MgO cells that is):\n\n" + gpu_table(d["gpu_sizes"]))
+    text = memory_table(d["rows"], live=True) + (
+        f"\n\nCPU: {d['meta']['cpu']['model']} ({d['meta']['cpu']['isa']}); peak memory: the peak resident set "
+        "size of each row's process; memory model: `MatRIS.training_fixed_bytes` (without EMA) plus "
+        "`estimated_training_bytes` of this version of the code." if d["meta"].get("cpu") else "")
+    text += ("\n\nWhat the memory model implies for GPUs (float32, AdamW + EMA; angles of MgO-like cells per "
+             "batch, and how many 64-atom MgO cells that is):\n\n" + gpu_table(gpu_sizes()))
     return text
 
 

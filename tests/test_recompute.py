@@ -81,12 +81,19 @@ def test_checkpointed_training_step_runs_the_fused_operators_where_no_weight_gra
     assert log.calls == {}  # without checkpointing, training keeps the composed ops
 
 
-def test_block_checkpointing_is_on_by_default_for_deep_models_only():
+def test_block_checkpointing_by_default_where_a_deep_model_s_whole_graph_does_not_fit():
     shallow, deep = _model(layers=2), _model(layers=4)
-    assert not shallow.uses_block_checkpointing() and deep.uses_block_checkpointing()
+    g = _graph(deep)
+    assert not shallow.uses_block_checkpointing(graph=g) and deep.uses_block_checkpointing()  # planning: on
     assert not deep.uses_block_checkpointing(create_graph=False)  # inference keeps its own levels
+    whole = deep.estimated_training_bytes(int(g.n_atoms.sum()), g.num_bonds, g.num_angles,
+                                          block_checkpointing=False)
+    deep.training_memory_limit = whole  # fits: the whole graph (faster)
+    assert not deep.uses_block_checkpointing(graph=g)
+    deep.training_memory_limit = whole - 1  # does not: recomputed blocks
+    assert deep.uses_block_checkpointing(graph=g)
     deep.block_checkpointing = False
-    assert not deep.uses_block_checkpointing()
+    assert not deep.uses_block_checkpointing(graph=g)
 
 
 def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph():

@@ -28,12 +28,12 @@ from .recompute import checkpointed_block
 EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).
 ANGLE_SHRINK = 1 - 1e-6
-# training on forces recomputes the blocks of models this deep or deeper by default (see
-# MatRIS.uses_block_checkpointing): there the graph of the forces dominates the memory
+# training on forces may recompute the blocks of models this deep or deeper, by default where
+# their whole graph would not fit (see MatRIS.uses_block_checkpointing)
 BLOCK_CHECKPOINT_MIN_BLOCKS = 4
 # the memory model of a training step (MatRIS.estimated_training_bytes): rows of the block width
 # per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py)
-TRAIN_ROWS_PEAK, TRAIN_ROWS_KEPT, TRAIN_ROWS_FULL = 164, 14, 235
+TRAIN_ROWS_PEAK, TRAIN_ROWS_KEPT, TRAIN_ROWS_FULL = 164, 14, 180
 FRAMEWORK_BYTES = 512 * 2**20
 
 
@@ -109,8 +109,10 @@ class MatRIS(nn.Module):
         self.activation_memory_limit: int | None = None
         # Training on forces (create_graph): recompute each interaction block in the backward
         # passes, exactly, instead of keeping every block's intermediates (matris.model.recompute).
-        # None = automatic: on for models of BLOCK_CHECKPOINT_MIN_BLOCKS blocks or more.
+        # None = automatic (see uses_block_checkpointing), with training_memory_limit (bytes; None:
+        # 60 % of the device's available memory) as the bound of a whole graph.
         self.block_checkpointing: bool | None = None
+        self.training_memory_limit: int | None = None
         # Kernel implementation: None = automatic (Triton on CUDA, PyTorch elsewhere),
         # "triton", "fused" (CPU) or "torch"; the environment variable MATRIS_KERNELS also selects.
         self.kernel_backend: str | None = None
@@ -172,16 +174,31 @@ class MatRIS(nn.Module):
             f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
             "a model that covers them (see 'matris models').")
 
-    def uses_block_checkpointing(self, create_graph: bool = True) -> bool:
+    def uses_block_checkpointing(self, create_graph: bool = True, graph: GraphBatch | None = None,
+                                 dtype: torch.dtype | None = None) -> bool:
         """Whether a call with ``create_graph`` (training on forces) recomputes each block in the
-        backward passes (:mod:`matris.model.recompute`): ``self.block_checkpointing``, or by default
-        for models of :data:`BLOCK_CHECKPOINT_MIN_BLOCKS` blocks or more. Same gradients to float
-        rounding; a tenth of the training memory for the published 10-block models."""
+        backward passes (:mod:`matris.model.recompute`; the same gradients to float rounding).
+
+        ``self.block_checkpointing`` True or False decides. By default (None): never for models
+        of fewer than :data:`BLOCK_CHECKPOINT_MIN_BLOCKS` blocks; for deeper ones, on ``graph``
+        when its whole graph would not fit in ``self.training_memory_limit`` bytes (default: 60 %
+        of the memory available on the model's device; a run with ``data.max_memory`` sets its
+        batch budget), since keeping the graph is 10-40 % faster where it fits; without a graph
+        (planning), on."""
         if not create_graph:
             return False
         if self.block_checkpointing is not None:
             return bool(self.block_checkpointing)
-        return self.config.num_layers >= BLOCK_CHECKPOINT_MIN_BLOCKS
+        if self.config.num_layers < BLOCK_CHECKPOINT_MIN_BLOCKS:
+            return False
+        if graph is None:
+            return True
+        limit = self.training_memory_limit
+        if limit is None:
+            limit = int(0.6 * available_memory(self.device))
+        whole = self.estimated_training_bytes(int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles, dtype,
+                                              block_checkpointing=False)
+        return whole > limit
 
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
@@ -271,7 +288,8 @@ class MatRIS(nn.Module):
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
         # training on forces: blocks recomputed in the backward passes, the fast kernels where no
         # weight gradient is wanted (the forward, the input gradients of the force computation)
-        block_kernels = self.kernels_for(positions.device) if self.uses_block_checkpointing(create_graph) else None
+        block_kernels = (self.kernels_for(positions.device) if self.uses_block_checkpointing(create_graph, g, positions.dtype)
+                         else None)
         if compiled:
             if self._compiled is None:
                 self._compiled = torch.compile(self._energy, **self._compile_options)
@@ -498,7 +516,8 @@ class MatRIS(nn.Module):
         peak RSS on CPU, float32, published 10M architecture on rocksalt MgO cells (7,936 to 63,488
         angles) and its 4-block form (``benchmarks/train_memory.py`` checks it): with block
         checkpointing (:meth:`uses_block_checkpointing`) 164 rows for the block being recomputed
-        plus 14 per block kept; without, 235 per block.
+        plus 14 per block kept; without, 180 per block. ``block_checkpointing`` None: as planned
+        for this model without a graph (:meth:`uses_block_checkpointing`).
         """
         c = self.config
         itemsize = torch.finfo(dtype or self.dtype).bits // 8

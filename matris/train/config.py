@@ -230,9 +230,10 @@ class TrainerConfig:
     parity_plot: bool = _f(True, "at the end, plot predicted vs reference energies and forces of the validation set")
     deterministic: bool = _f(False, "use deterministic algorithms (slower on GPU)")
     block_checkpointing: typing.Optional[bool] = _f(None, "recompute each interaction block in the backward passes "
-                                                         "of a step on forces (exact; about a seventh of the memory "
-                                                         "for the published 10M models); null: on for models of 4 "
-                                                         "blocks or more")
+                                                         "of a step on forces (exact; a fifth of the memory for the "
+                                                         "published 10M models, 10-40% slower); null: for models of 4 "
+                                                         "blocks or more, in batches whose whole graph would not fit "
+                                                         "the memory budget")
 
 
 @dataclass

@@ -125,6 +125,7 @@ def apply_memory_budget(model: MatRIS, config: TrainConfig, data: MatRISDataModu
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
     data.set_memory_budget(lambda a, b, t: model.estimated_training_bytes(np.asarray(a), np.asarray(b),
                                                                           np.asarray(t), dtype), plan.budget)
+    model.training_memory_limit = plan.budget  # a batch keeps its whole graph only where that fits too
     rank_zero_info(f"matris: batches of up to {plan.budget / 2**30:.2f} GB of activations ({plan.source}; "
                    f"{plan.fixed / 2**30:.2f} GB for weights, optimizer and framework)")
     return plan
@@ -141,7 +142,10 @@ def dry_run(config: TrainConfig) -> str:
     sizes = data.train_set.sizes()
     device = training_device(config)
     plan = plan_memory(model, config, sizes, device, max_memory=config.data.max_memory or "auto")
-    ckpt = "on" if model.uses_block_checkpointing() else "off"
+    ckpt = {True: "on", False: "off"}.get(model.block_checkpointing, "automatic") \
+        if model.uses_block_checkpointing() else "off"
+    if ckpt == "automatic":
+        ckpt += " (a batch keeps its whole graph where that fits, else recomputes each block)"
     head = (f"model: {model.num_parameters():,} parameters, {model.config.num_layers} "
             f"blocks, block checkpointing {ckpt}; {len(data.train_set)} training structures")
     verdict = "the largest structure fits" if plan.costs.max(initial=0) <= plan.budget else \
