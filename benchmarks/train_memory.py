@@ -208,6 +208,9 @@ def main(argv=None) -> int:
     p.add_argument("--headroom", type=float, default=1.0,
                    help="skip a row whose predicted peak exceeds this share of the free memory")
     p.add_argument("--json", default=None, help="write the rows (and provenance) to this JSON file")
+    p.add_argument("--update", action="store_true",
+                   help="with --json: replace only the rows measured now in that file (its provenance records "
+                        "this run as an update)")
     p.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a results file and exit")
     p.add_argument("--worker", nargs=2, metavar=("CASE", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -251,9 +254,17 @@ def main(argv=None) -> int:
         from benchmarks.provenance import provenance
         from matris.atomic import write_json
 
-        write_json(args.json, {"meta": provenance(argv, model_name="MatRIS published 10M architecture "
-                                                                   "(MatRISConfig.published_10m()), random weights"),
-                               "rows": rows, "gpu_sizes": sizes})
+        meta = provenance(argv, model_name="MatRIS published 10M architecture (MatRISConfig.published_10m()), "
+                                           "random weights")
+        result = {"meta": meta, "rows": rows, "gpu_sizes": sizes}
+        if args.update and Path(args.json).is_file():
+            old = json.loads(Path(args.json).read_text())
+            new = {(r["case"], r["mode"]): r for r in rows}
+            result = dict(old, rows=[new.pop((r["case"], r["mode"]), r) for r in old["rows"]] + list(new.values()))
+            result["updates"] = old.get("updates", []) + [{"rows": [f"{c}/{m}" for c, m in
+                                                                      ((r["case"], r["mode"]) for r in rows)],
+                                                             "meta": meta}]
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0
 
