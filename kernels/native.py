@@ -15,7 +15,7 @@ under ``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``; ``$MATRIS_N
 overrides the folder). The hash covers every source file, the compiler, the flags, the torch
 version and the CPU (``-march=native`` code must not run on another kind of CPU that shares the
 cache folder, e.g. a cluster's home directory), so it is built once per kind of machine and
-torch (about half a minute on two cores), and a library built from other sources or for another
+torch (tens of seconds), and a library built from other sources or for another
 torch is never loaded. The build writes to a temporary name and renames it, so concurrent
 processes never load a half-written file. ``MATRIS_NATIVE=0`` turns it off; ``MATRIS_NATIVE=1``
 makes a failed build an error instead of a one-time warning.
