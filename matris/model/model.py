@@ -183,8 +183,8 @@ class MatRIS(nn.Module):
         of fewer than :data:`BLOCK_CHECKPOINT_MIN_BLOCKS` blocks; for deeper ones, on ``graph``
         when its whole graph would not fit in ``self.training_memory_limit`` bytes (default: 60 %
         of the memory available on the model's device; a run with ``data.max_memory`` sets its
-        batch budget), since keeping the graph is 10-40 % faster where it fits; without a graph
-        (planning), on."""
+        batch budget), since recomputing makes a step 10-40 % slower (``benchmarks/train_memory.py``);
+        without a graph (planning), on."""
         if not create_graph:
             return False
         if self.block_checkpointing is not None:
@@ -288,8 +288,8 @@ class MatRIS(nn.Module):
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
         # training on forces: blocks recomputed in the backward passes, the fast kernels where no
         # weight gradient is wanted (the forward, the input gradients of the force computation)
-        block_kernels = (self.kernels_for(positions.device) if self.uses_block_checkpointing(create_graph, g, positions.dtype)
-                         else None)
+        recompute = self.uses_block_checkpointing(create_graph, g, positions.dtype)
+        block_kernels = self.kernels_for(positions.device) if recompute else None
         if compiled:
             if self._compiled is None:
                 self._compiled = torch.compile(self._energy, **self._compile_options)
