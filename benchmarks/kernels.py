@@ -225,6 +225,8 @@ def kernel_specs():
     from matris.kernels import basis as B
     from matris.kernels import epilogue as EP
     from matris.kernels import gather as GA
+    from matris.kernels import phi as PHI
+    from matris.kernels import refine as RF
 
     specs = []
     # the gathers: the three term layouts of the model, forward and backward, float32 and
@@ -239,13 +241,13 @@ def kernel_specs():
         for k in range(GA.MAX_TERMS):
             sig[f"p{k}"] = ptr
             sig[f"i{k}"] = "*i64" if flags[k] else ptr
-        sig.update(bias_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, n_rows="i32", H="i32")
+        sig.update(bias_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, slope_ptr=ptr, n_rows="i32", H="i32")
         sig.update({k: "constexpr" for k in ("N_TERMS", "IDX0", "IDX1", "IDX2", "IDX3", "HAS_BIAS", "ACT", "BACKWARD",
-                                             "BLOCK_R", "BLOCK_H")})
+                                             "SLOPE", "BLOCK_R", "BLOCK_H")})
         specs.append((f"gather_sum[{fp}, {name}, {'backward' if back else 'forward'}]", GA.gather_sum_kernel, sig,
                       dict(N_TERMS=4 if flags[3] else 3, IDX0=bool(flags[0]), IDX1=True, IDX2=True,
                            IDX3=bool(flags[3]), HAS_BIAS=True, ACT=EP.ACT_CODE["silu"], BACKWARD=back,
-                           BLOCK_R=GA.BLOCK_ROWS, BLOCK_H=GA.BLOCK_COLS)))
+                           SLOPE=not back, BLOCK_R=GA.BLOCK_ROWS, BLOCK_H=GA.BLOCK_COLS)))
     # the epilogue: both modes in float64 and float32 for the published combination (RMS,
     # SiLU), and every other norm and activation in float32 in its largest variant
     variants = [(fp, "rms", "silu", mode) for fp in ("fp32", "fp64") for mode in ("forward", "backward",
@@ -266,13 +268,37 @@ def kernel_specs():
         ptr = f"*{fp}"
         specs.append((f"softmax_aggregate_fwd[{fp}]", S.softmax_aggregate_fwd_kernel,
                       dict(logits_ptr=ptr, msg_ptr=ptr, order_ptr="*i64", offsets_ptr="*i64", out_ptr=ptr,
-                           lse_ptr=ptr, C="i32", BLOCK_E="constexpr", BLOCK_C="constexpr"),
+                           lse_ptr=ptr, C="i32", stride_a="i32", BLOCK_E="constexpr", BLOCK_C="constexpr"),
                       dict(BLOCK_E=S.FWD_BLOCK_E, BLOCK_C=S.FWD_BLOCK_C)))
         specs.append((f"softmax_aggregate_bwd[{fp}]", S.softmax_aggregate_bwd_kernel,
                       dict(logits_ptr=ptr, msg_ptr=ptr, index_ptr="*i64", out_ptr=ptr, lse_ptr=ptr, gout_ptr=ptr,
                            glse_ptr=ptr, glogits_ptr=ptr, gmsg_ptr=ptr, E="i32", C="i32", BLOCK_E="constexpr",
                            BLOCK_C="constexpr"),
                       dict(BLOCK_E=S.BWD_BLOCK_E, BLOCK_C=S.BWD_BLOCK_C)))
+        # the operators' CUDA kernels (matris::gated_phi, attention_pair, refine_edges)
+        specs.append((f"attention_pair_bwd[{fp}]", S.attention_pair_bwd_kernel,
+                      dict(logits_ptr=ptr, msg_ptr=ptr, tgt_ptr="*i64", src_ptr="*i64", out_t_ptr=ptr, out_s_ptr=ptr,
+                           lse_t_ptr=ptr, lse_s_ptr=ptr, gt_ptr=ptr, gs_ptr=ptr, gy_ptr=ptr, galpha_ptr=ptr,
+                           gm_ptr=ptr, E="i32", C="i32", stride_a="i32", HAS_GY="constexpr", BLOCK_E="constexpr",
+                           BLOCK_C="constexpr"),
+                      dict(HAS_GY=True, BLOCK_E=S.BWD_BLOCK_E, BLOCK_C=S.BWD_BLOCK_C)))
+        for layer in (False, True):
+            for backward in (False, True):
+                specs.append((f"phi_epilogue[{fp}, {'layer' if layer else 'rms'}, "
+                              f"{'backward' if backward else 'forward'}]", PHI.phi_epilogue_kernel,
+                              dict(core_ptr=ptr, gate_ptr=ptr, nc_ptr=ptr, ng_ptr=ptr, nbc_ptr=ptr, nbg_ptr=ptr,
+                                   eps_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, sig_ptr=ptr, rc_ptr=ptr, rg_ptr=ptr,
+                                   gcore_ptr=ptr, ggate_ptr=ptr, n_rows="i32", D="i32", LAYER="constexpr",
+                                   BACKWARD="constexpr", BLOCK_R="constexpr", BLOCK_D="constexpr"),
+                              dict(LAYER=layer, BACKWARD=backward, BLOCK_R=PHI.EPILOGUE_ROWS, BLOCK_D=128)))
+        for backward in (False, True):
+            specs.append((f"refine_edges[{fp}, {'backward' if backward else 'forward'}]", RF.refine_edges_kernel,
+                          dict(u_ptr=ptr, q_ptr=ptr, src_ptr="*i64", tgt_ptr="*i64", ug_ptr=ptr, gagg_ptr=ptr,
+                               gin_ptr=ptr, gu_ptr=ptr, tosrc_ptr=ptr, totgt_ptr=ptr, E="i32", C="i32",
+                               BACKWARD="constexpr", HAS_GIN="constexpr", SMOOTH="constexpr", WANT_U="constexpr",
+                               WANT_Q="constexpr", BLOCK_R="constexpr", BLOCK_C="constexpr"),
+                          dict(BACKWARD=backward, HAS_GIN=backward, SMOOTH=False, WANT_U=backward, WANT_Q=backward,
+                               BLOCK_R=RF.BLOCK_ROWS, BLOCK_C=RF.BLOCK_COLS)))
         for backward in (False, True):
             tag = f"{fp}, {'backward' if backward else 'forward'}"
             specs.append((f"bessel[{tag}]", B.bessel_kernel,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import native
-from .backend import check_dtype, recompute_backward, tile, triton_available, use_triton
+from .backend import (LIB, check_dtype, operators_run, recompute_backward, register_triton, tile, triton_available,
+                      use_triton)
 from .segment import scatter_sum, segment_softmax
 
 
@@ -150,9 +150,10 @@ if triton_available():
     import triton.language as tl
 
     @triton.jit
-    def softmax_aggregate_fwd_kernel(logits_ptr, msg_ptr, order_ptr, offsets_ptr, out_ptr, lse_ptr, C,
+    def softmax_aggregate_fwd_kernel(logits_ptr, msg_ptr, order_ptr, offsets_ptr, out_ptr, lse_ptr, C, stride_a,
                                      BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
-        """One program per (segment, block of channels): online softmax over the segment's edges."""
+        """One program per (segment, block of channels): online softmax over the segment's edges.
+        ``stride_a``: the logits' row stride (C, or 2C for one half of ``[α_s ‖ α_t]``)."""
         seg = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -169,7 +170,7 @@ if triton_available():
             rows = tl.load(order_ptr + eids, mask=emask, other=0).to(tl.int64)
             mask = emask[:, None] & cmask[None, :]
             offs = rows[:, None] * C + cols[None, :]
-            a = tl.load(logits_ptr + offs, mask=mask, other=float("-inf"))
+            a = tl.load(logits_ptr + rows[:, None] * stride_a + cols[None, :], mask=mask, other=float("-inf"))
             m = tl.load(msg_ptr + offs, mask=mask, other=0.0)
             new_max = tl.maximum(run_max, tl.max(a, axis=0))
             safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # masked channels only
@@ -213,13 +214,16 @@ BWD_BLOCK_E, BWD_BLOCK_C = 32, 32
 
 
 def _forward_triton(logits, messages, segments):
-    n, c = segments.num_segments, logits.shape[1]
-    out = torch.empty((n, c), dtype=logits.dtype, device=logits.device)
+    """(out, lse) ``[n, C]``; ``logits`` ``[E, C]`` with unit column stride (rows may be strided)."""
+    n, c = segments.num_segments, messages.shape[1]
+    out = torch.empty((n, c), dtype=messages.dtype, device=messages.device)
     lse = torch.empty_like(out)
+    if n == 0:
+        return out, lse
     block_e, block_c = tile(FWD_BLOCK_E, 64), tile(FWD_BLOCK_C, 128)
     grid = (n, triton.cdiv(c, block_c))
     softmax_aggregate_fwd_kernel[grid](logits, messages, segments.order, segments.offsets, out, lse, c,
-                                       BLOCK_E=block_e, BLOCK_C=block_c)
+                                       logits.stride(0), BLOCK_E=block_e, BLOCK_C=block_c)
     return out, lse
 
 
@@ -254,7 +258,8 @@ def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, ro
 
 
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
-                   res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                   res_weight: torch.Tensor | None = None,
+                   segments: "tuple[Segments, Segments] | None" = None) -> tuple[torch.Tensor, ...]:
     """:func:`attention_pair_reference` as the operator ``matris::attention_pair`` (C++ kernel in
     ``csrc/cpu/attention.cpp``; where it cannot run, e.g. no compiler, the reference).
 
@@ -266,28 +271,44 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
     weight gradients it recomputes the reference under autograd (exact second order).
     ``res_weight`` (line graph only): also the residual update y' of the reference, computed in
     the same pass over the rows (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
+    ``segments`` (by target, by source): the CSR order the CUDA kernel walks (made once per graph;
+    sorted here when not given; the CPU kernel does not need it).
     """
     n_edges = messages.shape[0]
     if res_weight is not None and row_index is not None:
         raise ValueError("attention_pair: res_weight is for the line-graph form (row_index None)")
-    if n_edges == 0 or not native.usable(messages, target, source, row_index,
-                                         rows if row_index is not None else None):
-        # no fused loops here (no compiler, not contiguous float CPU tensors): the reference
+    if n_edges == 0 or not operators_run(messages, target, source, row_index, rows, weight, res_weight):
+        # no kernel here (no compiler, not float32/float64 tensors): the reference
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
+    csr = []
+    if messages.device.type != "cpu" or segments is not None:
+        if segments is None:
+            segments = (Segments.from_index(target, num_segments), Segments.from_index(source, num_segments))
+        csr = [segments[0].order, segments[0].offsets, segments[1].order, segments[1].offsets]
     out_t, out_s, y_new = torch.ops.matris.attention_pair(rows, weight, row_index, messages, target, source,
-                                                          num_segments, res_weight)[:3]
+                                                          num_segments, res_weight, csr)[:3]
     return (out_t, out_s) if res_weight is None else (out_t, out_s, y_new)
 
 
 # ---------------------------------------------------------------------------- registered operators
 # matris::attention_pair (forward: T, S, y' and what the backward reads) and
-# matris::attention_pair_backward (input gradients) are defined, with their CPU kernels, in the C++
-# library (csrc/ops.cpp, csrc/cpu/attention.cpp); here, once it is loaded, their fake kernels and
-# autograd: the backward operator where only input gradients are wanted (inference), else the
-# reference under autograd (exact second order).
+# matris::attention_pair_backward (input gradients): CPU kernels in the C++ library
+# (csrc/cpu/attention.cpp), CUDA kernels in Triton (below). Autograd: the backward operator where only
+# input gradients are wanted (inference), else the reference under autograd (exact second order).
+# ``csr``: [target order, target offsets, source order, source offsets] of :class:`Segments` for the
+# CUDA kernel (the CPU kernel reads the indices; an empty list there).
 # Outputs: (T [n, C], S [n, C], y' [E, C] (empty without res_weight), α [E, 2C] (empty on the atom
 # graph, where α is ``rows`` read through ``row_index``), lse_s [n, C], lse_t [n, C]).
-def _attention_fake(rows, weight, row_index, messages, target, source, num_segments, res_weight):
+LIB.define("attention_pair(Tensor rows, Tensor? weight, Tensor? row_index, Tensor messages, Tensor target, "
+           "Tensor source, SymInt num_segments, Tensor? res_weight, Tensor[] csr) -> "
+           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+LIB.define("attention_pair_backward(Tensor g_t, Tensor g_s, Tensor? g_y, Tensor rows, Tensor? weight, "
+           "Tensor? row_index, Tensor messages, Tensor target, Tensor source, Tensor alpha, Tensor out_s, "
+           "Tensor out_t, Tensor lse_s, Tensor lse_t, Tensor? res_weight, bool want_rows, bool want_messages) -> "
+           "(Tensor, Tensor)")
+
+
+def _attention_fake(rows, weight, row_index, messages, target, source, num_segments, res_weight, csr):
     e, c = messages.shape
     per_node = [messages.new_empty((num_segments, c)) for _ in range(4)]
     return (per_node[0], per_node[1], messages.new_empty((e, c) if res_weight is not None else (0,)),
@@ -301,11 +322,11 @@ def _attention_backward_fake(g_t, g_s, g_y, rows, weight, row_index, messages, t
 
 
 def _attention_setup(ctx, inputs, output):
-    rows, weight, row_index, m, target, source, n, res_weight = inputs
+    rows, weight, row_index, m, target, source, n, res_weight, csr = inputs
     out_t, out_s, _, alpha, lse_s, lse_t = output
     ctx.set_materialize_grads(False)  # an output that reaches no loss gets None (its terms are skipped)
     ctx.save_for_backward(rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight)
-    ctx.n, ctx.res = n, res_weight is not None
+    ctx.n, ctx.res, ctx.no_csr = n, res_weight is not None, [None] * len(csr)
     ctx.want_rows, ctx.want_messages = rows.requires_grad, m.requires_grad
     ctx.want_weights = (weight is not None and weight.requires_grad and row_index is None) or (
         res_weight is not None and res_weight.requires_grad)
@@ -324,17 +345,104 @@ def _attention_backward(ctx, g_t, g_s, g_y, *_unused):
         if ctx.res:
             g = recompute_backward(ref, (rows, w, m, res_weight),
                                    (g_t, g_s, g_y if g_y is not None else torch.zeros_like(m)))
-            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, g[3]
+            return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, g[3], ctx.no_csr
         g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
-        return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None
+        return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, ctx.no_csr
     g_rows, g_m = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, weight, row_index, m, target, source,
                                                            alpha, out_s, out_t, lse_s, lse_t, res_weight,
                                                            ctx.want_rows, ctx.want_messages)
-    return g_rows if ctx.want_rows else None, None, None, g_m if ctx.want_messages else None, None, None, None, None
+    return (g_rows if ctx.want_rows else None, None, None, g_m if ctx.want_messages else None, None, None, None, None,
+            ctx.no_csr)
 
 
-def register_operators() -> None:
-    """Fake kernels and autograd of the C++ operators (called by :mod:`.native` once it loaded them)."""
-    torch.library.register_fake("matris::attention_pair")(_attention_fake)
-    torch.library.register_fake("matris::attention_pair_backward")(_attention_backward_fake)
-    torch.library.register_autograd("matris::attention_pair", _attention_backward, setup_context=_attention_setup)
+torch.library.register_fake("matris::attention_pair")(_attention_fake)
+torch.library.register_fake("matris::attention_pair_backward")(_attention_backward_fake)
+torch.library.register_autograd("matris::attention_pair", _attention_backward, setup_context=_attention_setup)
+
+
+# ---------------------------------------------------------------------------- CUDA (Triton)
+def _attention_triton(rows, weight, row_index, messages, target, source, num_segments, res_weight, csr):
+    """The CUDA kernel of ``matris::attention_pair``: the C++ kernel's outputs, from the online-softmax
+    Triton kernel (once per direction, reading its half of α in place) and one GEMM for α."""
+    e, c = messages.shape
+    messages = messages.contiguous()
+    if csr:
+        t_seg = Segments(target, num_segments, csr[0], csr[1])
+        s_seg = Segments(source, num_segments, csr[2], csr[3])
+    else:
+        t_seg, s_seg = Segments.from_index(target, num_segments), Segments.from_index(source, num_segments)
+    if row_index is None:
+        alpha = rows @ weight.T  # [E, 2C], kept for the backward
+        logits = alpha
+    else:  # the atom graph: α per bond, read per directed edge (not kept: the backward gathers again)
+        logits = rows.index_select(0, row_index)
+        alpha = messages.new_empty((0,))
+    out_t, lse_t = _forward_triton(logits[:, c:], messages, t_seg)
+    out_s, lse_s = _forward_triton(logits[:, :c], messages, s_seg)
+    y_new = torch.addcmul(messages, res_weight, rows) if res_weight is not None else messages.new_empty((0,))
+    return out_t, out_s, y_new, alpha, lse_s, lse_t
+
+
+def _attention_backward_triton(g_t, g_s, g_y, rows, weight, row_index, messages, target, source, alpha, out_s, out_t,
+                               lse_s, lse_t, res_weight, want_rows, want_messages):
+    """The CUDA kernel of ``matris::attention_pair_backward``: one edge-parallel Triton kernel for
+    ∂L/∂α (both halves) and ∂L/∂m, then a GEMM (line graph) or an index_add (atom graph) for ∂L/∂rows."""
+    e, c = messages.shape
+    logits = alpha if row_index is None else rows.index_select(0, row_index)
+    g_alpha = messages.new_empty((e, 2 * c))
+    g_m = messages.new_empty((e, c))
+    if e:
+        block_e, block_c = tile(BWD_BLOCK_E, 256), tile(BWD_BLOCK_C, 128)
+        grid = (triton.cdiv(e, block_e), triton.cdiv(c, block_c))
+        has_gy = g_y is not None
+        attention_pair_bwd_kernel[grid](logits, messages.contiguous(), target, source, out_t, out_s, lse_t, lse_s,
+                                        g_t.contiguous(), g_s.contiguous(),
+                                        g_y.contiguous() if has_gy else messages, g_alpha, g_m, e, c,
+                                        logits.stride(0), HAS_GY=has_gy, BLOCK_E=block_e, BLOCK_C=block_c)
+    g_rows = messages.new_empty((0,))
+    if want_rows:
+        if row_index is None:
+            g_rows = g_alpha @ weight
+            if res_weight is not None and g_y is not None:
+                g_rows.addcmul_(res_weight, g_y)
+        else:
+            g_rows = rows.new_zeros(rows.shape).index_add_(0, row_index, g_alpha)
+    return g_rows, g_m if want_messages else messages.new_empty((0,))
+
+
+if triton_available():
+    @triton.jit
+    def attention_pair_bwd_kernel(logits_ptr, msg_ptr, tgt_ptr, src_ptr, out_t_ptr, out_s_ptr, lse_t_ptr,
+                                  lse_s_ptr, gt_ptr, gs_ptr, gy_ptr, galpha_ptr, gm_ptr, E, C, stride_a,
+                                  HAS_GY: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Both aggregations' backward per edge: p from the saved log-sum-exp, no reductions.
+        ∂L/∂α_s and ∂L/∂α_t into the two halves of ``galpha`` [E, 2C]; ∂L/∂m = p_t·G_t + p_s·G_s (+ G_y')."""
+        eids = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+        emask = eids < E
+        mask = emask[:, None] & (cols < C)[None, :]
+        t = tl.load(tgt_ptr + eids, mask=emask, other=0).to(tl.int64)
+        s = tl.load(src_ptr + eids, mask=emask, other=0).to(tl.int64)
+        eoffs = eids[:, None] * C + cols[None, :]
+        aoffs = eids[:, None] * stride_a + cols[None, :]
+        toffs = t[:, None] * C + cols[None, :]
+        soffs = s[:, None] * C + cols[None, :]
+        m = tl.load(msg_ptr + eoffs, mask=mask, other=0.0)
+        a_s = tl.load(logits_ptr + aoffs, mask=mask, other=0.0)
+        a_t = tl.load(logits_ptr + aoffs + C, mask=mask, other=0.0)
+        p_t = tl.exp(a_t - tl.load(lse_t_ptr + toffs, mask=mask, other=0.0))
+        p_s = tl.exp(a_s - tl.load(lse_s_ptr + soffs, mask=mask, other=0.0))
+        g_t = tl.load(gt_ptr + toffs, mask=mask, other=0.0)
+        g_s = tl.load(gs_ptr + soffs, mask=mask, other=0.0)
+        gm = p_t * g_t + p_s * g_s
+        if HAS_GY:
+            gm += tl.load(gy_ptr + eoffs, mask=mask, other=0.0)
+        tl.store(gm_ptr + eoffs, gm, mask=mask)
+        goffs = eids[:, None] * (2 * C) + cols[None, :]
+        tl.store(galpha_ptr + goffs, p_s * (m - tl.load(out_s_ptr + soffs, mask=mask, other=0.0)) * g_s, mask=mask)
+        tl.store(galpha_ptr + goffs + C, p_t * (m - tl.load(out_t_ptr + toffs, mask=mask, other=0.0)) * g_t,
+                 mask=mask)
+
+
+register_triton("attention_pair", _attention_triton)
+register_triton("attention_pair_backward", _attention_backward_triton)

@@ -90,6 +90,45 @@ def device_constants(values: tuple, dtype: torch.dtype, device: torch.device) ->
 
 KERNEL_DTYPES = (torch.float32, torch.float64)
 
+# The fused formulas' operators (``matris::gated_phi``, ``attention_pair``, ``refine_edges`` and their
+# ``*_backward``) are defined here, from Python, so that they exist whatever is built: their CUDA
+# kernels (Triton, registered below from each family's module) do not depend on the C++ library, whose
+# CPU kernels register themselves with ``TORCH_LIBRARY_IMPL`` when it loads (:mod:`.native`).
+LIB = torch.library.Library("matris", "FRAGMENT")
+
+
+def register_triton(name: str, kernel) -> None:
+    """Register ``kernel`` (a Python function that launches Triton kernels) as the CUDA kernel of
+    ``matris::name``. Under ``TRITON_INTERPRET=1`` it is the CPU kernel as well (the C++ library is
+    then not loaded), so that the CPU checks run the GPU code path on CPU tensors."""
+    if not triton_available():
+        return
+    LIB.impl(name, kernel, "CUDA")
+    if interpreting():
+        LIB.impl(name, kernel, "CPU")
+
+
+def operators_run(*tensors: torch.Tensor) -> bool:
+    """Whether the fused operators have a kernel for these tensors: CUDA tensors with triton; CPU
+    tensors with the C++ library loaded (or under ``TRITON_INTERPRET=1``, the Triton kernels); every
+    floating tensor float32 or float64 (one dtype), the others int64 indices."""
+    from . import native
+
+    given = [t for t in tensors if t is not None]
+    floats = [t for t in given if t.is_floating_point()]
+    if not floats:
+        return False
+    device = floats[0].device
+    if any(t.device != device for t in given):
+        return False
+    if floats[0].dtype not in KERNEL_DTYPES or any(t.dtype != floats[0].dtype for t in floats):
+        return False
+    if any(t.dtype != torch.int64 for t in given if not t.is_floating_point()):
+        return False
+    if device.type == "cuda" or (device.type == "cpu" and interpreting()):
+        return triton_available()
+    return device.type == "cpu" and native.available()
+
 
 def check_dtype(*tensors: torch.Tensor) -> None:
     """Refuse, before any launch, dtypes the fused kernels do not implement (half precision)."""

@@ -153,11 +153,12 @@ if triton_available():
         return tl.load(p_ptr + src[:, None] * H + cols[None, :], mask=mask, other=0.0)
 
     @triton.jit
-    def gather_sum_kernel(p0, i0, p1, i1, p2, i2, p3, i3, bias_ptr, grad_ptr, out_ptr, n_rows, H,
+    def gather_sum_kernel(p0, i0, p1, i1, p2, i2, p3, i3, bias_ptr, grad_ptr, out_ptr, slope_ptr, n_rows, H,
                           N_TERMS: tl.constexpr, IDX0: tl.constexpr, IDX1: tl.constexpr, IDX2: tl.constexpr,
                           IDX3: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BACKWARD: tl.constexpr,
-                          BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-        """Forward: out = act(pre); backward: out = grad ⊙ act'(pre); pre = Σ_k p_k[i_k] + bias."""
+                          SLOPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Forward: out = act(pre) (and with SLOPE, slope = act'(pre): what the gated Φ's backward
+        reads); backward: out = grad ⊙ act'(pre); pre = Σ_k p_k[i_k] + bias."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
         rmask = rows < n_rows
@@ -179,9 +180,17 @@ if triton_available():
             tl.store(out_ptr + offs, g * da, mask=mask)
         else:
             tl.store(out_ptr + offs, a, mask=mask)
+            if SLOPE:
+                tl.store(slope_ptr + offs, da, mask=mask)
 
 
-def _launch(projs, indices, bias, act, n_rows, grad):
+def activate_with_slope(terms: list[Term], bias: torch.Tensor | None, act: str, n_rows: int):
+    """``(act(pre), act'(pre))``, each ``[n_rows, H]``, with ``pre = Σ_k P_k[idx_k] + b`` (Triton; the
+    first layer of :func:`matris.kernels.gated_phi` on CUDA). At most four terms."""
+    return _launch([p for p, _ in terms], [i for _, i in terms], bias, act, n_rows, None, slope=True)
+
+
+def _launch(projs, indices, bias, act, n_rows, grad, slope=False):
     h = projs[0].shape[1]
     ref = projs[0]
     slots = []
@@ -191,10 +200,11 @@ def _launch(projs, indices, bias, act, n_rows, grad):
         else:
             slots += [ref, ref]
     out = torch.empty((n_rows, h), dtype=ref.dtype, device=ref.device)
+    slopes = torch.empty_like(out) if slope else out
     flags = {f"IDX{k}": k < len(indices) and indices[k] is not None for k in range(MAX_TERMS)}
     block_r, block_h = tile(BLOCK_ROWS, 128), tile(BLOCK_COLS, 128)
     grid = (triton.cdiv(n_rows, block_r), triton.cdiv(h, block_h))
     gather_sum_kernel[grid](*slots, bias if bias is not None else ref, grad if grad is not None else ref, out,
-                            n_rows, h, N_TERMS=len(projs), HAS_BIAS=bias is not None, ACT=ACT_CODE[act],
-                            BACKWARD=grad is not None, BLOCK_R=block_r, BLOCK_H=block_h, **flags)
-    return out
+                            slopes, n_rows, h, N_TERMS=len(projs), HAS_BIAS=bias is not None, ACT=ACT_CODE[act],
+                            BACKWARD=grad is not None, SLOPE=slope, BLOCK_R=block_r, BLOCK_H=block_h, **flags)
+    return (out, slopes) if slope else out

@@ -1,13 +1,13 @@
-"""The fused CPU operators: their C++ kernels (``csrc/``), built once and registered with torch.
+"""The fused CPU operators' C++ kernels (``csrc/cpu/``), built once and registered with torch.
 
-``csrc/ops.cpp`` defines the schemas of ``matris::gated_phi``, ``matris::attention_pair`` and
-``matris::refine_edges`` (with their ``*_backward`` operators) in ``TORCH_LIBRARY_FRAGMENT``, and
-``csrc/cpu/{phi,attention,refine}.cpp`` register their CPU kernels with ``TORCH_LIBRARY_IMPL``;
-the fake kernels and autograd are registered from Python (:mod:`.phi`, :mod:`.aggregate`,
-:mod:`.refine`) once the library is loaded. Each kernel runs its whole formula in one pass over
-the rows, every step on blocks of rows while they are in L2 (see the sources), in float32 and
-float64. Without the library (no compiler, or ``MATRIS_NATIVE=0``) the kernels run their
-PyTorch references; the tests compare the two.
+The operators ``matris::gated_phi``, ``matris::attention_pair`` and ``matris::refine_edges`` (with
+their ``*_backward`` operators) are defined from Python (:mod:`.phi`, :mod:`.aggregate`,
+:mod:`.refine`, with their fake kernels, autograd and CUDA kernels in Triton);
+``csrc/cpu/{phi,attention,refine}.cpp`` register their CPU kernels with ``TORCH_LIBRARY_IMPL`` when
+the library built here is loaded. Each kernel runs its whole formula in one pass over the rows,
+every step on blocks of rows while they are in L2 (see the sources), in float32 and float64.
+Without the library (no compiler, or ``MATRIS_NATIVE=0``) the CPU path runs the PyTorch
+references; the tests compare the two.
 
 The library is compiled on first use with ``$CXX`` (default ``c++``; C++20 and OpenMP, as torch extensions need: GCC ≥ 10
 or Clang ≥ 12) against the running torch's headers, ``-O3 -march=native -fopenmp``, and cached
@@ -18,7 +18,8 @@ cache folder, e.g. a cluster's home directory), so it is built once per kind of 
 torch (tens of seconds), and a library built from other sources or for another
 torch is never loaded. The build writes to a temporary name and renames it, so concurrent
 processes never load a half-written file. ``MATRIS_NATIVE=0`` turns it off; ``MATRIS_NATIVE=1``
-makes a failed build an error instead of a one-time warning.
+makes a failed build an error instead of a one-time warning. Under ``TRITON_INTERPRET=1`` it is
+not loaded: the Triton kernels serve CPU tensors there.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "ops.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp", CSRC / "cpu" / "refine.cpp")
+SOURCES = (CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp", CSRC / "cpu" / "refine.cpp")
 HEADERS = (CSRC / "cpu" / "common.h",)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
          "-fvisibility=hidden"]
@@ -150,8 +151,10 @@ def library() -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def _load() -> Path | None:
+    from .backend import interpreting
+
     choice = os.environ.get("MATRIS_NATIVE", "auto")
-    if choice == "0":
+    if choice == "0" or interpreting():
         return None
     try:
         path = build()
@@ -162,25 +165,7 @@ def _load() -> Path | None:
         warnings.warn(f"matris: the fused CPU kernels are not available ({exc}); the CPU path runs PyTorch ops "
                       "instead (same numbers, slower). MATRIS_NATIVE=0 silences this.", RuntimeWarning, stacklevel=2)
         return None
-    from . import aggregate, phi, refine  # their fake kernels and autograd, now that the operators exist
-
-    for module in (phi, aggregate, refine):
-        module.register_operators()
     return path
-
-
-def usable(*tensors: torch.Tensor) -> bool:
-    """Whether the fused kernels apply: the library loads, every tensor is a CPU tensor, the
-    floating ones float32 or float64 (one dtype), the others int64 indices."""
-    given = [t for t in tensors if t is not None]
-    floats = [t for t in given if t.is_floating_point()]
-    if not floats or any(t.device.type != "cpu" for t in given):
-        return False
-    if floats[0].dtype not in (torch.float32, torch.float64) or any(t.dtype != floats[0].dtype for t in floats):
-        return False
-    if any(t.dtype != torch.int64 for t in given if not t.is_floating_point()):
-        return False
-    return available()
 
 
 @torch.compiler.assume_constant_result

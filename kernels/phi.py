@@ -1,6 +1,6 @@
 """The whole gated Φ of an edge update (spec §5), fused for the CPU: first layer, gathers,
 activation, second layers and the gated epilogue in one pass over the rows
-(``matris::gated_phi``, C++ kernel in ``csrc/cpu/phi.cpp``).
+(``matris::gated_phi``: C++ kernel in ``csrc/cpu/phi.cpp``, Triton kernels below for CUDA).
 
     pre  = R·W_rᵀ + Σ_k P_k[idx_k] + b₁                 [E, 2H]  (core ‖ gate halves)
     hid  = silu(pre)
@@ -11,8 +11,7 @@ R ``[E, d_r]`` is the per-row term (the angle features on the line graph; None w
 term is gathered), ``P_k [n_k, 2H]`` the per-node projections of the projection rewrite
 (``matris.model.layers``) and N the norm: RMSNorm ``N(x) = x·r·w``, ``r = 1/sqrt(mean(x²) + eps)``,
 or LayerNorm ``N(x) = x̄·r·w + b`` with ``x̄ = x − mean(x)`` and ``r = 1/sqrt(mean(x̄²) + eps)``
-(the published 10M models). This is ``GatedMLP.forward_terms`` with SiLU; the Triton kernels
-:func:`gather_sum_activate` and :func:`gated_epilogue` compute the same quantities on GPU.
+(the published 10M models). This is ``GatedMLP.forward_terms`` with SiLU.
 
 Why: on a CPU these tensors (29k angles × 256 floats for Si64) do not fit in cache, and the
 composed PyTorch ops make about fifteen passes over them in each direction, each allocating
@@ -30,6 +29,13 @@ keep); the backward reads them once per block:
 The backward's ∂L/∂P_k are summed every ``chunk`` rows (threads own channel ranges, rows in
 order: the same sums for any thread count).
 
+On CUDA the same operator runs three Triton kernels and cuBLAS: the first layer's gathers, bias
+and SiLU in one pass writing ``silu(pre)`` and ``silu'(pre)`` (:func:`.gather.activate_with_slope`,
+after ``R·W_rᵀ`` in one GEMM), the second layers as GEMMs, and the epilogue kernel below, which
+writes ``out``, ``σ(gn)``, the row statistics and the centred rows; its backward kernel gives
+``G_core``, ``G_gate`` from them, then GEMMs and ``index_add`` give the rest. Both forms return
+the same tensors (the tests compare them).
+
 The fused backward gives input gradients only (the weights are frozen at inference, see
 ``MatRIS.forward``). When weight gradients or a graph of the backward are wanted (training
 on forces), it recomputes the PyTorch reference under autograd: exact second derivatives.
@@ -40,8 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import native
-from .backend import recompute_backward
+from .backend import LIB, device_constants, operators_run, recompute_backward, register_triton, tile, triton_available
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 # Rows per chunk of the backward's scatter: a [chunk, 2H] buffer of 4 MiB (4,096 float32 rows for
@@ -94,7 +99,7 @@ def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weigh
         raise ValueError(f"gated_phi: norm must be one of {NORMS}, got {norm!r}")
     n = rows.shape[0] if rows is not None else terms[0][1].shape[0]
     projs, indices = [p for p, _ in terms], [i for _, i in terms]
-    if n == 0 or not native.usable(bias1, *projs, *indices):
+    if n == 0 or not operators_run(rows, bias1, *projs, *indices):
         return gated_phi_reference(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weight, gate_bias,
                                    core_norm, gate_norm, eps, norm=norm, core_norm_bias=core_norm_bias,
                                    gate_norm_bias=gate_norm_bias)
@@ -112,11 +117,21 @@ def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weigh
 
 
 # ---------------------------------------------------------------------------- registered operators
-# matris::gated_phi (forward: the output and what the backward reads) and matris::gated_phi_backward
-# (input gradients) are defined, with their CPU kernels, in the C++ library (csrc/ops.cpp,
-# csrc/cpu/phi.cpp); here, once it is loaded, their fake kernels (shapes) and autograd: the backward
-# operator where only input gradients are wanted (inference), else the reference under autograd
-# (weight gradients, create_graph: exact second order).
+# matris::gated_phi (forward: the output and what the backward reads: slope = silu'(pre), core and gate
+# (centred for LayerNorm), r_c, r_g, σ(gn)) and matris::gated_phi_backward (input gradients): CPU
+# kernels in the C++ library (csrc/cpu/phi.cpp), CUDA kernels in Triton (below). Autograd: the
+# backward operator where only input gradients are wanted (inference), else the reference under
+# autograd (weight gradients, create_graph: exact second order).
+LIB.define("gated_phi(Tensor? rows, Tensor? row_weight, Tensor bias1, Tensor core_weight, Tensor core_bias, "
+           "Tensor gate_weight, Tensor gate_bias, Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, "
+           "Tensor? gate_norm_bias, Tensor[] projections, Tensor[] indices, float eps, bool layer, SymInt chunk) -> "
+           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+LIB.define("gated_phi_backward(Tensor grad, Tensor? row_weight, Tensor core_weight, Tensor gate_weight, "
+           "Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, Tensor slope, Tensor core, Tensor gate, "
+           "Tensor r_c, Tensor r_g, Tensor sig, Tensor[] indices, SymInt[] projection_rows, bool want_rows, "
+           "bool[] want_projections, bool layer, SymInt chunk) -> Tensor[]")
+
+
 def _phi_buffers(rows, indices, bias1, core_weight):
     n = rows.shape[0] if rows is not None else indices[0].shape[0]
     two_h, d = bias1.shape[0], core_weight.shape[0]
@@ -188,8 +203,131 @@ def _phi_backward(ctx, grad, *_unused):
     return (g_rows, *[None] * 10, g_projs, [None] * len(indices), None, None, None)
 
 
-def register_operators() -> None:
-    """Fake kernels and autograd of the C++ operators (called by :mod:`.native` once it loaded them)."""
-    torch.library.register_fake("matris::gated_phi")(_phi_fake)
-    torch.library.register_fake("matris::gated_phi_backward")(_phi_backward_fake)
-    torch.library.register_autograd("matris::gated_phi", _phi_backward, setup_context=_phi_setup)
+torch.library.register_fake("matris::gated_phi")(_phi_fake)
+torch.library.register_fake("matris::gated_phi_backward")(_phi_backward_fake)
+torch.library.register_autograd("matris::gated_phi", _phi_backward, setup_context=_phi_setup)
+
+
+# ---------------------------------------------------------------------------- CUDA (Triton)
+EPILOGUE_ROWS = 4  # rows per program of the epilogue kernels (4 × 128 tiles, as the generic epilogue)
+
+
+def _phi_triton(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
+                core_norm_bias, gate_norm_bias, projections, indices, eps, layer, chunk):
+    """The CUDA kernel of ``matris::gated_phi``: the outputs of the C++ kernel, from Triton and cuBLAS."""
+    from .gather import activate_with_slope
+
+    n = rows.shape[0] if rows is not None else indices[0].shape[0]
+    two_h = bias1.shape[0]
+    h = two_h // 2
+    terms = [(p.contiguous(), i.contiguous()) for p, i in zip(projections, indices)]
+    if rows is not None:  # the per-row term, one GEMM; the kernel adds the gathered ones to it
+        terms.insert(0, (rows @ row_weight.T, None))
+    if n == 0:
+        hid = slope = bias1.new_empty((0, two_h))
+    else:
+        hid, slope = activate_with_slope(terms, bias1, "silu", n)
+    core = torch.addmm(core_bias, hid[:, :h], core_weight.T)
+    gate = torch.addmm(gate_bias, hid[:, h:], gate_weight.T)
+    del hid
+    out, sig = torch.empty_like(core), torch.empty_like(core)
+    r_c, r_g = core.new_empty((n, 1)), core.new_empty((n, 1))
+    if n:
+        _epilogue_launch(core, gate, core_norm, gate_norm, core_norm_bias, gate_norm_bias, eps, layer,
+                         None, out, sig, r_c, r_g, None, None)
+    return out, slope, core, gate, r_c, r_g, sig
+
+
+def _phi_backward_triton(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias, slope,
+                         core, gate, r_c, r_g, sig, indices, projection_rows, want_rows, want_projections, layer,
+                         chunk):
+    """The CUDA kernel of ``matris::gated_phi_backward`` (the formulas of the module docstring)."""
+    n, two_h = slope.shape
+    g_core, g_gate = torch.empty_like(core), torch.empty_like(gate)
+    if n:
+        _epilogue_launch(core, gate, core_norm, gate_norm, core_norm_bias, None, 0.0, layer,
+                         grad.contiguous(), None, sig, r_c, r_g, g_core, g_gate)
+    g_pre = torch.cat([g_core @ core_weight, g_gate @ gate_weight], dim=1).mul_(slope)
+    g_rows = g_pre @ row_weight if want_rows else slope.new_empty((0,))
+    g_projs = [slope.new_zeros((rows_k, two_h)).index_add_(0, idx, g_pre) if want else slope.new_empty((0,))
+               for rows_k, idx, want in zip(projection_rows, indices, want_projections)]
+    return [g_rows, *g_projs]
+
+
+def _epilogue_launch(core, gate, nc, ng, nbc, nbg, eps, layer, grad, out, sig, r_c, r_g, g_core, g_gate):
+    n, d = core.shape
+    dt = core.dtype
+    eps_t = device_constants((float(eps),), dt, core.device)
+    nc, ng = nc.to(dt).contiguous(), ng.to(dt).contiguous()
+    nbc = nbc.to(dt).contiguous() if layer and nbc is not None else nc  # never read for RMSNorm
+    nbg = nbg.to(dt).contiguous() if layer and nbg is not None else ng
+    block_r = tile(EPILOGUE_ROWS, 64)
+    backward = grad is not None
+    phi_epilogue_kernel[(triton.cdiv(n, block_r),)](
+        core, gate, nc, ng, nbc, nbg, eps_t, grad if backward else core, out if out is not None else core, sig,
+        r_c, r_g, g_core if backward else core, g_gate if backward else core, n, d, LAYER=bool(layer),
+        BACKWARD=backward, BLOCK_R=block_r, BLOCK_D=max(16, triton.next_power_of_2(d)))
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def phi_epilogue_kernel(core_ptr, gate_ptr, nc_ptr, ng_ptr, nbc_ptr, nbg_ptr, eps_ptr, grad_ptr, out_ptr,
+                            sig_ptr, rc_ptr, rg_ptr, gcore_ptr, ggate_ptr, n_rows, D, LAYER: tl.constexpr,
+                            BACKWARD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The gated Φ's epilogue with SiLU, as the C++ kernel computes it. Forward: centres core and
+        gate in place (LayerNorm), writes r = 1/sqrt(mean(x²) + eps) per row, σ(gn) and
+        out = silu(cn) ⊙ σ(gn). Backward: G_core and G_gate from G and those."""
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_D)
+        rmask = rows < n_rows
+        cmask = cols < D
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * D + cols[None, :]
+        c = tl.load(core_ptr + offs, mask=mask, other=0.0)
+        g = tl.load(gate_ptr + offs, mask=mask, other=0.0)
+        wc = tl.load(nc_ptr + cols, mask=cmask, other=0.0)[None, :]
+        wg = tl.load(ng_ptr + cols, mask=cmask, other=0.0)[None, :]
+        if not BACKWARD:
+            eps = tl.load(eps_ptr)
+            if LAYER:
+                c = tl.where(mask, c - (tl.sum(c, axis=1) / D)[:, None], 0.0)
+                g = tl.where(mask, g - (tl.sum(g, axis=1) / D)[:, None], 0.0)
+                tl.store(core_ptr + offs, c, mask=mask)
+                tl.store(gate_ptr + offs, g, mask=mask)
+            rc = 1.0 / tl.sqrt(tl.sum(c * c, axis=1) / D + eps)
+            rg = 1.0 / tl.sqrt(tl.sum(g * g, axis=1) / D + eps)
+            tl.store(rc_ptr + rows, rc, mask=rmask)
+            tl.store(rg_ptr + rows, rg, mask=rmask)
+        else:
+            rc = tl.load(rc_ptr + rows, mask=rmask, other=0.0)
+            rg = tl.load(rg_ptr + rows, mask=rmask, other=0.0)
+        cn = c * rc[:, None] * wc
+        if LAYER:
+            cn += tl.load(nbc_ptr + cols, mask=cmask, other=0.0)[None, :]
+        sc = tl.sigmoid(cn)
+        if not BACKWARD:
+            gn = g * rg[:, None] * wg
+            if LAYER:
+                gn += tl.load(nbg_ptr + cols, mask=cmask, other=0.0)[None, :]
+            sv = tl.sigmoid(gn)
+            tl.store(sig_ptr + offs, sv, mask=mask)
+            tl.store(out_ptr + offs, cn * sc * sv, mask=mask)
+        else:
+            sv = tl.load(sig_ptr + offs, mask=mask, other=0.0)
+            gr = tl.load(grad_ptr + offs, mask=mask, other=0.0)
+            xc = gr * sv * sc * (1.0 + cn * (1.0 - sc)) * wc  # ∂L/∂(core·r_c)
+            xg = gr * cn * sc * sv * (1.0 - sv) * wg  # ∂L/∂(gate·r_g)
+            kc = tl.sum(xc * c, axis=1) * rc * rc * rc / D
+            kg = tl.sum(xg * g, axis=1) * rg * rg * rg / D
+            if LAYER:
+                xc -= (tl.sum(xc, axis=1) / D)[:, None]
+                xg -= (tl.sum(xg, axis=1) / D)[:, None]
+            tl.store(gcore_ptr + offs, xc * rc[:, None] - c * kc[:, None], mask=mask)
+            tl.store(ggate_ptr + offs, xg * rg[:, None] - g * kg[:, None], mask=mask)
+
+
+register_triton("gated_phi", _phi_triton)
+register_triton("gated_phi_backward", _phi_backward_triton)

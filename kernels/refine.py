@@ -1,5 +1,5 @@
-"""The edge side of Refine on the line graph (spec §5), fused for the CPU
-(``matris::refine_edges``, C++ kernel in ``csrc/cpu/refine.cpp``).
+"""The edge side of Refine on the line graph (spec §5) as one operator
+(``matris::refine_edges``: C++ kernel in ``csrc/cpu/refine.cpp``, Triton kernels below for CUDA).
 
     g     = q[src] ⊙ q[tgt]                        [E, C]   q = W_env·basis per bond [B, C]
     u_g   = u ⊙ g
@@ -18,6 +18,10 @@ The forward keeps the SiLU slope of the FFN's pre-activation ``[E, C]``; the bac
 
 Input gradients only (weights are frozen at inference); with weight gradients or a graph of
 the backward wanted, the reference is recomputed under autograd (exact second order).
+
+On CUDA a Triton kernel computes u_g (the envelope product, one pass), ``index_add`` sums R, the
+FFN runs as cuBLAS GEMMs with the bias and SiLU (and its slope) in the first layer's Triton kernel;
+the backward's per-row terms are one Triton kernel before two ``index_add`` into G_q.
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import native
-from .backend import recompute_backward
+from .backend import LIB, operators_run, recompute_backward, register_triton, tile, triton_available
 from .segment import scatter_sum
 
 CHUNK_BYTES = 2 << 20  # rows per chunk: 4,096 float32 rows of C = 128
@@ -53,7 +56,7 @@ def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=
     """:func:`refine_edges_reference` as the operator ``matris::refine_edges`` (``chunk``: rows per
     chunk of the sums into R and ∂L/∂q); without it (no compiler, not float CPU tensors) the
     reference."""
-    if u.shape[0] == 0 or not native.usable(u, q, src, tgt):
+    if u.shape[0] == 0 or not operators_run(u, q, src, tgt, y, res_weight, w1, b1, w2, b2):
         return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
     if chunk is None:
         chunk = max(64, CHUNK_BYTES // (u.shape[1] * u.element_size()))
@@ -64,11 +67,18 @@ def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=
 
 # ---------------------------------------------------------------------------- registered operators
 # matris::refine_edges (forward: R, y' and the FFN's SiLU slope) and matris::refine_edges_backward
-# (input gradients) are defined, with their CPU kernels, in the C++ library (csrc/ops.cpp,
-# csrc/cpu/refine.cpp); here, once it is loaded, their fake kernels and autograd: the backward
-# operator where only input gradients are wanted (inference), else the reference under autograd
-# (exact second order). Outputs: (R [n, C], y' [E, C], silu'(h) [E, C_h]); without ``y`` (no edge
+# (input gradients): CPU kernels in the C++ library (csrc/cpu/refine.cpp), CUDA kernels in Triton
+# (below). Autograd: the backward operator where only input gradients are wanted (inference), else
+# the reference under autograd (exact second order). Outputs: (R [n, C], y' [E, C], silu'(h) [E, C_h]); without ``y`` (no edge
 # update) the last two are empty.
+LIB.define("refine_edges(Tensor u, Tensor q, Tensor src, Tensor tgt, SymInt num_segments, Tensor? y, "
+           "Tensor? res_weight, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, bool smooth, SymInt chunk) -> "
+           "(Tensor, Tensor, Tensor)")
+LIB.define("refine_edges_backward(Tensor g_agg, Tensor? g_ynew, Tensor u, Tensor q, Tensor src, Tensor tgt, "
+           "Tensor? w1, Tensor? w2, Tensor h, Tensor? res_weight, bool smooth, SymInt chunk, bool want_u, "
+           "bool want_q, bool want_y) -> (Tensor, Tensor, Tensor)")
+
+
 def _refine_fake(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk):
     e, c = u.shape
     edges = y is not None
@@ -121,8 +131,104 @@ def _refine_backward(ctx, g_agg, g_ynew, *_unused):
             g_y if want_y and g_ynew is not None else None, None, None, None, None, None, None, None)
 
 
-def register_operators() -> None:
-    """Fake kernels and autograd of the C++ operators (called by :mod:`.native` once it loaded them)."""
-    torch.library.register_fake("matris::refine_edges")(_refine_fake)
-    torch.library.register_fake("matris::refine_edges_backward")(_refine_backward_fake)
-    torch.library.register_autograd("matris::refine_edges", _refine_backward, setup_context=_refine_setup)
+torch.library.register_fake("matris::refine_edges")(_refine_fake)
+torch.library.register_fake("matris::refine_edges_backward")(_refine_backward_fake)
+torch.library.register_autograd("matris::refine_edges", _refine_backward, setup_context=_refine_setup)
+
+
+# ---------------------------------------------------------------------------- CUDA (Triton)
+BLOCK_ROWS, BLOCK_COLS = 16, 64
+
+
+def _refine_triton(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk):
+    """The CUDA kernel of ``matris::refine_edges``: the C++ kernel's outputs."""
+    from .gather import activate_with_slope
+
+    e, c = u.shape
+    u, q = u.contiguous(), q.contiguous()
+    u_g = torch.empty_like(u)
+    if e:
+        _launch(u, q, src, tgt, u_g, None, None, None, None, None, False, False)
+    agg = u.new_zeros((num_segments, c)).index_add_(0, tgt, u_g)
+    if y is None:
+        return agg, u.new_empty((0,)), u.new_empty((0,))
+    pre = (u_g if smooth else u) @ w1.T
+    if e:
+        hid, slope = activate_with_slope([(pre, None)], b1, "silu", e)
+    else:
+        hid = slope = pre
+    y_new = torch.addmm(b2, hid, w2.T) if b2 is not None else hid @ w2.T
+    return agg, y_new.addcmul_(res_weight, y), slope
+
+
+def _refine_backward_triton(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth, chunk, want_u, want_q,
+                            want_y):
+    """The CUDA kernel of ``matris::refine_edges_backward`` (the formulas of the module docstring)."""
+    e, c = u.shape
+    edges = g_ynew is not None
+    g_in = ((g_ynew @ w2).mul_(h) @ w1) if edges else None  # G_in = (silu'(h) ⊙ G_y'·W₂)·W₁
+    g_u = torch.empty_like(u) if want_u else u.new_empty((0,))
+    to_src = torch.empty_like(u) if want_q else None
+    to_tgt = torch.empty_like(u) if want_q else None
+    if e and (want_u or want_q):
+        _launch(u.contiguous(), q.contiguous(), src, tgt, None, g_agg.contiguous(), g_in, g_u, to_src, to_tgt,
+                smooth, True, want_u=want_u, want_q=want_q)
+    g_q = q.new_zeros(q.shape).index_add_(0, src, to_src).index_add_(0, tgt, to_tgt) if want_q else u.new_empty((0,))
+    g_y = g_ynew * res_weight if edges and want_y else u.new_empty((0,))
+    return g_u, g_q, g_y
+
+
+def _launch(u, q, src, tgt, u_g, g_agg, g_in, g_u, to_src, to_tgt, smooth, backward, want_u=False, want_q=False):
+    e, c = u.shape
+    block_r, block_c = tile(BLOCK_ROWS, 128), tile(BLOCK_COLS, 128)
+    grid = (triton.cdiv(e, block_r), triton.cdiv(c, block_c))
+    refine_edges_kernel[grid](u, q, src, tgt, u_g if u_g is not None else u, g_agg if backward else u,
+                              g_in if g_in is not None else u, g_u if want_u else u, to_src if want_q else u,
+                              to_tgt if want_q else u, e, c, BACKWARD=backward, HAS_GIN=g_in is not None,
+                              SMOOTH=bool(smooth), WANT_U=want_u, WANT_Q=want_q, BLOCK_R=block_r, BLOCK_C=block_c)
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def refine_edges_kernel(u_ptr, q_ptr, src_ptr, tgt_ptr, ug_ptr, gagg_ptr, gin_ptr, gu_ptr, tosrc_ptr, totgt_ptr,
+                            E, C, BACKWARD: tl.constexpr, HAS_GIN: tl.constexpr, SMOOTH: tl.constexpr,
+                            WANT_U: tl.constexpr, WANT_Q: tl.constexpr, BLOCK_R: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
+        """Forward: u_g = u ⊙ q[src] ⊙ q[tgt]. Backward: G_ug = G_R[tgt] (+ G_in if smooth),
+        G_u = G_ug ⊙ g (+ G_in if not smooth), and the rows G_ug ⊙ u ⊙ q[tgt] (to src) and
+        G_ug ⊙ u ⊙ q[src] (to tgt) that index_add sums into G_q."""
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+        rmask = rows < E
+        mask = rmask[:, None] & (cols < C)[None, :]
+        s = tl.load(src_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        t = tl.load(tgt_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        offs = rows[:, None] * C + cols[None, :]
+        u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+        qs = tl.load(q_ptr + s[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        qt = tl.load(q_ptr + t[:, None] * C + cols[None, :], mask=mask, other=0.0)
+        if not BACKWARD:
+            tl.store(ug_ptr + offs, u * (qs * qt), mask=mask)
+        else:
+            gug = tl.load(gagg_ptr + t[:, None] * C + cols[None, :], mask=mask, other=0.0)
+            if HAS_GIN:
+                gin = tl.load(gin_ptr + offs, mask=mask, other=0.0)
+                if SMOOTH:
+                    gug += gin
+            if WANT_U:
+                gu = gug * (qs * qt)
+                if HAS_GIN:
+                    if not SMOOTH:
+                        gu += gin
+                tl.store(gu_ptr + offs, gu, mask=mask)
+            if WANT_Q:
+                w = gug * u
+                tl.store(tosrc_ptr + offs, w * qt, mask=mask)
+                tl.store(totgt_ptr + offs, w * qs, mask=mask)
+
+
+register_triton("refine_edges", _refine_triton)
+register_triton("refine_edges_backward", _refine_backward_triton)

@@ -1,7 +1,8 @@
-"""The fused CPU kernels (kernels/phi.py, refine.py, aggregate.attention_pair, with the C++ loops
-of kernels/native.cpp) against their PyTorch references in float64: values, first derivatives
-through the fused backward, gradcheck and exact second derivatives (gradgradcheck), and the whole
-model against the composed ops on the fixtures."""
+"""The fused operators (kernels/phi.py, refine.py, aggregate.attention_pair: the C++ kernels of
+kernels/csrc/cpu here, their Triton kernels under TRITON_INTERPRET=1, as tests/test_triton_kernels.py
+runs this file) against their PyTorch references in float64: values, first derivatives through the
+fused backward, gradcheck and exact second derivatives (gradgradcheck), and the whole model against
+the composed ops on the fixtures."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from ase.io import read
 
 from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference
 from matris.kernels import native
+from matris.kernels.backend import interpreting, triton_available
 from matris.kernels import (attention_pair, attention_pair_reference, gated_phi, gated_phi_reference, refine_edges,
                             refine_edges_reference)
 from matris.structures import to_system
@@ -18,8 +20,8 @@ F64 = torch.float64
 
 @pytest.fixture
 def loops():
-    """The fused C++ loops (without them the kernels are their references: nothing to compare)."""
-    if native.library() is None:
+    """The operators' kernels (without them the wrappers run their references: nothing to compare)."""
+    if not (triton_available() if interpreting() else native.library() is not None):
         pytest.skip("the fused CPU library cannot be built here (no C++ compiler)")
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from matris.kernels import attention_pair, gated_phi, native, refine_edges
+from matris.kernels.backend import operators_run
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused loops are off")
 
@@ -132,7 +133,7 @@ def test_without_a_compiler_the_cpu_path_warns_once_and_uses_pytorch_ops(tmp_pat
         assert native.library() is None  # cached: warned once
     assert len(record) == 1
     rows = torch.randn(20, 4, dtype=torch.float64)
-    assert not native.usable(rows)
+    assert not operators_run(rows)
     native._load.cache_clear()
     monkeypatch.setenv("MATRIS_NATIVE", "1")
     with pytest.raises(native.NativeBuildError, match="no C.. compiler"):

@@ -1,15 +1,27 @@
-"""The fused CPU kernels registered as PyTorch operators (``torch.ops.matris.*``): schema, fake
-(meta) kernels, autograd registration and AOT dispatch with dynamic shapes, checked by
-``torch.library.opcheck`` on float32 and float64 samples with a single row, row counts that are
-no multiple of the vector width, projection rows that no row reads, and no rows at all."""
+"""The fused operators (``torch.ops.matris.*``): schema, fake (meta) kernels, autograd registration
+and AOT dispatch with dynamic shapes, checked by ``torch.library.opcheck`` on float32 and float64
+samples with a single row, row counts that are no multiple of the vector width, projection rows
+that no row reads, and no rows at all; and each operator against its reference in float64.
+
+In this process the operators run their C++ CPU kernels. Under ``TRITON_INTERPRET=1`` they run
+their CUDA kernels (Triton, interpreted on CPU tensors): ``tests/test_triton_kernels.py`` runs this
+file that way, and :func:`test_triton_kernels_return_what_the_cpu_kernels_return` compares the two
+kernels' outputs, every tensor of each operator's forward and backward."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from matris.kernels import native
+from matris.kernels import Segments, native
+from matris.kernels.backend import interpreting, triton_available
 from matris.kernels.phi import gated_phi_reference
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU loops are off")
+RUNS = triton_available() if interpreting() else native.library() is not None
+pytestmark = pytest.mark.skipif(not RUNS, reason="no kernel: no C++ compiler (or triton under TRITON_INTERPRET=1)")
 
 
 def _phi_sample(dtype, e, layer, with_rows, seed=0, b=7, d_r=5, h=8, d=12):
@@ -70,12 +82,15 @@ def _attention_sample(dtype, e, form, seed=1, n=7, c=6, d=5):
     target = torch.randint(0, n - 2, (e,), generator=g)  # the last two nodes have no edges
     source = torch.randint(0, n, (e,), generator=g)
     m = r(e, c, grad=True)
+    # the CSR order the CUDA kernel walks (the CPU kernel takes an empty list)
+    csr = [t for seg in (Segments.from_index(target, n), Segments.from_index(source, n))
+           for t in (seg.order, seg.offsets)] if interpreting() else []
     if form == "atom":  # per-bond projected logits read through an index
         b = 4
-        return (r(b, 2 * c, grad=True), None, torch.randint(0, b, (e,), generator=g), m, target, source, n, None)
+        return (r(b, 2 * c, grad=True), None, torch.randint(0, b, (e,), generator=g), m, target, source, n, None, csr)
     rows = r(e, c if form == "residual" else d, grad=True)
     res = r(1, c) if form == "residual" else None
-    return (rows, r(2 * c, rows.shape[1]), None, m, target, source, n, res)
+    return (rows, r(2 * c, rows.shape[1]), None, m, target, source, n, res, csr)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
@@ -103,3 +118,58 @@ def _refine_sample(dtype, e, edges, smooth, seed=2, b=5, n=6, c=6):
 @pytest.mark.parametrize("e", [1, 37])
 def test_refine_edges_operator_passes_opcheck(dtype, edges, smooth, e):
     torch.library.opcheck(torch.ops.matris.refine_edges.default, _refine_sample(dtype, e, edges, smooth))
+
+
+def _every_output(seed=3):
+    """Each operator's forward outputs and backward outputs on fixed float64 samples (both norms, the
+    three attention forms, Refine with and without the edge update)."""
+    out = {}
+    for layer in (False, True):
+        args = _phi_sample(torch.float64, 37, layer, True, seed=seed)
+        fwd = torch.ops.matris.gated_phi(*args)
+        rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, lay, chunk = args
+        grad = torch.randn(fwd[0].shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        bwd = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, *fwd[1:], indices,
+                                                  [p.shape[0] for p in projs], True, [True, True], lay, chunk)
+        out[f"phi-{layer}"] = [t.detach() for t in (*fwd, *bwd)]
+    for form in ("line", "residual", "atom"):
+        rows, w, ri, m, tgt, src, n, res, csr = _attention_sample(torch.float64, 37, form, seed=seed)
+        fwd = torch.ops.matris.attention_pair(rows, w, ri, m, tgt, src, n, res, csr)
+        g = torch.Generator().manual_seed(seed)
+        g_t, g_s = (torch.randn(fwd[0].shape, generator=g, dtype=torch.float64) for _ in range(2))
+        g_y = torch.randn(m.shape, generator=g, dtype=torch.float64) if res is not None else None
+        bwd = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, w, ri, m, tgt, src, fwd[3], fwd[1],
+                                                       fwd[0], fwd[4], fwd[5], res, True, True)
+        # α of the atom form is not returned by the CPU kernel either: both give an empty tensor
+        out[f"attention-{form}"] = [t.detach() for t in (*fwd, *bwd)]
+    for edges, smooth in ((True, False), (True, True), (False, False)):
+        args = _refine_sample(torch.float64, 37, edges, smooth, seed=seed)
+        u, q, src, tgt, n, y, rw, w1, b1, w2, b2, sm, chunk = args
+        fwd = torch.ops.matris.refine_edges(*args)
+        g = torch.Generator().manual_seed(seed)
+        g_agg = torch.randn(fwd[0].shape, generator=g, dtype=torch.float64)
+        g_y = torch.randn(u.shape, generator=g, dtype=torch.float64) if edges else None
+        bwd = torch.ops.matris.refine_edges_backward(g_agg, g_y, u, q, src, tgt, w1, w2, fwd[2], rw, sm, chunk,
+                                                     True, True, edges)
+        out[f"refine-{edges}-{smooth}"] = [t.detach() for t in (*fwd, *bwd)]
+    return out
+
+
+@pytest.mark.skipif(interpreting() or not triton_available(), reason="compares with the interpreted Triton kernels")
+def test_triton_kernels_return_what_the_cpu_kernels_return(tmp_path):
+    """The same operator, its two kernels: every tensor of the forward (what the backward reads
+    included) and of the backward, C++ here against Triton (interpreted) in a subprocess, float64."""
+    dump = tmp_path / "triton.pt"
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import torch, test_operators as t; "
+            f"torch.save(t._every_output(), {str(dump)!r})")
+    env = {k: v for k, v in os.environ.items() if k != "MATRIS_KERNELS"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env=dict(env, TRITON_INTERPRET="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    triton_out, cpu_out = torch.load(dump), _every_output()
+    assert triton_out.keys() == cpu_out.keys()
+    for key, tensors in cpu_out.items():
+        assert len(tensors) == len(triton_out[key]), key
+        for k, (want, got) in enumerate(zip(tensors, triton_out[key])):
+            assert got.shape == want.shape, (key, k, got.shape, want.shape)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"{key}: output {k}")

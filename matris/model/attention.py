@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import Segments, attention_pair, softmax_aggregate, softmax_aggregate_reference
+from ..kernels import Segments, attention_pair, softmax_aggregate_reference
 from .layers import apply_phi, call_phi, phi
 
 
@@ -46,14 +46,14 @@ class SeparableAttention(nn.Module):
         rewrite: bool = True,
         recompute_phi: bool = False,
         segments: tuple[Segments, Segments] | None = None,
-        fused: bool | str = False,
+        fused: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
         ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
         ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
-        ``segments`` (by target, by source) selects the fused Triton aggregation and ``fused``
-        the fused Triton kernels of Φ (first-layer gathers, gated epilogue); ``fused="cpu"``
-        selects the fused CPU kernels of Φ and of both aggregations (:mod:`matris.kernels`)."""
+        ``fused`` selects the fused operators of Φ and of both aggregations (:mod:`matris.kernels`,
+        CPU and CUDA); ``segments`` (by target, by source) is the CSR order the CUDA kernels walk,
+        made once per graph."""
         n = x.shape[0]
         directed = d2u is not None
         if rewrite:
@@ -64,23 +64,20 @@ class SeparableAttention(nn.Module):
                           torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1), fused)
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
         w_st = torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
-        if fused == "cpu" and segments is None:
+        if fused:
             if directed:
-                t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n)
+                t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
                 return self._update(x, y, m, t_agg, s_agg, directed, fused)
             # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
-            t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight)
+            t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight,
+                                                 segments=segments)
             return self._node_update(x, t_agg, s_agg, fused), y_new
         alpha = y @ w_st.T
         if directed:
             alpha = alpha.index_select(0, d2u)
         alpha_s, alpha_t = alpha.split(y.shape[-1], dim=-1)
-        if segments is not None:  # fused kernel: S and T without materialising the weights
-            t_agg = softmax_aggregate(alpha_t, m, segments[0], backend="triton")
-            s_agg = softmax_aggregate(alpha_s, m, segments[1], backend="triton")
-        else:
-            t_agg = softmax_aggregate_reference(alpha_t, m, tgt, n)
-            s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
+        t_agg = softmax_aggregate_reference(alpha_t, m, tgt, n)
+        s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
         return self._update(x, y, m, t_agg, s_agg, directed, fused)
 
     def _update(self, x, y, m, t_agg, s_agg, directed, fused):

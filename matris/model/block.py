@@ -25,11 +25,10 @@ class BlockGraph:
     checkpoint: memory saving for large systems at inference, same numbers: 0 keeps all
     activations; 1 recomputes each of the four steps in the backward pass; 2 also
     recomputes Φ inside them (least memory, most compute).
-    atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`
-    when the fused Triton aggregation is used; None for the PyTorch reference.
-    fused_phi: run Φ's first-layer gathers and the gated epilogue as fused Triton kernels.
-    fused_cpu: run Φ, the attention aggregations and Refine's edge side in their fused CPU kernels (the CPU fast
-    path, :mod:`matris.kernels.phi`); ignored where ``fused_phi`` or the segments are set.
+    fused: run Φ, the attention aggregations and Refine's edge side as the fused operators
+    (:mod:`matris.kernels`: the C++ kernels on a CPU, Triton on CUDA).
+    atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`, the
+    CSR order the CUDA kernels walk (made once per graph); None on a CPU.
     """
 
     edge_target: torch.Tensor
@@ -43,10 +42,9 @@ class BlockGraph:
     rbf_3b: torch.Tensor
     rewrite: bool = True
     checkpoint: int = 0
+    fused: bool = False
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
-    fused_phi: bool = False
-    fused_cpu: bool = False
 
     @property
     def has_angles(self) -> bool:
@@ -94,9 +92,8 @@ class _Steps:
 
     @staticmethod
     def options(g: BlockGraph, module, kind: str) -> dict:
-        fused = "cpu" if g.fused_cpu and not g.fused_phi else g.fused_phi
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=fused)
-        if isinstance(module, SeparableAttention):  # the Triton aggregation's CSR segments
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=g.fused)
+        if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
             opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
         return opts
 

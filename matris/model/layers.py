@@ -13,6 +13,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ..kernels import gated_epilogue, gated_phi, gather_sum_activate, gather_sum_activate_reference
+from ..kernels.backend import use_triton
 
 
 def activation(name: str) -> nn.Module:
@@ -82,8 +83,10 @@ def first_layer(linears: list[nn.Linear], act: str, terms: list[Term], fused: bo
 class GatedMLP(nn.Module):
     """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias.
 
-    ``fused=True`` computes the epilogue (both norms, act, σ and the product) with
-    :func:`matris.kernels.gated_epilogue`: one Triton kernel on CUDA, same numbers.
+    ``fused=True`` runs the whole Φ as the operator :func:`matris.kernels.gated_phi` (CPU and CUDA)
+    where it applies (:attr:`chunkable`: SiLU, every published model); other activations on CUDA
+    run the first layer's gathers and the epilogue (both norms, act, σ and the product) as Triton
+    kernels (:func:`matris.kernels.gather_sum_activate`, :func:`matris.kernels.gated_epilogue`).
     """
 
     def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str, norm_type: str, dropout: float):
@@ -96,7 +99,7 @@ class GatedMLP(nn.Module):
         self.act_name, self.norm_type = act, norm_type
 
     def forward(self, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        return self._epilogue(self.mlp_core(z), self.mlp_gate(z), fused)
+        return self._epilogue(self.mlp_core(z), self.mlp_gate(z), _triton_pieces(fused, z))
 
     @property
     def chunkable(self) -> bool:
@@ -105,19 +108,18 @@ class GatedMLP(nn.Module):
         return (self.act_name == "silu" and self.mlp_core.layers[0].bias is not None
                 and not (self.training and self.mlp_core.layers[2].p > 0))
 
-    def forward_terms(self, terms: list[Term], fused: bool | str = False) -> torch.Tensor:
+    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation.
-        ``fused``: False (composed PyTorch ops), True (Triton kernels) or ``"cpu"`` (the
-        whole Φ as :func:`matris.kernels.gated_phi`, for the CPU)."""
+        ``fused``: the fused kernels (see the class docstring) or, False, the composed PyTorch ops."""
         core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
-        if fused == "cpu" and self.chunkable:
-            return self._fused_cpu(terms)
-        fused = fused is True
+        if fused and self.chunkable:
+            return self._fused(terms)
+        fused = _triton_pieces(fused, terms[0][0])
         hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, fused))
         h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
         return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate), fused)
 
-    def _fused_cpu(self, terms: list[Term]) -> torch.Tensor:
+    def _fused(self, terms: list[Term]) -> torch.Tensor:
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = torch.cat([c0.weight, g0.weight])
@@ -145,12 +147,18 @@ class GatedMLP(nn.Module):
         return self.act(self.core_norm(core)) * torch.sigmoid(self.gate_norm(gate))
 
 
+def _triton_pieces(fused: bool, x: torch.Tensor) -> bool:
+    """Whether a Φ that :func:`matris.kernels.gated_phi` does not cover runs its Triton pieces (CUDA;
+    CPU tensors under ``TRITON_INTERPRET=1`` with ``MATRIS_KERNELS=triton``)."""
+    return bool(fused) and use_triton(x.device)
+
+
 class NormedMLP(nn.Sequential):
     """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``."""
 
-    def forward_terms(self, terms: list[Term], fused: bool | str = False) -> torch.Tensor:
-        # no gate: ``fused`` fuses the first layer's gathers only (Triton; nothing is chunked)
-        fused = fused is True
+    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
+        # no gate: ``fused`` fuses the first layer's gathers only (Triton, on CUDA)
+        fused = _triton_pieces(fused, terms[0][0])
         layers = self[0].layers
         hidden = layers[2](first_layer([layers[0]], self[0].act_name, terms, fused))
         return self[1](layers[3](hidden))
@@ -169,17 +177,17 @@ def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
     )
 
 
-def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fused: bool | str = False) -> torch.Tensor:
+def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fused: bool = False) -> torch.Tensor:
     """``module.forward_terms(terms)``, optionally recomputed in the backward pass (checkpoint);
-    ``fused`` selects the fused Triton kernels (first-layer gathers, gated epilogue)."""
+    ``fused`` selects the fused kernels."""
     if not recompute:
         return module.forward_terms(terms, fused)
     return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, fused, use_reentrant=False)
 
 
-def apply_phi(module: nn.Module, z: torch.Tensor, fused: bool | str = False) -> torch.Tensor:
-    """``module(z)`` on the concatenated input, with the fused (Triton) epilogue where asked and gated."""
-    return module(z, fused=True) if fused is True and isinstance(module, GatedMLP) else module(z)
+def apply_phi(module: nn.Module, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """``module(z)`` on the concatenated input, with the fused (Triton, CUDA) epilogue where asked and gated."""
+    return module(z, fused=True) if fused and isinstance(module, GatedMLP) else module(z)
 
 
 def ffn(d_in: int, d_out: int, bias: bool, dropout: float) -> MLP:

@@ -479,8 +479,9 @@ class MatRIS(nn.Module):
             setattr(matmul, name, before)
 
     def kernels_for(self, device: torch.device, create_graph: bool = False, compiled: bool = False) -> str:
-        """The kernels a call runs: "triton" (CUDA), "fused" (the CPU fast path for inference: the
-        registered ``torch.ops.matris`` operators, eager or compiled) or "torch" (composed ops)."""
+        """The kernels a call runs: "triton" (CUDA: the registered ``torch.ops.matris`` operators with
+        their Triton kernels, and the Triton bases), "fused" (the CPU fast path for inference: the
+        same operators with their C++ kernels, eager or compiled) or "torch" (composed ops)."""
         if use_triton(device, self.kernel_backend):
             return "triton"
         if not create_graph and use_fused_cpu(device, self.kernel_backend):
@@ -669,9 +670,9 @@ class MatRIS(nn.Module):
 
 
 def _with_kernels(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
-    """``bg`` set up for ``kernels`` ("triton", with the graph's ``segments``; "fused"; or "torch":
-    the composed ops)."""
+    """``bg`` set up for ``kernels``: the fused operators ("triton" on CUDA, with the graph's CSR
+    ``segments``; "fused" on a CPU) or the composed ops ("torch")."""
     if kernels == "triton":
         atom, line = segments
-        return dataclasses.replace(bg, fused_phi=True, atom_segments=atom, line_segments=line, fused_cpu=False)
-    return dataclasses.replace(bg, fused_cpu=kernels == "fused")
+        return dataclasses.replace(bg, fused=True, atom_segments=atom, line_segments=line)
+    return dataclasses.replace(bg, fused=kernels == "fused")

@@ -40,16 +40,15 @@ class Refine(nn.Module):
         d2u: torch.Tensor | None = None,
         rewrite: bool = True,
         recompute_phi: bool = False,
-        fused: bool | str = False,
+        fused: bool = False,
         update_edges: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
         extra: ``(h, angle_atom)``, the atom term of the line graph. ``recompute_phi``
         recomputes Φ in the backward pass instead of storing its activations; ``fused`` selects
-        the fused Triton kernels of Φ (first-layer gathers, gated epilogue); ``fused="cpu"``
-        the fused CPU kernels of Φ and, on the line graph, of the edge side
-        (:func:`matris.kernels.refine_edges`). ``update_edges=False`` returns ``y`` unchanged
+        the fused operators of Φ and, on the line graph, of the edge side
+        (:func:`matris.kernels.refine_edges`), on CPU and CUDA. ``update_edges=False`` returns ``y`` unchanged
         without computing FFN_edge: the last block's edge update reaches no output."""
         directed = d2u is not None
         q = self.learnable_envelope(basis)
@@ -60,7 +59,7 @@ class Refine(nn.Module):
             u = apply_phi(self.edge_nonlinear_update,
                           torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], dim=-1), fused)
         ffn = self.edge_FFN.layers
-        if fused == "cpu" and not directed and not (self.training and ffn[2].p > 0):
+        if fused and not directed and not (self.training and ffn[2].p > 0):
             if update_edges:
                 agg, y_new = refine_edges(u, q, src, tgt, x.shape[0], y, self.edge_res_weight, ffn[0].weight,
                                           ffn[0].bias, ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)

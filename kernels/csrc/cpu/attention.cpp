@@ -183,7 +183,8 @@ static bool given(const Opt& t) { return t.has_value() && t->defined(); }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_pair(
     const at::Tensor& rows_in, const Opt& weight, const Opt& row_index, const at::Tensor& messages,
-    const at::Tensor& target, const at::Tensor& source, int64_t num_segments, const Opt& res_weight) {
+    const at::Tensor& target, const at::Tensor& source, int64_t num_segments, const Opt& res_weight,
+    at::TensorList /*csr: the CUDA kernel's segment order; the CPU loops read the indices*/) {
     const auto dtype = messages.scalar_type();
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "matris::attention_pair takes float32 or float64, got ",
                 dtype);
