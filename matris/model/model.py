@@ -494,14 +494,14 @@ class MatRIS(nn.Module):
 
         Counted in angle- (and directed-edge-) sized tensors of the block width, measured
         on CPU (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the
-        fused CPU kernels, measured on Si64 against 48 for the composed ops); level 1
+        fused operators, measured on Si64 on a CPU against 48 for the composed ops); level 1
         (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
         (Φ recomputed too) 2 per block plus ≈ 30.
         """
         c = self.config
         itemsize = torch.finfo(dtype or self.dtype).bits // 8
         rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
-        level0 = 21 if kernels == "fused" else 45
+        level0 = 21 if kernels in ("fused", "triton") else 45
         tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
         return tensors * rows * itemsize
 
