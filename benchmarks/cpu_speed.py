@@ -72,12 +72,20 @@ FAMILIES = {
 }
 
 
-FUSED = tuple(f"matris::{op}{suffix}" for op in ("gated_phi", "attention_pair", "refine_edges")
-              for suffix in ("", "_backward"))  # the fused CPU operators, as the profiler names them
+def fused_key(key: str) -> bool:
+    """A fused operator as the profiler names it: ``matris::gated_phi``, …, and the autograd
+    wrappers under whose names the forward kernels' own time is recorded
+    (``GeneratedBackwardFor_matris_gated_phi_default``; the operator's node keeps its dispatch)."""
+    return key.startswith("matris::") or key.startswith("GeneratedBackwardFor_matris_")
+
+
+def counted(key: str) -> bool:
+    """Whether a profiler key is an op's own time (ATen ops and the fused operators)."""
+    return key.startswith("aten::") or fused_key(key)
 
 
 def family(op: str) -> str:
-    if op in FUSED:
+    if fused_key(op):
         return "fused operators"
     name = op.removeprefix("aten::")
     for fam, names in FAMILIES.items():
@@ -96,7 +104,7 @@ def op_shares(calc, atoms) -> dict:
     per_family: dict[str, float] = {}
     ops = []
     for ev in prof.key_averages():
-        if not ev.key.startswith("aten::") and ev.key not in FUSED:
+        if not counted(ev.key):
             continue
         ms = ev.self_cpu_time_total / 1e3
         per_family[family(ev.key)] = per_family.get(family(ev.key), 0.0) + ms

@@ -1,6 +1,8 @@
 """Fused basis functions: Bessel × polynomial envelope, Fourier and SH angle bases (spec §3).
 
-Each basis is one Triton kernel over rows that writes all K columns. A second kernel
+Each basis is one operator (``matris::bessel``, ``fourier``, ``spherical``) with a CUDA kernel in
+Triton (below) and a CPU kernel in C++ (``csrc/cpu/basis.cpp``, the same formulas). Each kernel
+runs over rows and writes all K columns. A second kernel
 computes the first-order backward analytically: the derivative with respect to the
 input (bond length r; angle θ and SH radial argument ρ) and, per element, with respect
 to the learnable frequencies, which the wrapper then sums over rows. When a graph of the
@@ -17,7 +19,7 @@ import math
 
 import torch
 
-from .backend import check_dtype, device_constants, recompute_backward, tile, triton_available
+from .backend import check_dtype, device_constants, interpreting, recompute_backward, tile, triton_available
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -58,8 +60,11 @@ SH_NORMS = (0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqr
 
 
 # ---------------------------------------------------------------------------- custom ops
-# Registered with torch.library with their autograd formulas: single nodes under torch.compile.
-@torch.library.custom_op("matris::bessel", mutates_args=())
+# Registered with torch.library with their autograd formulas: single nodes under torch.compile. The
+# functions below are their CUDA kernels (Triton; under TRITON_INTERPRET=1 their CPU kernels too);
+# the C++ library registers the CPU kernels when it loads (kernels/native.py).
+DEVICES = ("cuda", "cpu") if interpreting() else "cuda"
+@torch.library.custom_op("matris::bessel", mutates_args=(), device_types=DEVICES)
 def bessel_op(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: int) -> torch.Tensor:
     return _launch_bessel(r.contiguous(), frequencies.contiguous(), cutoff, p, None)
 
@@ -69,7 +74,7 @@ def _(r, frequencies, cutoff, p):
     return r.new_empty((r.shape[0], frequencies.shape[0]))
 
 
-@torch.library.custom_op("matris::bessel_backward", mutates_args=())
+@torch.library.custom_op("matris::bessel_backward", mutates_args=(), device_types=DEVICES)
 def bessel_backward_op(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: int, grad: torch.Tensor,
                        freq_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(∂L/∂r [B], ∂L/∂frequencies [K])`` (the second empty without ``freq_grad``)."""
@@ -100,17 +105,18 @@ def _bessel_backward(ctx, grad):
 bessel_op.register_autograd(_bessel_backward, setup_context=_bessel_setup)
 
 
-@torch.library.custom_op("matris::fourier", mutates_args=())
-def fourier_op(theta: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
-    return _launch_fourier(theta.contiguous(), frequencies.contiguous(), None)
+@torch.library.custom_op("matris::fourier", mutates_args=(), device_types=DEVICES)
+def fourier_op(theta: torch.Tensor, frequencies: torch.Tensor, constant: float) -> torch.Tensor:
+    """``constant``: the first column's value before the 1/√π (1/√2; v0.9 kept its float32 value)."""
+    return _launch_fourier(theta.contiguous(), frequencies.contiguous(), None, constant=constant)
 
 
 @fourier_op.register_fake
-def _(theta, frequencies):
+def _(theta, frequencies, constant):
     return theta.new_empty((theta.shape[0], 2 * frequencies.shape[0] + 1))
 
 
-@torch.library.custom_op("matris::fourier_backward", mutates_args=())
+@torch.library.custom_op("matris::fourier_backward", mutates_args=(), device_types=DEVICES)
 def fourier_backward_op(theta: torch.Tensor, frequencies: torch.Tensor, grad: torch.Tensor,
                         freq_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     g_t, g_f = _launch_fourier(theta.contiguous(), frequencies.contiguous(), grad.contiguous(), freq_grad)
@@ -123,22 +129,22 @@ def _(theta, frequencies, grad, freq_grad):
 
 
 def _fourier_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    ctx.save_for_backward(*inputs[:2])
 
 
 def _fourier_backward(ctx, grad):
     theta, freq = ctx.saved_tensors
     if torch.is_grad_enabled():
-        return recompute_backward(fourier_reference, (theta, freq), grad)
+        return (*recompute_backward(fourier_reference, (theta, freq), grad), None)
     want_f = ctx.needs_input_grad[1]
     g_t, g_f = fourier_backward_op(theta, freq, grad, want_f)
-    return g_t, g_f if want_f else None
+    return g_t, g_f if want_f else None, None
 
 
 fourier_op.register_autograd(_fourier_backward, setup_context=_fourier_setup)
 
 
-@torch.library.custom_op("matris::spherical", mutates_args=())
+@torch.library.custom_op("matris::spherical", mutates_args=(), device_types=DEVICES)
 def spherical_op(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int) -> torch.Tensor:
     return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, None)
 
@@ -148,7 +154,7 @@ def _(theta, rho, factor, max_l, max_n):
     return theta.new_empty((theta.shape[0], max_l * max_n))
 
 
-@torch.library.custom_op("matris::spherical_backward", mutates_args=())
+@torch.library.custom_op("matris::spherical_backward", mutates_args=(), device_types=DEVICES)
 def spherical_backward_op(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int,
                           grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, grad.contiguous())
@@ -185,8 +191,10 @@ def bessel(r, frequencies, cutoff: float, p: int):
 
 def fourier(theta, frequencies):
     """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (fused)."""
+    from matris.model.basis import FOURIER_CONSTANT  # read per call: the v0.9 fixtures' tests set it
+
     check_dtype(theta)
-    return fourier_op(theta, frequencies)
+    return fourier_op(theta, frequencies, FOURIER_CONSTANT)
 
 
 def spherical(theta, rho, factor, max_l: int, max_n: int):
@@ -377,9 +385,7 @@ def _launch_bessel(r, freq, cutoff, p, grad, freq_grad=True):
     return (grad_r, out) if grad is not None else out
 
 
-def _launch_fourier(theta, freq, grad, freq_grad=True):
-    from matris.model.basis import FOURIER_CONSTANT
-
+def _launch_fourier(theta, freq, grad, freq_grad=True, constant=0.0):
     n, m = theta.shape[0], freq.shape[0]
     if grad is None:
         out = torch.empty((n, 2 * m + 1), dtype=theta.dtype, device=theta.device)
@@ -387,7 +393,7 @@ def _launch_fourier(theta, freq, grad, freq_grad=True):
         out = torch.empty((n if freq_grad else 0, m), dtype=theta.dtype, device=theta.device)
     grad_t = torch.empty_like(theta) if grad is not None else theta
     if n:
-        consts = device_constants((FOURIER_CONSTANT, 1 / SQRT_PI), theta.dtype, theta.device)
+        consts = device_constants((constant, 1 / SQRT_PI), theta.dtype, theta.device)
         fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n, M=m, MP=max(1, triton.next_power_of_2(m)),
                                  BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad,
                                  BLOCK=_block())

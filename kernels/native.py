@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp", CSRC / "cpu" / "refine.cpp")
+SOURCES = (CSRC / "cpu" / "basis.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp", CSRC / "cpu" / "refine.cpp")
 HEADERS = (CSRC / "cpu" / "common.h",)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
          "-fvisibility=hidden"]

@@ -57,8 +57,8 @@ def test_compiled_model_recompiles_at_most_twice_and_matches_eager(dtype, rtol):
 @pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU kernels are off")
 def test_compiled_cpu_model_runs_the_fused_operators_without_graph_breaks():
     """On a CPU the compiled graph calls the registered fused operators (matris::gated_phi,
-    attention_pair, refine_edges and their backwards), as many times as eager, with the same
-    numbers, in one graph (fullgraph=True) over three cell sizes."""
+    attention_pair, refine_edges, the bases bessel and fourier, and their backwards), as many times as
+    eager, with the same numbers, in one graph (fullgraph=True) over three cell sizes."""
     import torch._dynamo
 
     from matris import MatRIS, MatRISConfig
@@ -81,7 +81,7 @@ def test_compiled_cpu_model_runs_the_fused_operators_without_graph_breaks():
         calls = profiled_operator_counts(lambda: out.update(want=evaluate(eager, s)[0]))
         got, want = out["got"], out["want"]
         fused = {"gated_phi", "gated_phi_backward", "attention_pair", "attention_pair_backward", "refine_edges",
-                 "refine_edges_backward"}
+                 "refine_edges_backward", "bessel", "bessel_backward", "fourier", "fourier_backward"}
         assert compiled_calls == calls and set(calls) == fused, (compiled_calls, calls)
         for key in ("energy", "forces", "stress"):
             a, b = getattr(got, key), getattr(want, key)

@@ -173,3 +173,57 @@ def test_triton_kernels_return_what_the_cpu_kernels_return(tmp_path):
         for k, (want, got) in enumerate(zip(tensors, triton_out[key])):
             assert got.shape == want.shape, (key, k, got.shape, want.shape)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"{key}: output {k}")
+
+
+def _basis_samples(dtype, e, seed=4):
+    """(name, operator, args) of each basis operator: bond lengths across the cutoff (the envelope's
+    zero), angles over [0, π], SH radial arguments around 1/r_c; frequencies as a learnable tensor."""
+    g = torch.Generator().manual_seed(seed)
+    r = (torch.rand(e, generator=g, dtype=torch.float64) * 6.5 + 0.3).to(dtype).requires_grad_()
+    theta = (torch.rand(e, generator=g, dtype=torch.float64) * 3.1).to(dtype).requires_grad_()
+    rho = (torch.rand(e, generator=g, dtype=torch.float64) * 0.2 + 0.1).to(dtype).requires_grad_()
+    freq_b = (torch.arange(1, 8, dtype=torch.float64) * 3.14159).to(dtype).requires_grad_()
+    freq_f = torch.arange(1, 4, dtype=torch.float64).to(dtype).requires_grad_()
+    factor = torch.tensor(0.2, dtype=dtype)
+    return [("bessel", torch.ops.matris.bessel.default, (r, freq_b, 6.0, 8)),
+            ("fourier", torch.ops.matris.fourier.default, (theta, freq_f, 0.5 ** 0.5)),
+            ("spherical", torch.ops.matris.spherical.default, (theta, rho, factor, 4, 4))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("e", [1, 37, 2500])  # 2500: more than one chunk of the frequency sums
+def test_basis_operators_pass_opcheck(dtype, e):
+    for name, op, args in _basis_samples(dtype, e):
+        torch.library.opcheck(op, args)
+
+
+def test_basis_operators_equal_their_references_in_float64():
+    from matris.kernels.basis import bessel_reference, fourier_reference, sh_reference
+
+    refs = {"bessel": lambda r, f, c, p: bessel_reference(r, f, c, p),
+            "fourier": lambda t, f, c: fourier_reference(t, f),
+            "spherical": lambda t, rho, fac, ml, mn: sh_reference(t, rho, fac, ml, mn)}
+    for name, op, args in _basis_samples(torch.float64, 2500):
+        got, want = op(*args), refs[name](*args)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=name)
+        grad = torch.randn_like(want)
+        wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        for a, b in zip(torch.autograd.grad(got, wanted, grad), torch.autograd.grad(want, wanted, grad)):
+            torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11, msg=name)
+        small = [a.detach()[:9].requires_grad_() if isinstance(a, torch.Tensor) and a.shape == (2500,) else a
+                 for a in args]
+        assert torch.autograd.gradcheck(lambda *t: op(*t), small), name
+
+
+@pytest.mark.skipif(interpreting() or native.library() is None, reason="the C++ kernels' thread counts")
+def test_basis_frequency_sums_do_not_depend_on_the_thread_count():
+    before = torch.get_num_threads()
+    try:
+        sums = []
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            r, f, c, p = _basis_samples(torch.float32, 5000)[0][2]
+            sums.append(torch.ops.matris.bessel_backward(r.detach(), f.detach(), c, p, torch.ones(5000, 7), True))
+        assert all(torch.equal(a, b) for a, b in zip(*sums))
+    finally:
+        torch.set_num_threads(before)

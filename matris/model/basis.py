@@ -1,8 +1,9 @@
 """Radial and angular basis functions (spec §3).
 
 All functions take lengths in Å and angles in radians and return ``[n, K]`` tensors in the
-dtype of their input. These PyTorch forms are the references; on CUDA the fused Triton
-kernels of ``matris.kernels.basis`` compute the same values (``backend`` selects). Constants that
+dtype of their input. These PyTorch forms are the references; the operators of
+``matris.kernels.basis`` (Triton kernels on CUDA, C++ kernels on a CPU) compute the same values
+(``backend`` selects: "torch" the references, "triton"/"fused" or None the operators where they run). Constants that
 the reference keeps in float32 (SH coefficients and factor, Gaussian centres) enter float64
 computations as their float32 values, so float64 results match the reference to rounding; the
 Fourier basis's constant term is 1/√2 in the compute dtype, as in the official 1.0 code.
@@ -17,6 +18,21 @@ from torch import nn
 
 from ..kernels import basis as fused
 from ..kernels import use_triton
+from ..kernels.backend import operators_run
+
+
+def _operators(backend: str | None, *tensors: torch.Tensor) -> bool:
+    """Whether a basis runs its fused operator: not for ``backend="torch"`` (or ``MATRIS_KERNELS=torch``);
+    ``"triton"`` insists on the Triton kernels; otherwise wherever the operator has a kernel."""
+    if backend is None:
+        import os
+
+        backend = os.environ.get("MATRIS_KERNELS", "auto")
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        return use_triton(tensors[0].device, "triton")
+    return operators_run(*tensors)
 
 # Coefficients c_* of the SH radial functions R_{n,j}: row n, root j (float32 values).
 # Source: the v0.9 reference release (see tests/fixtures/official-v0.9/sh_radial_coefficients.json).
@@ -89,7 +105,7 @@ class BesselExpansion(nn.Module):
             self.register_buffer("frequencies", freq)
 
     def forward(self, r: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        if use_triton(r.device, backend):
+        if _operators(backend, r) and r.shape[0]:
             return fused.bessel(r, self.frequencies.to(r.dtype), self.cutoff, self.envelope_exponent)
         return bessel_basis(r, self.frequencies, self.cutoff, self.envelope_exponent)
 
@@ -127,7 +143,7 @@ class FourierExpansion(nn.Module):
             self.register_buffer("frequencies", freq)
 
     def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
-        if use_triton(theta.device, backend):
+        if _operators(backend, theta) and theta.shape[0]:
             return fused.fourier(theta, self.frequencies.to(theta.dtype))
         return fourier_basis(theta, self.frequencies)
 
@@ -187,6 +203,6 @@ class SphericalExpansion(nn.Module):
         self.register_buffer("factor", torch.tensor(math.sqrt(2 / float(cutoff) ** 3), dtype=torch.float32))
 
     def forward(self, theta: torch.Tensor, rho: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        if use_triton(theta.device, backend):
+        if _operators(backend, theta, rho) and theta.shape[0]:
             return fused.spherical(theta, rho, self.factor, self.max_l, self.max_n)
         return sh_basis(theta, rho, self.factor.to(theta.dtype), self.max_l, self.max_n)

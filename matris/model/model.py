@@ -381,7 +381,7 @@ class MatRIS(nn.Module):
         unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]
 
         n_b = g.num_bonds
-        basis_backend = "triton" if kernels == "triton" else "torch"
+        basis_backend = kernels  # the bases' operators (Triton or C++) or, "torch", their references
         h = self.atom_embedding(g.atomic_numbers)
         e, rbf_pair, rbf_3b = self.edge_embedding(r, basis_backend)
         u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
