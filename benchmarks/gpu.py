@@ -58,6 +58,8 @@ from matris.kernels import basis as B  # noqa: E402
 from matris.kernels import gated_epilogue, gated_epilogue_reference  # noqa: E402
 from matris.kernels import gather_sum_activate, gather_sum_activate_reference  # noqa: E402
 from matris.kernels import softmax_aggregate, softmax_aggregate_reference  # noqa: E402
+from matris.kernels import attention_pair, attention_pair_reference, gated_phi, gated_phi_reference  # noqa: E402
+from matris.kernels import refine_edges, refine_edges_reference  # noqa: E402
 from matris.kernels.aggregate import Segments  # noqa: E402
 
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s (SXM)
@@ -319,6 +321,52 @@ def _attention_checks(e, c, n, device, dtype, tol):
             "second_order_messages": close(h_got[1], h_want[1], tol)}
 
 
+def _operator_checks(e, c, n, device, dtype, tol):
+    """The fused operators (matris::gated_phi, attention_pair, refine_edges: their CUDA kernels) against
+    their references: forward and input gradients, both norms and the attention's three forms."""
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, device=device, dtype=dtype) * scale).requires_grad_()
+
+    def compare(name, fn, ref, inputs):
+        got, want = fn(), ref()
+        got, want = (got,) if isinstance(got, torch.Tensor) else got, (want,) if isinstance(want, torch.Tensor) else want
+        for k, (a, b) in enumerate(zip(got, want)):
+            checks[f"{name}_out{k}"] = close(a, b, tol)
+        grads = [torch.randn_like(w) for w in want]
+        ga = torch.autograd.grad(got, inputs, grads)
+        gb = torch.autograd.grad(want, inputs, grads)
+        for k, (a, b) in enumerate(zip(ga, gb)):
+            checks[f"{name}_grad{k}"] = close(a, b, tol)
+
+    checks = {}
+    h, b = c, max(8, n // 2)
+    idx = [torch.randint(0, b, (e,), device=device) for _ in range(3)]
+    for norm in ("rms", "layer"):
+        rows, projs = r(e, c), [r(b, 2 * h) for _ in range(3)]
+        w = [r(2 * h, c, scale=0.1).detach(), r(2 * h).detach(), r(c, h, scale=0.1).detach(), r(c).detach(),
+             r(c, h, scale=0.1).detach(), r(c).detach(), (r(c).abs() + 0.5).detach(), (r(c).abs() + 0.5).detach()]
+        kw = dict(norm=norm, core_norm_bias=r(c).detach() if norm == "layer" else None,
+                  gate_norm_bias=r(c).detach() if norm == "layer" else None)
+        eps = 1e-5 if norm == "layer" else torch.finfo(dtype).eps
+        terms = list(zip(projs, idx))
+        compare(f"gated_phi_{norm}", lambda: gated_phi(rows, w[0], terms, *w[1:], eps, **kw),
+                lambda: gated_phi_reference(rows, w[0], terms, *w[1:], eps, **kw), [rows, *projs])
+    tgt, src = torch.randint(0, n - 3, (e,), device=device), torch.randint(0, n, (e,), device=device)
+    m, y, weight, res = r(e, c), r(e, c), r(2 * c, c, scale=0.3).detach(), r(1, c).detach()
+    compare("attention_line", lambda: attention_pair(y, weight, None, m, tgt, src, n, res),
+            lambda: attention_pair_reference(y, weight, None, m, tgt, src, n, res), [y, m])
+    proj, d2u = r(b, 2 * c), torch.randint(0, b, (e,), device=device)
+    compare("attention_atom", lambda: attention_pair(proj, None, d2u, m, tgt, src, n),
+            lambda: attention_pair_reference(proj, None, d2u, m, tgt, src, n), [proj, m])
+    u, q = r(e, c), r(n, c)  # q per bond: the line graph's nodes
+    ffn = [res, r(c, c, scale=0.3).detach(), r(c).detach(), r(c, c, scale=0.3).detach(), r(c).detach()]
+    compare("refine_edges", lambda: refine_edges(u, q, src, tgt, n, y, *ffn),
+            lambda: refine_edges_reference(u, q, src, tgt, n, y, *ffn), [u, q, y])
+    compare("refine_sum", lambda: refine_edges(u, q, src, tgt, n), lambda: refine_edges_reference(u, q, src, tgt, n),
+            [u, q])
+    return checks
+
+
 def _basis_checks(rows, device, dtype, tol):
     checks = {}
     r = (torch.rand(rows, device=device, dtype=dtype) * 6 + 0.5).requires_grad_()
@@ -379,6 +427,8 @@ def correctness(sec, device, smoke):
         e, c, n = (300, 37, 41) if smoke else (200_003, 128, 6_007)
         rows = 301 if smoke else 200_003
         sec.check(f"{tag}/attention", lambda: _report(tag, _attention_checks(e, c, n, device, dtype, tol)))
+        sec.check(f"{tag}/operators", lambda: _report(tag, _operator_checks(
+            e if smoke else 100_003, c if smoke else 128, n, device, dtype, tol)))
         sec.check(f"{tag}/bases", lambda: _report(tag, _basis_checks(99 if smoke else 50_001, device, dtype, tol)))
         for norm, act in (("rms", "silu"), ("layer", "gelu")):
             sec.check(f"{tag}/epilogue_{norm}_{act}", lambda: _report(tag, _epilogue_checks(
