@@ -287,7 +287,7 @@ def kernel_specs():
                 specs.append((f"phi_epilogue[{fp}, {'layer' if layer else 'rms'}, "
                               f"{'backward' if backward else 'forward'}]", PHI.phi_epilogue_kernel,
                               dict(core_ptr=ptr, gate_ptr=ptr, nc_ptr=ptr, ng_ptr=ptr, nbc_ptr=ptr, nbg_ptr=ptr,
-                                   eps_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, sig_ptr=ptr, rc_ptr=ptr, rg_ptr=ptr,
+                                   eps_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, rc_ptr=ptr, rg_ptr=ptr,
                                    gcore_ptr=ptr, ggate_ptr=ptr, n_rows="i32", D="i32", LAYER="constexpr",
                                    BACKWARD="constexpr", BLOCK_R="constexpr", BLOCK_D="constexpr"),
                               dict(LAYER=layer, BACKWARD=backward, BLOCK_R=PHI.EPILOGUE_ROWS, BLOCK_D=128)))

@@ -18,7 +18,7 @@ composed PyTorch ops make about fifteen passes over them in each direction, each
 a fresh tensor. Here each thread runs every step on blocks of 24 of its rows while they are in
 L2 (the GEMMs in a register kernel that reads the weights packed once per call). The forward keeps ``silu'(pre)`` in place of ``pre`` (so the backward
 multiplies by it instead of recomputing it), ``core`` and ``gate`` (centred for LayerNorm),
-``σ(gn)`` and the two row statistics r (4H + d + 2 floats per row, less than the composed ops
+and the two row statistics r (4H + 2 floats per row, less than the composed ops
 keep); the backward reads them once per block:
 
     G_cn = silu'(cn) ⊙ σ(gn) ⊙ G,       G_gn = σ'(gn) ⊙ silu(cn) ⊙ G,      X_c = w_c ⊙ G_cn
@@ -32,7 +32,7 @@ order: the same sums for any thread count).
 On CUDA the same operator runs three Triton kernels and cuBLAS: the first layer's gathers, bias
 and SiLU in one pass writing ``silu(pre)`` and ``silu'(pre)`` (:func:`.gather.activate_with_slope`,
 after ``R·W_rᵀ`` in one GEMM), the second layers as GEMMs, and the epilogue kernel below, which
-writes ``out``, ``σ(gn)``, the row statistics and the centred rows; its backward kernel gives
+writes ``out``, the row statistics and the centred rows; its backward kernel gives
 ``G_core``, ``G_gate`` from them, then GEMMs and ``index_add`` give the rest. Both forms return
 the same tensors (the tests compare them).
 
@@ -118,24 +118,25 @@ def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weigh
 
 # ---------------------------------------------------------------------------- registered operators
 # matris::gated_phi (forward: the output and what the backward reads: slope = silu'(pre), core and gate
-# (centred for LayerNorm), r_c, r_g, σ(gn)) and matris::gated_phi_backward (input gradients): CPU
+# (centred for LayerNorm), r_c, r_g; σ(gn) is recomputed from gate and r_g) and
+# matris::gated_phi_backward (input gradients): CPU
 # kernels in the C++ library (csrc/cpu/phi.cpp), CUDA kernels in Triton (below). Autograd: the
 # backward operator where only input gradients are wanted (inference), else the reference under
 # autograd (weight gradients, create_graph: exact second order).
 LIB.define("gated_phi(Tensor? rows, Tensor? row_weight, Tensor bias1, Tensor core_weight, Tensor core_bias, "
            "Tensor gate_weight, Tensor gate_bias, Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, "
            "Tensor? gate_norm_bias, Tensor[] projections, Tensor[] indices, float eps, bool layer, SymInt chunk) -> "
-           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 LIB.define("gated_phi_backward(Tensor grad, Tensor? row_weight, Tensor core_weight, Tensor gate_weight, "
-           "Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, Tensor slope, Tensor core, Tensor gate, "
-           "Tensor r_c, Tensor r_g, Tensor sig, Tensor[] indices, SymInt[] projection_rows, bool want_rows, "
-           "bool[] want_projections, bool layer, SymInt chunk) -> Tensor[]")
+           "Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, Tensor? gate_norm_bias, Tensor slope, "
+           "Tensor core, Tensor gate, Tensor r_c, Tensor r_g, Tensor[] indices, SymInt[] projection_rows, "
+           "bool want_rows, bool[] want_projections, bool layer, SymInt chunk) -> Tensor[]")
 
 
 def _phi_buffers(rows, indices, bias1, core_weight):
     n = rows.shape[0] if rows is not None else indices[0].shape[0]
     two_h, d = bias1.shape[0], core_weight.shape[0]
-    shapes = ((n, d), (n, two_h), (n, d), (n, d), (n, 1), (n, 1), (n, d))
+    shapes = ((n, d), (n, two_h), (n, d), (n, d), (n, 1), (n, 1))
     return tuple(bias1.new_empty(shape) for shape in shapes)
 
 
@@ -152,18 +153,19 @@ def _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_
     return g_rows, g_projs
 
 
-def _phi_backward_fake(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias, slope, core,
-                       gate, r_c, r_g, sig, indices, projection_rows, want_rows, want_projections, layer, chunk):
+def _phi_backward_fake(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias, gate_norm_bias,
+                       slope, core, gate, r_c, r_g, indices, projection_rows, want_rows, want_projections, layer,
+                       chunk):
     g_rows, g_projs = _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_projections)
     return [g_rows, *g_projs]
 
 
 def _phi_setup(ctx, inputs, output):
     (rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, layer, chunk) = inputs
-    _, slope, core, gate, r_c, r_g, sig = output
+    _, slope, core, gate, r_c, r_g = output
     ctx.set_materialize_grads(False)  # only the first output is differentiable; the others get None
     ctx.save_for_backward(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g,
-                          sig, *projs, *indices)
+                          *projs, *indices)
     ctx.eps, ctx.layer, ctx.chunk, ctx.n_terms = eps, layer, chunk, len(projs)
     ctx.want_rows = rows is not None and rows.requires_grad
     ctx.want_weights = any(t is not None and t.requires_grad for t in (row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc,
@@ -173,8 +175,8 @@ def _phi_setup(ctx, inputs, output):
 
 def _phi_backward(ctx, grad, *_unused):
     saved = ctx.saved_tensors
-    rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g, sig = saved[:17]
-    projs, indices = list(saved[17 : 17 + ctx.n_terms]), list(saved[17 + ctx.n_terms :])
+    rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g = saved[:16]
+    projs, indices = list(saved[16 : 16 + ctx.n_terms]), list(saved[16 + ctx.n_terms :])
     eps, layer = ctx.eps, ctx.layer
     if grad is None:  # Φ's output reaches no loss
         return (None, None, *[None] * 9, [None] * len(projs), [None] * len(indices), None, None, None)
@@ -196,8 +198,9 @@ def _phi_backward(ctx, grad, *_unused):
         g_rows, g_rw = (g[0], g[1]) if rows is not None else (None, None)
         g_nb = (g[9], g[10]) if layer else (None, None)
         return (g_rows, g_rw, *g[2:9], *g_nb, list(g[11:]), [None] * k, None, None, None)
-    grads = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, slope, core, gate, r_c, r_g, sig, indices,
-                                  [p.shape[0] for p in projs], ctx.want_rows, ctx.want_projections, layer, ctx.chunk)
+    grads = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g,
+                                                indices, [p.shape[0] for p in projs], ctx.want_rows,
+                                                ctx.want_projections, layer, ctx.chunk)
     g_rows = grads[0] if ctx.want_rows else None
     g_projs = [g if want else None for g, want in zip(grads[1:], ctx.want_projections)]
     return (g_rows, *[None] * 10, g_projs, [None] * len(indices), None, None, None)
@@ -230,23 +233,23 @@ def _phi_triton(rows, row_weight, bias1, core_weight, core_bias, gate_weight, ga
     core = torch.addmm(core_bias, hid[:, :h], core_weight.T)
     gate = torch.addmm(gate_bias, hid[:, h:], gate_weight.T)
     del hid
-    out, sig = torch.empty_like(core), torch.empty_like(core)
+    out = torch.empty_like(core)
     r_c, r_g = core.new_empty((n, 1)), core.new_empty((n, 1))
     if n:
         _epilogue_launch(core, gate, core_norm, gate_norm, core_norm_bias, gate_norm_bias, eps, layer,
-                         None, out, sig, r_c, r_g, None, None)
-    return out, slope, core, gate, r_c, r_g, sig
+                         None, out, r_c, r_g, None, None)
+    return out, slope, core, gate, r_c, r_g
 
 
-def _phi_backward_triton(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias, slope,
-                         core, gate, r_c, r_g, sig, indices, projection_rows, want_rows, want_projections, layer,
-                         chunk):
+def _phi_backward_triton(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias,
+                         gate_norm_bias, slope, core, gate, r_c, r_g, indices, projection_rows, want_rows,
+                         want_projections, layer, chunk):
     """The CUDA kernel of ``matris::gated_phi_backward`` (the formulas of the module docstring)."""
     n, two_h = slope.shape
     g_core, g_gate = torch.empty_like(core), torch.empty_like(gate)
     if n:
-        _epilogue_launch(core, gate, core_norm, gate_norm, core_norm_bias, None, 0.0, layer,
-                         grad.contiguous(), None, sig, r_c, r_g, g_core, g_gate)
+        _epilogue_launch(core, gate, core_norm, gate_norm, core_norm_bias, gate_norm_bias, 0.0, layer,
+                         grad.contiguous(), None, r_c, r_g, g_core, g_gate)
     g_pre = torch.cat([g_core @ core_weight, g_gate @ gate_weight], dim=1).mul_(slope)
     g_rows = g_pre @ row_weight if want_rows else slope.new_empty((0,))
     g_projs = [slope.new_zeros((rows_k, two_h)).index_add_(0, idx, g_pre) if want else slope.new_empty((0,))
@@ -254,7 +257,7 @@ def _phi_backward_triton(grad, row_weight, core_weight, gate_weight, core_norm, 
     return [g_rows, *g_projs]
 
 
-def _epilogue_launch(core, gate, nc, ng, nbc, nbg, eps, layer, grad, out, sig, r_c, r_g, g_core, g_gate):
+def _epilogue_launch(core, gate, nc, ng, nbc, nbg, eps, layer, grad, out, r_c, r_g, g_core, g_gate):
     n, d = core.shape
     dt = core.dtype
     eps_t = device_constants((float(eps),), dt, core.device)
@@ -264,7 +267,7 @@ def _epilogue_launch(core, gate, nc, ng, nbc, nbg, eps, layer, grad, out, sig, r
     block_r = tile(EPILOGUE_ROWS, 64)
     backward = grad is not None
     phi_epilogue_kernel[(triton.cdiv(n, block_r),)](
-        core, gate, nc, ng, nbc, nbg, eps_t, grad if backward else core, out if out is not None else core, sig,
+        core, gate, nc, ng, nbc, nbg, eps_t, grad if backward else core, out if out is not None else core,
         r_c, r_g, g_core if backward else core, g_gate if backward else core, n, d, LAYER=bool(layer),
         BACKWARD=backward, BLOCK_R=block_r, BLOCK_D=max(16, triton.next_power_of_2(d)))
 
@@ -275,11 +278,11 @@ if triton_available():
 
     @triton.jit
     def phi_epilogue_kernel(core_ptr, gate_ptr, nc_ptr, ng_ptr, nbc_ptr, nbg_ptr, eps_ptr, grad_ptr, out_ptr,
-                            sig_ptr, rc_ptr, rg_ptr, gcore_ptr, ggate_ptr, n_rows, D, LAYER: tl.constexpr,
+                            rc_ptr, rg_ptr, gcore_ptr, ggate_ptr, n_rows, D, LAYER: tl.constexpr,
                             BACKWARD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
         """The gated Φ's epilogue with SiLU, as the C++ kernel computes it. Forward: centres core and
-        gate in place (LayerNorm), writes r = 1/sqrt(mean(x²) + eps) per row, σ(gn) and
-        out = silu(cn) ⊙ σ(gn). Backward: G_core and G_gate from G and those."""
+        gate in place (LayerNorm), writes r = 1/sqrt(mean(x²) + eps) per row and
+        out = silu(cn) ⊙ σ(gn). Backward: G_core and G_gate from G and those (σ(gn) recomputed)."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         rmask = rows < n_rows
@@ -308,15 +311,13 @@ if triton_available():
         if LAYER:
             cn += tl.load(nbc_ptr + cols, mask=cmask, other=0.0)[None, :]
         sc = tl.sigmoid(cn)
+        gn = g * rg[:, None] * wg
+        if LAYER:
+            gn += tl.load(nbg_ptr + cols, mask=cmask, other=0.0)[None, :]
+        sv = tl.sigmoid(gn)
         if not BACKWARD:
-            gn = g * rg[:, None] * wg
-            if LAYER:
-                gn += tl.load(nbg_ptr + cols, mask=cmask, other=0.0)[None, :]
-            sv = tl.sigmoid(gn)
-            tl.store(sig_ptr + offs, sv, mask=mask)
             tl.store(out_ptr + offs, cn * sc * sv, mask=mask)
         else:
-            sv = tl.load(sig_ptr + offs, mask=mask, other=0.0)
             gr = tl.load(grad_ptr + offs, mask=mask, other=0.0)
             xc = gr * sv * sc * (1.0 + cn * (1.0 - sc)) * wc  # ∂L/∂(core·r_c)
             xg = gr * cn * sc * sv * (1.0 - sv) * wg  # ∂L/∂(gate·r_g)

@@ -129,7 +129,7 @@ def _every_output(seed=3):
         fwd = torch.ops.matris.gated_phi(*args)
         rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, lay, chunk = args
         grad = torch.randn(fwd[0].shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        bwd = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, *fwd[1:], indices,
+        bwd = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, nbg, *fwd[1:], indices,
                                                   [p.shape[0] for p in projs], True, [True, True], lay, chunk)
         out[f"phi-{layer}"] = [t.detach() for t in (*fwd, *bwd)]
     for form in ("line", "residual", "atom"):
@@ -209,7 +209,8 @@ def test_basis_operators_equal_their_references_in_float64():
         grad = torch.randn_like(want)
         wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         for a, b in zip(torch.autograd.grad(got, wanted, grad), torch.autograd.grad(want, wanted, grad)):
-            torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11, msg=name)
+            # the frequencies' gradients are sums over 2,500 rows, in another order than the reference's
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * float(b.abs().max()) * 100, msg=name)
         small = [a.detach()[:9].requires_grad_() if isinstance(a, torch.Tensor) and a.shape == (2500,) else a
                  for a in args]
         assert torch.autograd.gradcheck(lambda *t: op(*t), small), name

@@ -12,7 +12,9 @@ namespace matris_cpu {
 namespace {
 
 // Gated epilogue, RMSNorm (Layer = false): rc = rsqrt(mean(core²) + eps) (rg likewise),
-// sig = σ(gate·rg·ng), out = silu(core·rc·nc) ⊙ sig.
+// out = silu(core·rc·nc) ⊙ σ(gate·rg·ng). σ(gn) is not stored: the backward recomputes it from the
+// stored gate row and rg, the same expression on the same values (one exp per element instead of a
+// row stored and read back, and a fifth less memory kept for the backward).
 // LayerNorm (Layer = true): core and gate are first centred in place (core ← core − mean(core),
 // two passes, as torch's layer_norm), rc = rsqrt(mean(core²) + eps) of the centred row, and the
 // norms' biases nbc, nbg are added: out = silu(core·rc·nc + nbc) ⊙ σ(gate·rg·ng + nbg). The
@@ -22,7 +24,7 @@ namespace {
 // a null test inside the loop made GCC emit masked gathers (measured 1.4x slower).
 template <typename T, bool HasBias, bool Layer>
 static inline void gated_fwd_row(T* c, T* g, i64 d, const T* bc, const T* bg, const T* nc, const T* ng,
-                                 const T* nbc, const T* nbg, T eps, T* rc, T* rg, T* s, T* o) {
+                                 const T* nbc, const T* nbg, T eps, T* rc, T* rg, T* o) {
     T sc = 0, sg = 0;
 #pragma omp simd reduction(+ : sc, sg)
     for (i64 j = 0; j < d; ++j) {
@@ -53,7 +55,6 @@ static inline void gated_fwd_row(T* c, T* g, i64 d, const T* bc, const T* bg, co
     for (i64 j = 0; j < d; ++j) {
         const T cn = Layer ? c[j] * a * nc[j] + nbc[j] : c[j] * a * nc[j];
         const T sv = sigm(Layer ? g[j] * bb * ng[j] + nbg[j] : g[j] * bb * ng[j]);
-        s[j] = sv;
         o[j] = cn / (T(1) + vexp(-cn)) * sv;
     }
 }
@@ -61,25 +62,25 @@ static inline void gated_fwd_row(T* c, T* g, i64 d, const T* bc, const T* bg, co
 // the row function for a row's norm (layer: LayerNorm, else RMSNorm) and biases
 template <typename T, bool HasBias>
 static inline void gated_fwd_any(int layer, T* c, T* g, i64 d, const T* bc, const T* bg, const T* nc, const T* ng,
-                                 const T* nbc, const T* nbg, T eps, T* rc, T* rg, T* s, T* o) {
+                                 const T* nbc, const T* nbg, T eps, T* rc, T* rg, T* o) {
     if (layer)
-        gated_fwd_row<T, HasBias, true>(c, g, d, bc, bg, nc, ng, nbc, nbg, eps, rc, rg, s, o);
+        gated_fwd_row<T, HasBias, true>(c, g, d, bc, bg, nc, ng, nbc, nbg, eps, rc, rg, o);
     else
-        gated_fwd_row<T, HasBias, false>(c, g, d, bc, bg, nc, ng, nbc, nbg, eps, rc, rg, s, o);
+        gated_fwd_row<T, HasBias, false>(c, g, d, bc, bg, nc, ng, nbc, nbg, eps, rc, rg, o);
 }
 
 // Its backward (input gradients): G → (G_core, G_gate), the formulas of kernels/phi.py; c and g
 // are the stored rows (centred for LayerNorm), whose gradient through x·r with r = rsqrt(mean(x²)
 // + eps) is r·X − x·r³·mean(X ⊙ x), X = ∂L/∂(x·r); LayerNorm's centring also subtracts r·mean(X).
 template <typename T, bool Layer>
-static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* s, const T* nc, const T* ng,
-                                 const T* nbc, i64 d, T a, T bb, T* oc, T* og) {
+static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* nc, const T* ng, const T* nbc,
+                                 const T* nbg, i64 d, T a, T bb, T* oc, T* og) {
     T dc = 0, dg = 0, mc = 0, mg = 0;
 #pragma omp simd reduction(+ : dc, dg, mc, mg)
     for (i64 j = 0; j < d; ++j) {
         const T cn = Layer ? c[j] * a * nc[j] + nbc[j] : c[j] * a * nc[j];
         const T sc = sigm(cn);
-        const T sv = s[j];
+        const T sv = sigm(Layer ? g[j] * bb * ng[j] + nbg[j] : g[j] * bb * ng[j]);  // as the forward
         const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
         const T xg = G[j] * cn * sc * sv * (T(1) - sv) * ng[j];            // ∂L/∂(gate·rg)
         oc[j] = xc;
@@ -104,12 +105,12 @@ static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* s,
 }
 
 template <typename T>
-static inline void gated_bwd_any(int layer, const T* c, const T* g, const T* G, const T* s, const T* nc, const T* ng,
-                                 const T* nbc, i64 d, T a, T bb, T* oc, T* og) {
+static inline void gated_bwd_any(int layer, const T* c, const T* g, const T* G, const T* nc, const T* ng,
+                                 const T* nbc, const T* nbg, i64 d, T a, T bb, T* oc, T* og) {
     if (layer)
-        gated_bwd_row<T, true>(c, g, G, s, nc, ng, nbc, d, a, bb, oc, og);
+        gated_bwd_row<T, true>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og);
     else
-        gated_bwd_row<T, false>(c, g, G, s, nc, ng, nbc, d, a, bb, oc, og);
+        gated_bwd_row<T, false>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og);
 }
 
 
@@ -125,7 +126,7 @@ template <typename T>
 void phi_fwd(const T* rows, i64 ldr, i64 dr, const T* wr, i64 n, i64 h, const T* bias, int nterms,
              const T* const* projs, const i64* const* idx, const T* wc, const T* wg, i64 d, const T* bc, const T* bg,
              const T* nc, const T* ng, const T* nbc, const T* nbg, int layer, T eps, T* pre, T* core, T* gate, T* rc,
-             T* rg, T* sig, T* out, int nt) {
+             T* rg, T* out, int nt) {
     const i64 w = 2 * h;
 #pragma omp parallel num_threads(nt)
     {
@@ -146,7 +147,7 @@ void phi_fwd(const T* rows, i64 ldr, i64 dr, const T* wr, i64 n, i64 h, const T*
             gemm_serial(hid.data() + h, m, h, w, wg, d, gate + s * d, d, (const T*)nullptr, 0);
             for (i64 r = s; r < s + m; ++r)
                 gated_fwd_any<T, true>(layer, core + r * d, gate + r * d, d, bc, bg, nc, ng, nbc, nbg, eps, rc + r,
-                                       rg + r, sig + r * d, out + r * d);
+                                       rg + r, out + r * d);
         }
     }
 }
@@ -157,8 +158,8 @@ void phi_fwd(const T* rows, i64 ldr, i64 dr, const T* wr, i64 n, i64 h, const T*
 // outs_k[idx_k] (threads own channel ranges, rows in order: the same sums for any thread count).
 // wc, wg: packed [d → H]; wr: packed [2H → dr].
 template <typename T>
-void phi_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* rg, const T* sig, const T* nc,
-             const T* ng, const T* nbc, int layer, const T* pre, i64 n, i64 d, i64 h, const T* wc, const T* wg,
+void phi_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* rg, const T* nc, const T* ng,
+             const T* nbc, const T* nbg, int layer, const T* pre, i64 n, i64 d, i64 h, const T* wc, const T* wg,
              const T* wr, i64 dr, T* g_rows, int nterms, T* const* outs, const i64* const* idx, i64 chunk, int nt) {
     const i64 w = 2 * h;
     std::vector<T> gh(std::min(chunk, n) * w);
@@ -173,8 +174,8 @@ void phi_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* 
                 const i64 m = std::min(kBlock, e - s), r0 = s0 + s;
                 for (i64 r = 0; r < m; ++r) {
                     const i64 o = (r0 + r) * d;
-                    gated_bwd_any(layer, core + o, gate + o, grad + o, sig + o, nc, ng, nbc, d, rc[r0 + r],
-                                  rg[r0 + r], gc.data() + r * d, gg.data() + r * d);
+                    gated_bwd_any(layer, core + o, gate + o, grad + o, nc, ng, nbc, nbg, d, rc[r0 + r], rg[r0 + r],
+                                  gc.data() + r * d, gg.data() + r * d);
                 }
                 T* gp = gh.data() + s * w;
                 gemm_serial(gc.data(), m, d, d, wc, h, gp, w, pre + r0 * w, w);
@@ -202,7 +203,7 @@ void phi_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* 
 using Tensors = std::vector<at::Tensor>;
 using Opt = std::optional<at::Tensor>;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_phi(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_phi(
     const Opt& rows_in, const Opt& row_weight, const at::Tensor& bias1_in, const at::Tensor& core_weight,
     const at::Tensor& core_bias_in, const at::Tensor& gate_weight, const at::Tensor& gate_bias_in,
     const at::Tensor& core_norm_in, const at::Tensor& gate_norm_in, const Opt& core_norm_bias,
@@ -241,8 +242,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                                  : at::Tensor();
     auto opts = bias1.options();
     at::Tensor out = at::empty({n, d}, opts), pre = at::empty({n, two_h}, opts), core = at::empty({n, d}, opts),
-               gate = at::empty({n, d}, opts), r_c = at::empty({n, 1}, opts), r_g = at::empty({n, 1}, opts),
-               sig = at::empty({n, d}, opts);
+               gate = at::empty({n, d}, opts), r_c = at::empty({n, 1}, opts), r_g = at::empty({n, 1}, opts);
     const at::Tensor wr = has_rows ? pack(row_weight->t()) : at::Tensor();
     const at::Tensor wc = pack(core_weight.t()), wg = pack(gate_weight.t());
     AT_DISPATCH_FLOATING_TYPES(dtype, "matris_gated_phi", [&] {
@@ -259,16 +259,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                           gate_norm.data_ptr<scalar_t>(), data<scalar_t>(nbc), data<scalar_t>(nbg), (int)layer,
                           (scalar_t)eps, pre.data_ptr<scalar_t>(), core.data_ptr<scalar_t>(),
                           gate.data_ptr<scalar_t>(), r_c.data_ptr<scalar_t>(), r_g.data_ptr<scalar_t>(),
-                          sig.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), threads());
+                          out.data_ptr<scalar_t>(), threads());
     });
-    return {out, pre, core, gate, r_c, r_g, sig};
+    return {out, pre, core, gate, r_c, r_g};
 }
 
 Tensors gated_phi_backward(const at::Tensor& grad_in, const Opt& row_weight, const at::Tensor& core_weight,
                            const at::Tensor& gate_weight, const at::Tensor& core_norm_in,
-                           const at::Tensor& gate_norm_in, const Opt& core_norm_bias, const at::Tensor& slope,
-                           const at::Tensor& core, const at::Tensor& gate, const at::Tensor& r_c,
-                           const at::Tensor& r_g, const at::Tensor& sig, at::TensorList indices,
+                           const at::Tensor& gate_norm_in, const Opt& core_norm_bias, const Opt& gate_norm_bias,
+                           const at::Tensor& slope, const at::Tensor& core, const at::Tensor& gate,
+                           const at::Tensor& r_c, const at::Tensor& r_g, at::TensorList indices,
                            at::IntArrayRef projection_rows, bool want_rows, c10::List<bool> want_projections,
                            bool layer, int64_t chunk) {
     const auto dtype = slope.scalar_type();
@@ -278,11 +278,14 @@ Tensors gated_phi_backward(const at::Tensor& grad_in, const Opt& row_weight, con
                 "matris::gated_phi_backward: the rows' gradient needs row_weight");
     const at::Tensor grad = grad_in.contiguous(), core_norm = core_norm_in.contiguous(),
                      gate_norm = gate_norm_in.contiguous();
-    for (const at::Tensor* t : {&grad, &slope, &core, &gate, &r_c, &r_g, &sig})
+    for (const at::Tensor* t : {&grad, &slope, &core, &gate, &r_c, &r_g})
         check_input(*t, "gated_phi_backward", "a saved tensor or the gradient", dtype);
     const i64 n = slope.size(0), two_h = slope.size(1), h = two_h / 2, d = core_weight.size(0);
     const at::Tensor nbc = layer ? (core_norm_bias.has_value() && core_norm_bias->defined() ? core_norm_bias->contiguous()
                                                                                            : at::zeros_like(core_norm))
+                                 : at::Tensor();
+    const at::Tensor nbg = layer ? (gate_norm_bias.has_value() && gate_norm_bias->defined() ? gate_norm_bias->contiguous()
+                                                                                           : at::zeros_like(gate_norm))
                                  : at::Tensor();
     auto opts = slope.options();
     const i64 dr = want_rows ? row_weight->size(1) : 0;
@@ -310,9 +313,8 @@ Tensors gated_phi_backward(const at::Tensor& grad_in, const Opt& row_weight, con
             ip.push_back(wanted_idx[k].data_ptr<i64>());
         }
         phi_bwd<scalar_t>(grad.data_ptr<scalar_t>(), core.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(),
-                          r_c.data_ptr<scalar_t>(), r_g.data_ptr<scalar_t>(), sig.data_ptr<scalar_t>(),
-                          core_norm.data_ptr<scalar_t>(), gate_norm.data_ptr<scalar_t>(), data<scalar_t>(nbc),
-                          (int)layer, slope.data_ptr<scalar_t>(), n, d, h, wc.data_ptr<scalar_t>(),
+                          r_c.data_ptr<scalar_t>(), r_g.data_ptr<scalar_t>(), core_norm.data_ptr<scalar_t>(),
+                          gate_norm.data_ptr<scalar_t>(), data<scalar_t>(nbc), data<scalar_t>(nbg), (int)layer, slope.data_ptr<scalar_t>(), n, d, h, wc.data_ptr<scalar_t>(),
                           wg.data_ptr<scalar_t>(), data<scalar_t>(wr), dr, want_rows ? g_rows.data_ptr<scalar_t>() : nullptr,
                           (int)op.size(), op.data(), ip.data(), std::max<int64_t>(1, chunk), threads());
     });
