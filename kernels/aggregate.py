@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import (LIB, check_dtype, operators_run, recompute_backward, register_triton, tile, triton_available,
-                      use_triton)
+from .backend import (LIB, check_dtype, operators_run, recompute_backward, register_cpu, register_triton, tile,
+                      triton_available, use_triton)
 from .segment import scatter_sum, segment_softmax
 
 
@@ -142,6 +142,31 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 softmax_aggregate_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _forward_cpu(logits, messages, index, order, offsets):
+    """The CPU kernel of ``matris::softmax_aggregate`` (PyTorch ops): ``(out, lse)`` as the Triton one."""
+    n, c = offsets.shape[0] - 1, logits.shape[1]
+    rows = index.unsqueeze(1).expand(-1, c)
+    peak = logits.new_full((n, c), float("-inf")).scatter_reduce(0, rows, logits, "amax")
+    p = torch.exp(logits - peak.index_select(0, index))
+    total = logits.new_zeros((n, c)).index_add_(0, index, p)
+    acc = logits.new_zeros((n, c)).index_add_(0, index, p * messages)
+    nonempty = total > 0
+    denom = torch.where(nonempty, total, torch.ones_like(total))
+    return (torch.where(nonempty, acc / denom, torch.zeros_like(acc)),
+            torch.where(nonempty, peak + torch.log(denom), torch.zeros_like(acc)))
+
+
+def _backward_cpu(logits, messages, out, lse, grad_out, grad_lse, index):
+    """The CPU kernel of ``matris::softmax_aggregate_backward``: the formulas of the module docstring."""
+    p = torch.exp(logits - lse.index_select(0, index))
+    g = grad_out.index_select(0, index)
+    return p * ((messages - out.index_select(0, index)) * g + grad_lse.index_select(0, index)), p * g
+
+
+register_cpu(softmax_aggregate_op, _forward_cpu)
+register_cpu(softmax_aggregate_backward_op, _backward_cpu)
 
 
 # ---------------------------------------------------------------------------- Triton

@@ -108,6 +108,14 @@ def register_triton(name: str, kernel) -> None:
         LIB.impl(name, kernel, "CPU")
 
 
+def register_cpu(op, kernel) -> None:
+    """``kernel`` (PyTorch ops) as the CPU kernel of a Triton-only ``custom_op``: the same outputs as
+    its Triton kernel, for CPU tensors (not under ``TRITON_INTERPRET=1``, where the Triton kernel
+    itself runs on them)."""
+    if not interpreting():
+        op.register_kernel("cpu")(kernel)
+
+
 def operators_run(*tensors: torch.Tensor) -> bool:
     """Whether the fused operators have a kernel for these tensors: CUDA tensors with triton; CPU
     tensors with the C++ library loaded (or under ``TRITON_INTERPRET=1``, the Triton kernels); every

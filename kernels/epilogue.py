@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import check_dtype, device_constants, recompute_backward, tile, triton_available, use_triton
+from .backend import check_dtype, device_constants, recompute_backward, register_cpu, tile, triton_available, use_triton
 
 ACTIVATIONS = ("silu", "relu", "gelu", "softplus", "sigmoid", "tanh")
 NORMS = ("rms", "layer")
@@ -138,6 +138,64 @@ def _backward(ctx, grad):
 
 
 gated_epilogue_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _forward_cpu(core, gate, wc, bc, wg, bg, norm, act, eps):
+    """The CPU kernel of ``matris::gated_epilogue``: its reference."""
+    return gated_epilogue_reference(core, gate, wc, bc, wg, bg, norm, act, eps)
+
+
+def activation_slope(z: torch.Tensor, act: str) -> torch.Tensor:
+    """``act'(z)`` for the activations of :data:`ACTIVATIONS` (as the Triton kernels compute it)."""
+    if act == "silu":
+        sg = torch.sigmoid(z)
+        return sg * (1 + z * (1 - sg))
+    if act == "relu":
+        return (z > 0).to(z.dtype)
+    if act == "gelu":
+        return 0.5 * (1 + torch.erf(z * 0.7071067811865476)) + z * torch.exp(-0.5 * z * z) * 0.3989422804014327
+    if act == "softplus":
+        return torch.where(z > 20, torch.ones_like(z), torch.sigmoid(z))
+    if act == "sigmoid":
+        sg = torch.sigmoid(z)
+        return sg * (1 - sg)
+    if act == "tanh":
+        return 1 - torch.tanh(z) ** 2
+    raise ValueError(f"unknown activation {act!r}; use one of {ACTIVATIONS}")
+
+
+def _normalized(x, norm, eps):
+    """``(x̂, r)``: the centred (LayerNorm) row times r = 1/sqrt(mean(x̂²) + eps), and r ``[n, 1]``."""
+    if norm == "layer":
+        x = x - x.mean(-1, keepdim=True)
+    r = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    return x * r, r
+
+
+def _backward_cpu(core, gate, wc, bc, wg, bg, norm, act, eps, grad, weight_grad):
+    """The CPU kernel of ``matris::gated_epilogue_backward``: the formulas of the Triton kernel
+    (input gradients, and the weight sums as ``[4, d]``, zero bias rows for RMSNorm)."""
+    c_hat, rc = _normalized(core, norm, eps)
+    s_hat, rs = _normalized(gate, norm, eps)
+    zc, zs = c_hat * wc, s_hat * wg
+    if norm == "layer":
+        zc, zs = zc + bc, zs + bg
+    a, da, sig = _activate(zc, act), activation_slope(zc, act), torch.sigmoid(zs)
+    dzc, dzs = grad * sig * da, grad * a * sig * (1 - sig)
+    grads = []
+    for dz, w, x_hat, r in ((dzc, wc, c_hat, rc), (dzs, wg, s_hat, rs)):
+        dx = dz * w
+        g = dx - x_hat * (dx * x_hat).mean(-1, keepdim=True)
+        if norm == "layer":
+            g = g - dx.mean(-1, keepdim=True)
+        grads.append(g * r)
+    if not weight_grad:
+        return grads[0], grads[1], core.new_empty(0)
+    return grads[0], grads[1], torch.stack([(dzc * c_hat).sum(0), dzc.sum(0), (dzs * s_hat).sum(0), dzs.sum(0)])
+
+
+register_cpu(gated_epilogue_op, _forward_cpu)
+register_cpu(gated_epilogue_backward_op, _backward_cpu)
 
 
 # ---------------------------------------------------------------------------- Triton

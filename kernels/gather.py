@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .backend import check_dtype, recompute_backward, tile, triton_available, use_triton
-from .epilogue import ACT_CODE, ACTIVATIONS, _activate
+from .backend import check_dtype, recompute_backward, register_cpu, tile, triton_available, use_triton
+from .epilogue import ACT_CODE, ACTIVATIONS, _activate, activation_slope
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 MAX_TERMS = 4
@@ -133,6 +133,26 @@ def _backward(ctx, grad):
 
 
 gather_sum_activate_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _pre_cpu(projs, indices, bias):
+    """``Σ_k P_k[idx_k] + b`` ``[n_rows, H]``."""
+    pre = sum(p if i is None else p.index_select(0, i) for p, i in zip(projs, _indices(indices)))
+    return pre + bias if bias is not None else pre
+
+
+def _forward_cpu(projs, indices, bias, act, n_rows):
+    """The CPU kernel of ``matris::gather_sum_activate``: its reference."""
+    return gather_sum_activate_reference(list(zip(projs, _indices(indices))), bias, act)
+
+
+def _backward_cpu(projs, indices, bias, act, n_rows, grad):
+    """The CPU kernel of ``matris::gather_sum_activate_backward``: ``G ⊙ act'(pre)``."""
+    return grad * activation_slope(_pre_cpu(projs, indices, bias), act)
+
+
+register_cpu(gather_sum_activate_op, _forward_cpu)
+register_cpu(gather_sum_activate_backward_op, _backward_cpu)
 
 
 # ---------------------------------------------------------------------------- Triton

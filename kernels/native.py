@@ -40,8 +40,11 @@ import torch
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "cpu" / "basis.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp", CSRC / "cpu" / "refine.cpp")
 HEADERS = (CSRC / "cpu" / "common.h",)
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
-         "-fvisibility=hidden"]
+# -mprefer-vector-width=512: GCC vectorises the loops for AVX-512 CPUs with 256-bit registers unless
+# told otherwise; the full width made the Φ operators 7-10% faster on a Xeon (the GEMM kernel has its
+# own intrinsics either way; without AVX-512 the flag changes nothing)
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-std=c++20", "-fPIC", "-fno-math-errno",
+         "-fno-trapping-math", "-fvisibility=hidden"]
 
 
 class NativeBuildError(RuntimeError):

@@ -206,7 +206,7 @@ def test_basis_operators_equal_their_references_in_float64():
     for name, op, args in _basis_samples(torch.float64, 2500):
         got, want = op(*args), refs[name](*args)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=name)
-        grad = torch.randn_like(want)
+        grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(5), dtype=want.dtype)
         wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         for a, b in zip(torch.autograd.grad(got, wanted, grad), torch.autograd.grad(want, wanted, grad)):
             # the frequencies' gradients are sums over 2,500 rows, in another order than the reference's
@@ -228,3 +228,45 @@ def test_basis_frequency_sums_do_not_depend_on_the_thread_count():
         assert all(torch.equal(a, b) for a, b in zip(*sums))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_triton_only_operators_have_cpu_kernels(dtype):
+    """softmax_aggregate, gated_epilogue and gather_sum_activate (the model runs them on CUDA only) have
+    CPU kernels too: opcheck on CPU tensors, and the same values as their references."""
+    from matris.kernels import (gated_epilogue_reference, gather_sum_activate_reference,
+                                softmax_aggregate_reference)
+
+    g = torch.Generator().manual_seed(7)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+
+    index = torch.tensor([0, 0, 1, 3, 3, 3, 4, 1, 0])  # segment 2 has no edges
+    seg = Segments.from_index(index, 6)
+    logits, messages = r(9, 5), r(9, 5)
+    args = (logits, messages, seg.index, seg.order, seg.offsets)
+    torch.library.opcheck(torch.ops.matris.softmax_aggregate.default, args)
+    got, want = torch.ops.matris.softmax_aggregate(*args)[0], softmax_aggregate_reference(logits, messages, index, 6)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got.sum(), (logits, messages)), torch.autograd.grad(want.sum(), (logits, messages))):
+        torch.testing.assert_close(a, b)
+    for norm, act in (("rms", "silu"), ("layer", "gelu")):
+        core, gate, wc, wg = r(7, 6), r(7, 6), r(6), r(6)
+        bc, bg = (r(6), r(6)) if norm == "layer" else (None, None)
+        eps = 1e-5 if norm == "layer" else torch.finfo(dtype).eps
+        args = (core, gate, wc, bc, wg, bg, norm, act, eps)
+        torch.library.opcheck(torch.ops.matris.gated_epilogue.default, args)
+        got, want = torch.ops.matris.gated_epilogue(*args), gated_epilogue_reference(*args)
+        torch.testing.assert_close(got, want)
+        wanted = [t for t in (core, gate, wc, bc, wg, bg) if t is not None]
+        for a, b in zip(torch.autograd.grad(got.sum(), wanted), torch.autograd.grad(want.sum(), wanted)):
+            torch.testing.assert_close(a, b)
+    projs, idx = [r(7, 8), r(4, 8)], [torch.randint(0, 4, (7,), generator=g)]
+    args = (projs, [torch.empty(0, dtype=torch.int64), idx[0]], r(8), "silu", 7)
+    torch.library.opcheck(torch.ops.matris.gather_sum_activate.default, args)
+    got = torch.ops.matris.gather_sum_activate(*args)
+    want = gather_sum_activate_reference([(projs[0], None), (projs[1], idx[0])], args[2], "silu")
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got.sum(), projs), torch.autograd.grad(want.sum(), projs)):
+        torch.testing.assert_close(a, b)
