@@ -362,11 +362,16 @@ def main(argv=None) -> int:
     p.add_argument("--heap-size", type=int, default=64, help="Si cell of the heap setting's measurement (0: skip)")
     p.add_argument("--no-profile", action="store_true", help="skip the op-family table and the GEMM floor")
     p.add_argument("--train", action="store_true", help="also time a training step (tiny and 10M configs)")
+    p.add_argument("--no-avx512", action="store_true",
+                   help="build the fused operators without AVX-512 (-mno-avx512f, a cache folder of its own): "
+                        "the AVX2 kernels, timed on this CPU")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = p.parse_args(argv)
     if args.markdown:
         print(markdown(args.markdown))
         return 0
+    if args.no_avx512:  # before the first build; the flags are part of the library's hash
+        native.FLAGS.append("-mno-avx512f")
 
     torch.manual_seed(0)
     base = MatRIS(MatRISConfig.published_10m()).eval()

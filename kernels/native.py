@@ -180,10 +180,11 @@ def available() -> bool:
 def instruction_set() -> str:
     """The vector code the library's float32 GEMM runs here: ``avx512``, ``avx2`` or ``portable``
     (what ``-march=native`` found; float64 always runs the portable kernel, vectorised by the
-    compiler). Benchmarks record it."""
+    compiler; flags that turn an instruction set off, e.g. ``-mno-avx512f``, count). Benchmarks
+    record it."""
     flags = _cpu_identity()
-    if " avx512f" in flags:
+    if " avx512f" in flags and "-mno-avx512f" not in FLAGS:
         return "avx512"
-    if " avx2" in flags and " fma" in flags:
+    if " avx2" in flags and " fma" in flags and "-mno-avx2" not in FLAGS:
         return "avx2"
     return "portable"
