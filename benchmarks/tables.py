@@ -365,6 +365,7 @@ TABLES = {
     "parity": parity,
     "cpu_speed": cpu_speed,
     "cpu_speed_epyc_avx2": cpu_speed,
+    "cpu_speed_avx2": cpu_speed,
     "cpu_speed_compiled": cpu_speed,
     "bench_demo_cpu": bench,
     "bench_cpu": bench,
