@@ -3,8 +3,8 @@
 Training on forces differentiates twice: the forces are ``−∂E/∂x`` with ``create_graph``, and the
 loss on them is differentiated again. Kept whole, that graph holds every intermediate of every
 block (the forward's and the first backward's): 16 GB for a 16-atom rocksalt oxide (15,872
-angles) with the published 10M architecture, about 60 GB for a 64-atom one
-(``benchmarks/train_memory.py``). ``torch.utils.checkpoint`` does not help here: the first backward
+angles) with the published 10M architecture, about 60 GB for a 64-atom one (the memory model's
+prediction; ``benchmarks/train_memory.py``, ``benchmarks/results/train_memory.json``). ``torch.utils.checkpoint`` does not help here: the first backward
 recomputes a block and its ``create_graph`` graph then keeps the recomputed tensors alive until the
 second.
 
@@ -22,7 +22,7 @@ Here a block is one autograd node whose backward is itself one differentiable no
   with autograd, first-order gradients of inputs and parameters.
 
 So at any moment one block's intermediates are alive, next to the inputs and upstream gradients
-of all blocks (a few per-angle rows each): 3.2 GB for the 16-atom oxide, 10.8 GB for the 64-atom
+of all blocks (a few per-angle rows each): 3.1 GB for the 16-atom oxide, 10.9 GB for the 64-atom
 one. The recomputations in which no parameter gradient is
 wanted run the call's fast kernels (the fused CPU operators or the Triton kernels); the others the
 composed ops, the references of the same formulas: the gradients equal the un-checkpointed ones
