@@ -1,11 +1,13 @@
-"""Which implementation a kernel uses: Triton on CUDA, the fused C++ loops on the CPU.
+"""Which implementation a kernel uses, and the ``matris`` operator library.
 
-``"triton"``: the fused GPU kernels. ``"fused"``: the same fused formulas for the CPU, run over
-cache-sized chunks of rows in the C++ loops of :mod:`.native` (:mod:`.phi`,
-:func:`.aggregate.attention_pair`, :mod:`.refine`). ``"torch"``: the composed PyTorch reference.
-``"auto"`` (default) picks Triton on CUDA and the fused CPU kernels elsewhere. Override per call with ``backend=...``, or for the
-whole process with the environment variable ``MATRIS_KERNELS``. Triton kernels also run on
-CPU tensors under ``TRITON_INTERPRET=1`` (slow; used by the CPU checks).
+The fused formulas are operators (``torch.ops.matris.*``) with a CUDA kernel in Triton and a CPU
+kernel in C++ (:mod:`.native`); a call runs the kernel of its tensors' device. ``"triton"``: the
+model on CUDA (the operators and the Triton bases, with the graph's CSR segments). ``"fused"``: the
+same operators on a CPU (their C++ kernels). ``"torch"``: the composed PyTorch reference.
+``"auto"`` (default) picks ``"triton"`` on CUDA and ``"fused"`` elsewhere. Override per model with
+``model.kernel_backend`` (per call with ``backend=...``), or for the whole process with the
+environment variable ``MATRIS_KERNELS``. Under ``TRITON_INTERPRET=1`` the Triton kernels also serve
+CPU tensors (slow; the CPU checks of the GPU code).
 """
 
 from __future__ import annotations
