@@ -318,8 +318,13 @@ def _build_entry(src: Path, entry: Path, cutoff: float, three_body_cutoff: float
                     "shards": {}}
         write_json(partial / "manifest.json", manifest)
     else:
-        for stale in partial.glob(".shard-*"):  # temporaries of workers killed mid-shard
-            shutil.rmtree(stale, ignore_errors=True)
+        # hidden entries are temporaries of the killed build: shards of workers killed mid-shard
+        # (".shard-*") and files whose atomic write was cut off (".manifest.json.<random>.json")
+        for stale in partial.glob(".*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
         rep.reused = len(manifest["shards"])
         log.info("resuming the graph cache build of %s: %d shard(s) already done", src, rep.reused)
         if shard_size is not None and shard_size != manifest["shard_size"]:
