@@ -297,7 +297,7 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
     ``res_weight`` (line graph only): also the residual update y' of the reference, computed in
     the same pass over the rows (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
     ``segments`` (by target, by source): the CSR order the CUDA kernel walks (made once per graph;
-    sorted here when not given; the CPU kernel does not need it).
+    without it that kernel sorts the indices; the CPU kernel does not need it).
     """
     n_edges = messages.shape[0]
     if res_weight is not None and row_index is not None:
@@ -305,11 +305,8 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
     if n_edges == 0 or not operators_run(messages, target, source, row_index, rows, weight, res_weight):
         # no kernel here (no compiler, not float32/float64 tensors): the reference
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
-    csr = []
-    if messages.device.type != "cpu" or segments is not None:
-        if segments is None:
-            segments = (Segments.from_index(target, num_segments), Segments.from_index(source, num_segments))
-        csr = [segments[0].order, segments[0].offsets, segments[1].order, segments[1].offsets]
+    # the graph's CSR order for the CUDA kernel (which sorts the indices itself without it)
+    csr = [t for seg in segments for t in (seg.order, seg.offsets)] if segments is not None else []
     out_t, out_s, y_new = torch.ops.matris.attention_pair(rows, weight, row_index, messages, target, source,
                                                           num_segments, res_weight, csr)[:3]
     return (out_t, out_s) if res_weight is None else (out_t, out_s, y_new)

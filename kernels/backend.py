@@ -45,11 +45,17 @@ def tile(gpu: int, interpreted: int) -> int:
     return gpu
 
 
-def use_triton(device: torch.device, backend: str | None = None) -> bool:
-    """Whether a kernel on ``device`` runs in Triton (see the module docstring)."""
+def kernel_choice(backend: str | None = None) -> str:
+    """``backend``, else ``$MATRIS_KERNELS``, else ``"auto"``; one of :data:`BACKENDS`."""
     choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
     if choice not in BACKENDS:
         raise ValueError(f"unknown kernel backend {choice!r}; use one of {BACKENDS} (argument or MATRIS_KERNELS)")
+    return choice
+
+
+def use_triton(device: torch.device, backend: str | None = None) -> bool:
+    """Whether a kernel on ``device`` runs in Triton (see the module docstring)."""
+    choice = kernel_choice(backend)
     if choice in ("torch", "fused"):
         return False
     runnable = triton_available() and (device.type == "cuda" or interpreting())
@@ -65,7 +71,7 @@ def use_triton(device: torch.device, backend: str | None = None) -> bool:
 
 def use_fused_cpu(device: torch.device, backend: str | None = None) -> bool:
     """Whether the fused CPU kernels run on ``device`` (see the module docstring)."""
-    choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
+    choice = kernel_choice(backend)
     return choice == "fused" or (choice == "auto" and not use_triton(device, backend))
 
 

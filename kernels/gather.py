@@ -31,6 +31,11 @@ def gather_sum_activate_reference(terms: list[Term], bias: torch.Tensor | None, 
     terms: ``(P_k [n_k, H], idx_k [E] int64 or None)``; None means P_k is already ``[E, H]``.
     bias: ``[H]`` or None. Returns ``[E, H]``.
     """
+    return _activate(gather_sum(terms, bias), act)
+
+
+def gather_sum(terms: list[Term], bias: torch.Tensor | None) -> torch.Tensor:
+    """The pre-activation ``Σ_k P_k[idx_k] + b`` ``[E, H]`` of :func:`gather_sum_activate_reference`."""
     out, owned = None, False
     for proj, index in terms:
         rows = proj if index is None else proj.index_select(0, index)
@@ -42,7 +47,7 @@ def gather_sum_activate_reference(terms: list[Term], bias: torch.Tensor | None, 
             out, owned = out + rows, True
     if bias is not None:
         out = out.add_(bias) if owned else out + bias
-    return _activate(out, act)
+    return out
 
 
 def gather_sum_activate(terms: list[Term], bias: torch.Tensor | None, act: str,
@@ -135,12 +140,6 @@ def _backward(ctx, grad):
 gather_sum_activate_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _pre_cpu(projs, indices, bias):
-    """``Σ_k P_k[idx_k] + b`` ``[n_rows, H]``."""
-    pre = sum(p if i is None else p.index_select(0, i) for p, i in zip(projs, _indices(indices)))
-    return pre + bias if bias is not None else pre
-
-
 def _forward_cpu(projs, indices, bias, act, n_rows):
     """The CPU kernel of ``matris::gather_sum_activate``: its reference."""
     return gather_sum_activate_reference(list(zip(projs, _indices(indices))), bias, act)
@@ -148,7 +147,7 @@ def _forward_cpu(projs, indices, bias, act, n_rows):
 
 def _backward_cpu(projs, indices, bias, act, n_rows, grad):
     """The CPU kernel of ``matris::gather_sum_activate_backward``: ``G ⊙ act'(pre)``."""
-    return grad * activation_slope(_pre_cpu(projs, indices, bias), act)
+    return grad * activation_slope(gather_sum(list(zip(projs, _indices(indices))), bias), act)
 
 
 register_cpu(gather_sum_activate_op, _forward_cpu)

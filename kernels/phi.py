@@ -1,5 +1,5 @@
-"""The whole gated Φ of an edge update (spec §5), fused for the CPU: first layer, gathers,
-activation, second layers and the gated epilogue in one pass over the rows
+"""The whole gated Φ of an edge update (spec §5) as one operator: first layer, gathers,
+activation, second layers and the gated epilogue (on a CPU in one pass over the rows)
 (``matris::gated_phi``: C++ kernel in ``csrc/cpu/phi.cpp``, Triton kernels below for CUDA).
 
     pre  = R·W_rᵀ + Σ_k P_k[idx_k] + b₁                 [E, 2H]  (core ‖ gate halves)
@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .gather import activate_with_slope
 from .backend import LIB, device_constants, operators_run, recompute_backward, register_triton, tile, triton_available
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
@@ -218,8 +219,6 @@ EPILOGUE_ROWS = 4  # rows per program of the epilogue kernels (4 × 128 tiles, a
 def _phi_triton(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
                 core_norm_bias, gate_norm_bias, projections, indices, eps, layer, chunk):
     """The CUDA kernel of ``matris::gated_phi``: the outputs of the C++ kernel, from Triton and cuBLAS."""
-    from .gather import activate_with_slope
-
     n = rows.shape[0] if rows is not None else indices[0].shape[0]
     two_h = bias1.shape[0]
     h = two_h // 2

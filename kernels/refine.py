@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .gather import activate_with_slope
 from .backend import LIB, operators_run, recompute_backward, register_triton, tile, triton_available
 from .segment import scatter_sum
 
@@ -142,8 +143,6 @@ BLOCK_ROWS, BLOCK_COLS = 16, 64
 
 def _refine_triton(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk):
     """The CUDA kernel of ``matris::refine_edges``: the C++ kernel's outputs."""
-    from .gather import activate_with_slope
-
     e, c = u.shape
     u, q = u.contiguous(), q.contiguous()
     u_g = torch.empty_like(u)

@@ -18,16 +18,13 @@ from torch import nn
 
 from ..kernels import basis as fused
 from ..kernels import use_triton
-from ..kernels.backend import operators_run
+from ..kernels.backend import kernel_choice, operators_run
 
 
 def _operators(backend: str | None, *tensors: torch.Tensor) -> bool:
     """Whether a basis runs its fused operator: not for ``backend="torch"`` (or ``MATRIS_KERNELS=torch``);
     ``"triton"`` insists on the Triton kernels; otherwise wherever the operator has a kernel."""
-    if backend is None:
-        import os
-
-        backend = os.environ.get("MATRIS_KERNELS", "auto")
+    backend = kernel_choice(backend)
     if backend == "torch":
         return False
     if backend == "triton":
