@@ -2,7 +2,7 @@
 
     python benchmarks/train_memory.py                          # the default cases, JSON to stdout's table
     python benchmarks/train_memory.py --json benchmarks/results/train_memory.json
-    python benchmarks/train_memory.py --cases mgo16 emt16 --modes checkpointed whole
+    python benchmarks/train_memory.py --cases mgo16 emt16 --modes blocks none
 
 A step is what ``matris train`` does per batch: energy, forces and stress with ``create_graph``, a
 loss on all three (the magnetic moments' head is off: fine-tuning data rarely has them), the
@@ -17,10 +17,11 @@ Cases: rocksalt MgO (a = 4.21 Å, rattled 0.05 Å) of 8, 16 and 64 atoms (``mgo8
 (``examples/configs/data/emt_finetune.extxyz``: fcc metals of 1 to 8 atoms), its 2 and 16 (the
 example config's ``max_structures``) largest structures (``emt2``, ``emt16``).
 
-Modes: ``checkpointed`` (the default: blocks recomputed in the backward passes, the fused CPU
-operators where no weight gradient is wanted), ``checkpointed-composed`` (the same with the
-composed ops everywhere, ``MATRIS_KERNELS=torch``) and ``whole`` (every block's graph kept, as
-before; composed ops). A mode whose memory model predicts more than this machine has free is
+Modes (``MatRIS.training_recompute``): ``blocks`` (blocks recomputed in the backward passes,
+each Φ by row chunks inside them, the fused CPU operators where no weight gradient is wanted),
+``steps`` (each step of a block recomputed on its own too: least memory), ``blocks-composed``
+(``blocks`` with the composed ops everywhere, ``MATRIS_KERNELS=torch``) and ``none`` (every
+block's graph kept; composed ops). A mode whose memory model predicts more than this machine has free is
 skipped, with the prediction recorded. Every row also gives the memory model's prediction
 (``MatRIS.training_fixed_bytes + estimated_training_bytes``) against the measured peak.
 """
@@ -40,7 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CASES = ("mgo8", "mgo16", "mgo64", "emt2", "emt16")
-MODES = ("checkpointed", "checkpointed-composed", "whole")
+MODES = ("blocks", "steps", "blocks-composed", "none")
+
+
+def recompute_mode(mode: str) -> str:
+    """The model's ``training_recompute`` for a benchmark mode."""
+    return mode.removesuffix("-composed")
 GB = 2**30
 
 
@@ -74,8 +80,8 @@ def worker(case: str, mode: str, steps: int, device: str) -> dict:
     torch.manual_seed(0)
     dev = torch.device(device)
     model = MatRIS(MatRISConfig.published_10m()).to(dev).train()
-    model.block_checkpointing = mode != "whole"
-    if mode == "checkpointed-composed":
+    model.training_recompute = recompute_mode(mode)
+    if mode == "blocks-composed":
         model.kernel_backend = "torch"
     systems = [to_system(a) for a in structures(case)]
     g = GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff).to(dev)
@@ -129,7 +135,7 @@ def predicted(case: str, mode: str) -> dict:
 
     torch.manual_seed(0)
     model = MatRIS(MatRISConfig.published_10m())
-    model.block_checkpointing = mode != "whole"
+    model.training_recompute = recompute_mode(mode)
     g = GraphBatch.from_systems([to_system(a) for a in structures(case)], model.cutoff, model.three_body_cutoff)
     sizes = {"atoms": int(g.n_atoms.sum()), "bonds": g.num_bonds, "angles": g.num_angles}
     need = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(*sizes.values()))
@@ -153,19 +159,19 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     out = []
     for size in sizes:
         row = {"gpu_gb": size}
-        for name, ckpt in (("checkpointed", True), ("whole", False)):
-            per_angle = model.estimated_training_bytes(n_atoms, n_bonds, n_angles, block_checkpointing=ckpt) / n_angles
+        for name in ("steps", "blocks", "none"):
+            per_angle = model.estimated_training_bytes(n_atoms, n_bonds, n_angles, recompute=name) / n_angles
             row[f"{name}_angles"] = max(0, int((size * GB - fixed) / per_angle))
         out.append(row)
     return out
 
 
 def gpu_table(rows: list[dict]) -> str:
-    lines = ["| GPU memory | angles per batch, checkpointed | MgO64 cells | angles per batch, whole graph | "
-             "MgO64 cells |", "|---:|---:|---:|---:|---:|"]
+    lines = ["| GPU memory | MgO64 cells per batch, recompute steps | blocks | none (whole graph) |",
+             "|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['gpu_gb']} GB | {r['checkpointed_angles']:,} | {r['checkpointed_angles'] // 63488} | "
-                     f"{r['whole_angles']:,} | {r['whole_angles'] // 63488} |")
+        lines.append(f"| {r['gpu_gb']} GB | " + " | ".join(
+            f"{r[f'{m}_angles'] // 63488} ({r[f'{m}_angles']:,} angles)" for m in ("steps", "blocks", "none")) + " |")
     return "\n".join(lines)
 
 
@@ -178,9 +184,9 @@ def model_prediction(row: dict) -> int:
 
     torch.manual_seed(0)
     model = MatRIS(MatRISConfig.published_10m())
-    ckpt = row["mode"] != "whole"
+    mode = recompute_mode(row["mode"])
     return model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(
-        row["atoms"], row["bonds"], row["angles"], block_checkpointing=ckpt))
+        row["atoms"], row["bonds"], row["angles"], recompute=mode))
 
 
 def table(rows: list[dict], live: bool = False) -> str:
@@ -232,7 +238,7 @@ def main(argv=None) -> int:
                 row = dict(pred, skipped=f"predicted {need / GB:.1f} GB, {free / GB:.1f} GB free")
             else:
                 env = dict(os.environ)
-                if mode == "checkpointed-composed":
+                if mode == "blocks-composed":
                     env["MATRIS_KERNELS"] = "torch"
                 proc = subprocess.run([sys.executable, __file__, "--worker", case, mode, "--steps", str(args.steps),
                                        "--device", args.device], capture_output=True, text=True, env=env)

@@ -9,7 +9,9 @@ import torch
 
 from conftest import OperatorLog, random_system
 from matris import GraphBatch, MatRIS, MatRISConfig
+from matris.errors import MatRISInputError
 from matris.kernels import native
+from matris.model import recompute
 
 
 def _model(norm="layer", basis="Fourier", layers=3, seed=0):
@@ -44,15 +46,23 @@ def _loss_grads(model, g, terms=("energy", "forces", "stress")):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, out
 
 
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Φ recomputed 3,000 rows at a time: the test graph's 9,236 angles make four chunks, the last
+    a partial one (its 786 directed bonds, one)."""
+    monkeypatch.setattr(recompute, "PHI_CHUNK_ROWS", 3000)
+
+
 @pytest.mark.parametrize("terms", [("energy", "forces", "stress"), ("forces",), ("energy",)],
                          ids=["efs", "forces", "energy"])
-@pytest.mark.parametrize("norm,basis", [("layer", "Fourier"), ("rms", "SH")])
-def test_checkpointed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, terms):
+@pytest.mark.parametrize("norm,basis,mode", [("layer", "Fourier", "blocks"), ("rms", "SH", "blocks"),
+                                             ("layer", "Fourier", "steps"), ("rms", "SH", "steps")])
+def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, mode, terms, small_chunks):
     model = _model(norm, basis)
     g = _graph(model)
-    model.block_checkpointing = False
+    model.training_recompute = "none"
     want, out_want = _loss_grads(model, g, terms)
-    model.block_checkpointing = True
+    model.training_recompute = mode
     got, out_got = _loss_grads(model, g, terms)
     assert set(got) == set(want)
     for name in want:
@@ -68,32 +78,39 @@ def test_checkpointed_training_step_runs_the_fused_operators_where_no_weight_gra
     operators; the second-order recomputation runs the composed ops (weight gradients)."""
     model = _model()
     g = _graph(model)
-    model.block_checkpointing = True
+    model.training_recompute = "blocks"
     with OperatorLog() as log:
         _loss_grads(model, g)
     counts = log.counts()
     blocks = model.config.num_layers
     # each block: its forward, then its recomputation for the forces' input gradients
     assert counts["gated_phi"] >= 2 * 2 * blocks and counts["gated_phi_backward"] >= 2 * blocks
-    model.block_checkpointing = False
+    model.training_recompute = "none"
     with OperatorLog() as log:
         _loss_grads(model, g)
     assert log.calls == {}  # without checkpointing, training keeps the composed ops
 
 
-def test_block_checkpointing_by_default_where_a_deep_model_s_whole_graph_does_not_fit():
+def test_recompute_by_default_the_least_that_fits_for_a_deep_model():
     shallow, deep = _model(layers=2), _model(layers=4)
     g = _graph(deep)
-    assert not shallow.uses_block_checkpointing(graph=g) and deep.uses_block_checkpointing()  # planning: on
-    assert not deep.uses_block_checkpointing(create_graph=False)  # inference keeps its own levels
-    whole = deep.estimated_training_bytes(int(g.n_atoms.sum()), g.num_bonds, g.num_angles,
-                                          block_checkpointing=False)
-    deep.training_memory_limit = whole  # fits: the whole graph (faster)
-    assert not deep.uses_block_checkpointing(graph=g)
-    deep.training_memory_limit = whole - 1  # does not: recomputed blocks
-    assert deep.uses_block_checkpointing(graph=g)
-    deep.block_checkpointing = False
-    assert not deep.uses_block_checkpointing(graph=g)
+    assert shallow.training_recompute_mode(graph=g) == "none"
+    assert deep.training_recompute_mode() == "blocks"  # planning, without a graph
+    assert deep.training_recompute_mode(create_graph=False) == "none"  # inference keeps its own levels
+    sizes = (int(g.n_atoms.sum()), g.num_bonds, g.num_angles)
+    need = {mode: deep.estimated_training_bytes(*sizes, recompute=mode) for mode in ("none", "blocks", "steps")}
+    assert need["none"] > need["blocks"] >= need["steps"]
+    deep.training_memory_limit = need["none"]  # fits: the whole graph (fastest)
+    assert deep.training_recompute_mode(graph=g) == "none"
+    deep.training_memory_limit = need["none"] - 1  # does not: recomputed blocks
+    assert deep.training_recompute_mode(graph=g) == "blocks"
+    deep.training_memory_limit = need["steps"] // 2  # nothing fits: the least memory
+    assert deep.training_recompute_mode(graph=g) == "steps"
+    deep.training_recompute = "none"
+    assert deep.training_recompute_mode(graph=g) == "none"
+    deep.training_recompute = "layers"
+    with pytest.raises(MatRISInputError, match="unknown training recompute mode 'layers'.*none, blocks, steps"):
+        deep.training_recompute_mode(graph=g)
 
 
 def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph():
@@ -102,7 +119,7 @@ def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph():
     graphs = [_graph(model, seed=1), _graph(model, seed=2)]
     result = {}
     for ckpt in (False, True):
-        model.block_checkpointing = ckpt
+        model.training_recompute = "steps" if ckpt else "none"
         model.zero_grad(set_to_none=True)
         for g in graphs:
             out = model(g, compute_forces=True, compute_stress=False, create_graph=True)

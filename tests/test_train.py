@@ -208,7 +208,7 @@ def test_resume_after_kill_gives_the_same_model(emt, tmp_path):
     def config(name):
         c = micro_config(tmp_path / name, [emt["train"]], emt["cache"],
                          data={"val_fraction": 0.2, "max_structures": 4},
-                         trainer={"max_steps": 14, "checkpoint_every_n_steps": 3, "block_checkpointing": True})
+                         trainer={"max_steps": 14, "checkpoint_every_n_steps": 3, "recompute": "blocks"})
         return write_config(tmp_path / f"{name}.yaml", c)
 
     cmd = [sys.executable, "-m", "matris", "train", "--config"]
@@ -247,7 +247,7 @@ def test_resume_after_kill_gives_the_same_model(emt, tmp_path):
 def test_ddp_two_processes_disjoint_data_identical_weights(emt, tmp_path):
     cfg = micro_config(tmp_path / "ddp", [emt["train"]], emt["cache"],
                        data={"max_structures": 3},
-                       trainer={"max_steps": 4, "devices": "2", "strategy": "ddp", "block_checkpointing": True})
+                       trainer={"max_steps": 4, "devices": "2", "strategy": "ddp", "recompute": "steps"})
     path = write_config(tmp_path / "ddp.yaml", cfg)
     res = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_train.py"), str(path)], capture_output=True,
                          text=True, env=_env(), timeout=300)

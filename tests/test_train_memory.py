@@ -39,7 +39,7 @@ def test_the_memory_model_adds_up_over_a_batch_and_knows_checkpointing():
     atoms, bonds, angles = np.array([8, 16, 64]), np.array([368, 715, 2859]), np.array([7936, 15872, 63488])
     per = model.estimated_training_bytes(atoms, bonds, angles)
     assert model.estimated_training_bytes(atoms.sum(), bonds.sum(), angles.sum()) == per.sum()  # linear
-    whole = model.estimated_training_bytes(atoms, bonds, angles, block_checkpointing=False)
+    whole = model.estimated_training_bytes(atoms, bonds, angles, recompute="none")
     assert (whole > 5 * per).all()  # ten blocks' graphs against one, plus what each keeps
     assert (model.estimated_training_bytes(atoms, bonds, angles, torch.float64) == 2 * per).all()
     # the measured peaks the model was fitted to (benchmarks/train_memory.py): MgO16 3.39 GB, MgO64 11.2 GB

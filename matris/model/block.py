@@ -10,6 +10,7 @@ from torch import nn
 
 from .attention import SeparableAttention
 from .config import MatRISConfig
+from .layers import RowRecompute
 from .refine import Refine
 
 
@@ -29,6 +30,9 @@ class BlockGraph:
     (:mod:`matris.kernels`: the C++ kernels on a CPU, Triton on CUDA).
     atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`, the
     CSR order the CUDA kernels walk (made once per graph); None on a CPU.
+    phi_rows: training's block recomputation (:mod:`matris.model.recompute`) recomputes each Φ
+    by row chunks inside it (None: Φ as the rest of the block); ``nested``: it also recomputes each
+    step on its own, with this graph's kernels where no weight gradient is wanted.
     """
 
     edge_target: torch.Tensor
@@ -45,6 +49,8 @@ class BlockGraph:
     fused: bool = False
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
+    phi_rows: RowRecompute | None = None
+    nested: "BlockGraph | None" = None
 
     @property
     def has_angles(self) -> bool:
@@ -92,13 +98,18 @@ class _Steps:
 
     @staticmethod
     def options(g: BlockGraph, module, kind: str) -> dict:
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.checkpoint >= 2, fused=g.fused)
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.phi_rows or g.checkpoint >= 2, fused=g.fused)
         if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
             opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
         return opts
 
     def __call__(self, module, kind, *args, **kwargs):
         g = self.g
+        if g.nested is not None:
+            from .recompute import recomputed_step  # recompute imports this module
+
+            return recomputed_step(module, args, kwargs, self.options(g.nested, module, kind),
+                                   self.options(g, module, kind))
         kwargs.update(self.options(g, module, kind))
         if g.checkpoint:
             return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)

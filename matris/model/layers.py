@@ -8,6 +8,8 @@ projected once per node and gathered per edge, so the wide concatenation is neve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.utils.checkpoint
 from torch import nn
@@ -177,9 +179,25 @@ def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
     )
 
 
-def call_phi(module: nn.Module, terms: list[Term], recompute: bool = False, fused: bool = False) -> torch.Tensor:
-    """``module.forward_terms(terms)``, optionally recomputed in the backward pass (checkpoint);
-    ``fused`` selects the fused kernels."""
+@dataclass(frozen=True)
+class RowRecompute:
+    """Φ recomputed ``chunk`` rows at a time in the backward passes of a training step
+    (:func:`matris.model.recompute.recomputed_phi`); ``fast``: with the fused operators where no
+    weight gradient is wanted."""
+
+    chunk: int
+    fast: bool
+
+
+def call_phi(module: nn.Module, terms: list[Term], recompute: "bool | RowRecompute" = False,
+             fused: bool = False) -> torch.Tensor:
+    """``module.forward_terms(terms)``; ``fused`` selects the fused kernels. ``recompute`` True:
+    recomputed in the backward pass (checkpoint, inference); a :class:`RowRecompute`: recomputed by
+    row chunks in both backward passes of a training step."""
+    if isinstance(recompute, RowRecompute):
+        from .recompute import recomputed_phi  # recompute imports the blocks, which import this module
+
+        return recomputed_phi(module, terms, recompute.fast, recompute.chunk)
     if not recompute:
         return module.forward_terms(terms, fused)
     return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, fused, use_reentrant=False)

@@ -23,17 +23,23 @@ from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
+from .layers import RowRecompute
+from . import recompute
 from .recompute import checkpointed_block
 
 EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).
 ANGLE_SHRINK = 1 - 1e-6
-# training on forces may recompute the blocks of models this deep or deeper, by default where
-# their whole graph would not fit (see MatRIS.uses_block_checkpointing)
-BLOCK_CHECKPOINT_MIN_BLOCKS = 4
+# what a training step on forces recomputes in its backward passes (MatRIS.training_recompute):
+# nothing (the whole graph kept), each block (and each Φ by row chunks inside it), or also each
+# step of a block on its own; least memory last, most time last
+RECOMPUTE_MODES = ("none", "blocks", "steps")
+# models this deep or deeper recompute by default where their whole graph would not fit
+RECOMPUTE_MIN_BLOCKS = 4
 # the memory model of a training step (MatRIS.estimated_training_bytes): rows of the block width
-# per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py)
-TRAIN_ROWS_PEAK, TRAIN_ROWS_KEPT, TRAIN_ROWS_FULL = 164, 14, 180
+# per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py):
+# (rows alive while one block is recomputed, rows kept per block), per mode
+TRAIN_ROWS = {"none": (0, 180), "blocks": (164, 14), "steps": (164, 14)}
 FRAMEWORK_BYTES = 512 * 2**20
 
 
@@ -107,11 +113,11 @@ class MatRIS(nn.Module):
         # (see checkpoint_level); None = automatic. Same numbers either way.
         self.checkpointing: int | None = None
         self.activation_memory_limit: int | None = None
-        # Training on forces (create_graph): recompute each interaction block in the backward
-        # passes, exactly, instead of keeping every block's intermediates (matris.model.recompute).
-        # None = automatic (see uses_block_checkpointing), with training_memory_limit (bytes; None:
-        # 60 % of the device's available memory) as the bound of a whole graph.
-        self.block_checkpointing: bool | None = None
+        # Training on forces (create_graph): what the backward passes recompute, exactly, instead
+        # of keeping every block's intermediates (RECOMPUTE_MODES, matris.model.recompute). None =
+        # automatic (see training_recompute_mode), with training_memory_limit (bytes; None: 60 % of
+        # the device's available memory) as the bound.
+        self.training_recompute: str | None = None
         self.training_memory_limit: int | None = None
         # Kernel implementation: None = automatic (Triton on CUDA, PyTorch elsewhere),
         # "triton", "fused" (CPU) or "torch"; the environment variable MATRIS_KERNELS also selects.
@@ -174,31 +180,36 @@ class MatRIS(nn.Module):
             f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
             "a model that covers them (see 'matris models').")
 
-    def uses_block_checkpointing(self, create_graph: bool = True, graph: GraphBatch | None = None,
-                                 dtype: torch.dtype | None = None) -> bool:
-        """Whether a call with ``create_graph`` (training on forces) recomputes each block in the
-        backward passes (:mod:`matris.model.recompute`; the same gradients to float rounding).
+    def training_recompute_mode(self, create_graph: bool = True, graph: GraphBatch | None = None,
+                                dtype: torch.dtype | None = None) -> str:
+        """What a call with ``create_graph`` (training on forces) recomputes in the backward passes
+        (:data:`RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to float
+        rounding): ``"none"`` keeps the whole graph; ``"blocks"`` recomputes each interaction block
+        (each Φ by row chunks inside it); ``"steps"`` also each step of a block on its own (least
+        memory, slowest). ``"none"`` without ``create_graph``.
 
-        ``self.block_checkpointing`` True or False decides. By default (None): never for models
-        of fewer than :data:`BLOCK_CHECKPOINT_MIN_BLOCKS` blocks; for deeper ones, on ``graph``
-        when its whole graph would not fit in ``self.training_memory_limit`` bytes (default: 60 %
-        of the memory available on the model's device; a run with ``data.max_memory`` sets its
-        batch budget), since recomputing makes a step 10-40 % slower (``benchmarks/train_memory.py``);
-        without a graph (planning), on."""
+        ``self.training_recompute`` decides if set. By default (None): ``"none"`` for models of
+        fewer than :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on ``graph``, the first
+        mode whose memory model (:meth:`estimated_training_bytes`) fits in
+        ``self.training_memory_limit`` bytes (default: 60 % of the memory available on the
+        model's device; a run with ``data.max_memory`` sets its batch budget), else ``"steps"``;
+        without a graph (planning), ``"blocks"``."""
         if not create_graph:
-            return False
-        if self.block_checkpointing is not None:
-            return bool(self.block_checkpointing)
-        if self.config.num_layers < BLOCK_CHECKPOINT_MIN_BLOCKS:
-            return False
+            return "none"
+        if self.training_recompute is not None:
+            return check_recompute(self.training_recompute)
+        if self.config.num_layers < RECOMPUTE_MIN_BLOCKS:
+            return "none"
         if graph is None:
-            return True
+            return "blocks"
         limit = self.training_memory_limit
         if limit is None:
             limit = int(0.6 * available_memory(self.device))
-        whole = self.estimated_training_bytes(int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles, dtype,
-                                              block_checkpointing=False)
-        return whole > limit
+        for mode in RECOMPUTE_MODES[:-1]:
+            if self.estimated_training_bytes(int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles, dtype,
+                                             recompute=mode) <= limit:
+                return mode
+        return RECOMPUTE_MODES[-1]
 
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
@@ -286,10 +297,10 @@ class MatRIS(nn.Module):
         if positions.device.type == "cpu":
             heap.apply_environment()  # MATRIS_CPU_HEAP=1 only: calls reuse freed memory (no page faults)
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
-        # training on forces: blocks recomputed in the backward passes, the fast kernels where no
-        # weight gradient is wanted (the forward, the input gradients of the force computation)
-        recompute = self.uses_block_checkpointing(create_graph, g, positions.dtype)
-        block_kernels = self.kernels_for(positions.device) if recompute else None
+        # training on forces: blocks (or steps) recomputed in the backward passes, the fast kernels
+        # where no weight gradient is wanted (the forward, the input gradients of the force computation)
+        recompute_mode = self.training_recompute_mode(create_graph, g, positions.dtype)
+        block_kernels = self.kernels_for(positions.device) if recompute_mode != "none" else None
         if compiled:
             if self._compiled is None:
                 self._compiled = torch.compile(self._energy, **self._compile_options)
@@ -297,7 +308,8 @@ class MatRIS(nn.Module):
         else:
             energy_fn = self._energy
         e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features,
-                                                            block_kernels=block_kernels)
+                                                            block_kernels=block_kernels,
+                                                            recompute_steps=recompute_mode == "steps")
         n_atoms = g.n_atoms.to(e_model.dtype)
         ref = self._reference_term(g, e_model)
         if self.config.is_intensive:
@@ -352,7 +364,7 @@ class MatRIS(nn.Module):
 
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
                 return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
-                block_kernels: str | None = None):
+                block_kernels: str | None = None, recompute_steps: bool = False):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
@@ -361,7 +373,8 @@ class MatRIS(nn.Module):
         (``[B, 3]``, x_target − x_source − image shift) replaces the ones made from ``positions``
         and ``strain``, so that the energy's gradient with respect to each bond is available
         (per-bond forces, per-atom virials). ``block_kernels`` (training on forces): recompute each
-        block in the backward passes (:mod:`matris.model.recompute`), running these kernels where
+        block in the backward passes (:mod:`matris.model.recompute`; ``recompute_steps``: each of its
+        steps too), running these kernels where
         no weight gradient is wanted and ``kernels`` elsewhere."""
         cell = g.cell
         if strain is not None:
@@ -410,6 +423,11 @@ class MatRIS(nn.Module):
         segments = g.segments() if "triton" in (kernels, block_kernels) else None
         bg = _with_kernels(exact, kernels, segments)
         fast = _with_kernels(exact, block_kernels, segments) if block_kernels else None
+        if fast is not None:
+            # training's block recomputation with weight gradients: each Φ by row chunks inside it
+            # and, recompute_steps, each step on its own (the fast kernels where none is wanted)
+            exact = dataclasses.replace(exact, nested=fast if recompute_steps else None, phi_rows=RowRecompute(
+                recompute.PHI_CHUNK_ROWS, block_kernels in ("fused", "triton")))
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         for k, block in enumerate(self.interaction_block):
@@ -506,26 +524,26 @@ class MatRIS(nn.Module):
         return tensors * rows * itemsize
 
     def estimated_training_bytes(self, n_atoms, n_bonds, n_angles, dtype: torch.dtype | None = None,
-                                 block_checkpointing: bool | None = None):
+                                 recompute: str | None = None):
         """Peak memory of the activations of one training step (energy, forces and stress with
         ``create_graph``, then the loss's backward) on a batch of ``n_atoms`` atoms, ``n_bonds``
         bonds and ``n_angles`` angles (ints or arrays: per structure, then the costs add up over a
         batch), in bytes; the parameters, optimizer state and framework are
         :meth:`training_fixed_bytes`.
 
-        Counted in rows of the block width (``n_angles·d_t + 2·n_bonds·d_e`` floats) and fitted to
-        peak RSS on CPU, float32, published 10M architecture on rocksalt MgO cells (7,936 to 63,488
-        angles) and its 4-block form (``benchmarks/train_memory.py`` checks it): with block
-        checkpointing (:meth:`uses_block_checkpointing`) 164 rows for the block being recomputed
-        plus 14 per block kept; without, 180 per block. ``block_checkpointing`` None: as planned
-        for this model without a graph (:meth:`uses_block_checkpointing`).
+        Counted in rows of the block width (``n_angles·d_t + 2·n_bonds·d_e + n_atoms·d_n`` floats)
+        and fitted to peak RSS on CPU, float32, published 10M architecture on rocksalt MgO cells
+        (7,936 to 63,488 angles; ``benchmarks/train_memory.py`` checks it): per mode of
+        :data:`RECOMPUTE_MODES` (``recompute``; None: as planned for this model without a graph,
+        :meth:`training_recompute_mode`) the rows alive while one block is recomputed plus the rows
+        kept per block (:data:`TRAIN_ROWS`).
         """
         c = self.config
         itemsize = torch.finfo(dtype or self.dtype).bits // 8
         rows = n_angles * c.three_body_feat_dim + 2 * n_bonds * c.edge_feat_dim + n_atoms * c.node_feat_dim
-        ckpt = self.uses_block_checkpointing() if block_checkpointing is None else block_checkpointing
-        per_row = (TRAIN_ROWS_PEAK + TRAIN_ROWS_KEPT * c.num_layers) if ckpt else TRAIN_ROWS_FULL * c.num_layers
-        return rows * per_row * itemsize
+        mode = self.training_recompute_mode() if recompute is None else check_recompute(recompute)
+        peak, kept = TRAIN_ROWS[mode]
+        return rows * (peak + kept * c.num_layers) * itemsize
 
     def training_fixed_bytes(self, dtype: torch.dtype | None = None, ema: bool = True) -> int:
         """Memory of a training run besides the activations (:meth:`estimated_training_bytes`): the
@@ -676,3 +694,11 @@ def _with_kernels(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
         atom, line = segments
         return dataclasses.replace(bg, fused=True, atom_segments=atom, line_segments=line)
     return dataclasses.replace(bg, fused=kernels == "fused")
+
+
+def check_recompute(mode) -> str:
+    """A training recompute mode (:data:`RECOMPUTE_MODES`), or a clear error naming the choices."""
+    if mode not in RECOMPUTE_MODES:
+        raise MatRISInputError(f"unknown training recompute mode {mode!r}: use one of {', '.join(RECOMPUTE_MODES)} "
+                               "(or null for automatic)")
+    return mode

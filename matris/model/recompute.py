@@ -37,37 +37,85 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .block import BlockGraph
 
+# rows of one Φ recomputation in a block's backward passes (recomputed_phi): its composed second
+# order keeps ≈ 60 floats per row and feature, so 8192 rows of width 128 ≈ 0.25 GB (float32)
+PHI_CHUNK_ROWS = 8192
+
+
 @dataclass(eq=False)
 class _Spec:
-    """What a recomputation needs besides tensors: ``module`` and ``arguments(inputs, fast)``, which
-    gives the positional and keyword arguments of a call of ``module`` on the differentiable
-    ``inputs`` with the call's fast kernels (``fast``) or the composed ops; ``names``: the module's
-    parameter names, in the order the parameters are passed."""
+    """What a recomputation needs besides tensors: ``module`` and ``arguments(inputs, fast, rows)``,
+    which gives the positional and keyword arguments of a call of ``module`` on the differentiable
+    ``inputs`` with the call's fast kernels (``fast``) or the composed ops, on the rows ``rows`` (a
+    slice, or None: all); ``names``: the module's parameter names, in the order the parameters are
+    passed. ``chunk`` > 0: the module is row-wise (row k of each output depends on row k of the
+    inputs marked in ``row_inputs`` and on whole other inputs only), and the backward passes
+    recompute it ``chunk`` rows at a time, so only one chunk's intermediates are alive."""
 
     module: nn.Module
     arguments: object
     names: tuple[str, ...]
     n_inputs: int
+    chunk: int = 0
+    row_inputs: tuple[bool, ...] = ()
+    n_rows: int = 0
 
-    def run(self, fast: bool, inputs, params=None):
-        """The module on ``inputs``; ``params`` (tensors in the order of ``names``) replace its
-        parameters for the call (detached copies: no weight gradient)."""
-        args, kwargs = self.arguments(inputs, fast)
+    def run(self, fast: bool, inputs, params=None, rows: slice | None = None):
+        """The module on ``inputs`` (sliced to ``rows`` already where row-wise); ``params`` (tensors
+        in the order of ``names``) replace its parameters for the call (detached copies: no weight
+        gradient)."""
+        args, kwargs = self.arguments(inputs, fast, rows)
         if params is None:
             return tuple(self.module(*args, **kwargs))
         return tuple(functional_call(self.module, dict(zip(self.names, params)), args, kwargs))
 
+    def slices(self) -> list:
+        """The row ranges of the backward passes' recomputations: ``[None]`` (all at once) unless chunked."""
+        if not self.chunk or self.n_rows <= self.chunk:
+            return [None]
+        return [slice(lo, min(lo + self.chunk, self.n_rows)) for lo in range(0, self.n_rows, self.chunk)]
 
-def recomputed(module: nn.Module, arguments, inputs: list) -> tuple[torch.Tensor, ...]:
-    """``module(*args, **kwargs)`` (a tuple of tensors), ``args, kwargs = arguments(inputs, True)``, as
-    one autograd node that keeps only ``inputs`` and recomputes the rest in the backward passes (see
-    the module docstring); ``arguments(inputs, False)`` must give the same call with the composed ops."""
+    def take(self, tensors, rows: slice | None):
+        """``tensors`` (one per input) with the row-wise ones cut to ``rows``."""
+        if rows is None:
+            return list(tensors)
+        return [t[rows] if (t is not None and r) else t for t, r in zip(tensors, self.row_inputs)]
+
+
+class _Gathered:
+    """The gradients of chunked recomputations, put together: a row-wise tensor's chunks are written
+    at their rows, the other tensors' summed."""
+
+    def __init__(self, like, row_wise):
+        self.like, self.row_wise = like, row_wise
+        self.out = [None] * len(like)
+
+    def add(self, grads, rows: slice | None):
+        for k, g in enumerate(grads):
+            if g is None:
+                continue
+            if rows is not None and self.row_wise[k]:
+                if self.out[k] is None:
+                    self.out[k] = self.like[k].new_zeros(self.like[k].shape)
+                self.out[k][rows] = g
+            else:
+                self.out[k] = g if self.out[k] is None else self.out[k] + g
+
+
+def recomputed(module: nn.Module, arguments, inputs: list, chunk: int = 0, row_inputs=(), n_rows: int = 0
+               ) -> tuple[torch.Tensor, ...]:
+    """``module(*args, **kwargs)`` (a tuple of tensors), ``args, kwargs = arguments(inputs, True, None)``,
+    as one autograd node that keeps only ``inputs`` and recomputes the rest in the backward passes
+    (see the module docstring); ``arguments(inputs, False, rows)`` must give the same call with the
+    composed ops. ``chunk``, ``row_inputs``, ``n_rows``: a row-wise module recomputed ``chunk`` of its
+    ``n_rows`` rows at a time (see :class:`_Spec`)."""
     named = list(module.named_parameters())
     names, params = tuple(n for n, _ in named), [p for _, p in named]
-    spec = _Spec(module, arguments, names, len(inputs))
+    spec = _Spec(module, arguments, names, len(inputs), chunk, tuple(row_inputs), n_rows)
     return _Block.apply(spec, *inputs, *params)
 
 
@@ -75,14 +123,63 @@ def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: to
                        exact: BlockGraph, last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``block(h, e, a, graph, last)`` with its activations recomputed in the backward passes (see
     the module docstring). ``fast`` and ``exact``: the same graph with the call's fast kernels and
-    with the composed ops; their ``rbf_pair`` and ``rbf_3b`` are the bases the block reads."""
+    with the composed ops (and the nested recomputations); their ``rbf_pair`` and ``rbf_3b`` are
+    the bases the block reads."""
 
-    def arguments(inputs, use_fast):
+    def arguments(inputs, use_fast, rows):
         h_, e_, a_, rbf_pair, rbf_3b = inputs
         g = dataclasses.replace(fast if use_fast else exact, rbf_pair=rbf_pair, rbf_3b=rbf_3b)
         return (h_, e_, a_, g), {"last": last}
 
     return recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b])
+
+
+def recomputed_step(module: nn.Module, args: tuple, kwargs: dict, fast_options: dict, exact_options: dict):
+    """``module(*args, **kwargs, **options)`` (one step of a block: an attention or a Refine) as a
+    node recomputed in the backward passes, inside a block's second-order recomputation: only one
+    step's intermediates are then alive. Its floating-point tensors (in ``args`` and ``kwargs``) are
+    the node's inputs; ``fast_options`` and ``exact_options``: the step's kernel options for the
+    recomputations without and with weight gradients."""
+    leaves, tree = tree_flatten((args, kwargs))
+    where = [k for k, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+    def arguments(inputs, use_fast, rows):
+        filled = list(leaves)
+        for k, t in zip(where, inputs):
+            filled[k] = t
+        a, kw = tree_unflatten(filled, tree)
+        return a, {**kw, **(fast_options if use_fast else exact_options)}
+
+    return recomputed(module, arguments, [leaves[k] for k in where])
+
+
+def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
+    """``module.forward_terms(terms)`` (Φ: ``terms`` as in :func:`matris.model.layers.first_layer`)
+    as a node recomputed ``chunk`` rows at a time in the backward passes: inside a block's
+    second-order recomputation, Φ's intermediates (the widest of the block) are then alive for one
+    chunk of rows only. ``fast``: the fused operators where no weight gradient is wanted."""
+    feats = [f for f, _ in terms]
+    indices = [i for _, i in terms]
+    row_inputs = tuple(i is None for i in indices)
+    n_rows = next((i.shape[0] for i in indices if i is not None), feats[0].shape[0])
+
+    def arguments(inputs, use_fast, rows):
+        cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
+        return ([(f, i) for f, i in zip(inputs, cut)],), {"fused": use_fast and fast}
+
+    (out,) = recomputed(_PhiTerms(module), arguments, feats, chunk, row_inputs, n_rows)
+    return out
+
+
+class _PhiTerms(nn.Module):
+    """Φ's ``forward_terms`` as a module call returning a tuple (the form :func:`recomputed` takes)."""
+
+    def __init__(self, phi: nn.Module):
+        super().__init__()
+        self.phi = phi
+
+    def forward(self, terms, fused=False):
+        return (self.phi.forward_terms(terms, fused),)
 
 
 def _detached(tensors, wanted):
@@ -102,6 +199,11 @@ def _grads(outputs, inputs, grad_outputs, create_graph=False):
     for (k, _), g in zip(targets, got):
         result[k] = g
     return result
+
+
+def _cut(tensors, rows: slice | None):
+    """Every tensor (None kept) cut to ``rows``: the upstream gradients of a row-wise module's outputs."""
+    return list(tensors) if rows is None else [t[rows] if t is not None else None for t in tensors]
 
 
 class _Block(torch.autograd.Function):
@@ -124,12 +226,15 @@ class _Block(torch.autograd.Function):
             return (None, *g_in, *[None] * (len(tensors) - spec.n_inputs))
         # first order, without a graph (the loss's energy terms): inputs and parameters
         k = spec.n_inputs
-        with torch.enable_grad():
-            xs = _detached(tensors[:k], needs[:k])
-            params = list(tensors[k:])
-            out = spec.run(False, xs)
-            g = _grads(out, xs + [p if w else None for p, w in zip(params, needs[k:])], grads)
-        return (None, *g)
+        inputs, params = tensors[:k], list(tensors[k:])
+        wanted = [p if w else None for p, w in zip(params, needs[k:])]
+        total = _Gathered(list(inputs) + params, spec.row_inputs + (False,) * len(params))
+        for rows in spec.slices():
+            with torch.enable_grad():
+                xs = _detached(spec.take(inputs, rows), needs[:k])
+                out = spec.run(False, xs, rows=rows)
+                total.add(_grads(out, xs + wanted, _cut(grads, rows)), rows)
+        return (None, *total.out)
 
 
 class _BlockVJP(torch.autograd.Function):
@@ -141,14 +246,17 @@ class _BlockVJP(torch.autograd.Function):
         grads, tensors = args[:n_out], args[n_out:]
         k = spec.n_inputs
         inputs, params = tensors[:k], tensors[k:]
-        with torch.enable_grad():
-            xs = _detached(inputs, needs[:k])
-            # detached parameters: input gradients only, so the fast kernels run their own backwards
-            out = spec.run(True, xs, [p.detach() for p in params])
-            g_in = _grads(out, xs, grads)
+        frozen = [p.detach() for p in params]
+        total = _Gathered(inputs, spec.row_inputs)
+        for rows in spec.slices():
+            with torch.enable_grad():
+                xs = _detached(spec.take(inputs, rows), needs[:k])
+                # detached parameters: input gradients only, so the fast kernels run their own backwards
+                out = spec.run(True, xs, frozen, rows)
+                total.add(_grads(out, xs, _cut(grads, rows)), rows)
         ctx.spec, ctx.needs, ctx.n_out = spec, needs, n_out
         ctx.save_for_backward(*grads, *tensors)
-        return tuple(g_in)
+        return tuple(total.out)
 
     @staticmethod
     def backward(ctx, *ggs):
@@ -157,13 +265,16 @@ class _BlockVJP(torch.autograd.Function):
         grads, tensors = saved[:n_out], saved[n_out:]
         k = spec.n_inputs
         inputs, params = tensors[:k], list(tensors[k:])
-        with torch.enable_grad():
-            xs = _detached(inputs, needs[:k])
-            gs = _detached(grads, ctx.needs_input_grad[3 : 3 + n_out])
-            # the block and its input gradients with a graph (composed ops: weight gradients wanted)
-            out = spec.run(False, xs)
-            g_in = _grads(out, xs, [g if g is not None else torch.zeros_like(o) for g, o in zip(gs, out)],
-                          create_graph=True)
-            wanted_params = [p if w else None for p, w in zip(params, needs[k:])]
-            result = _grads(g_in, gs + xs + wanted_params, ggs)
-        return (None, None, None, *result)
+        wanted = [p if w else None for p, w in zip(params, needs[k:])]
+        total = _Gathered(list(grads) + list(inputs) + params,
+                          (True,) * n_out + spec.row_inputs + (False,) * len(params))
+        for rows in spec.slices():
+            with torch.enable_grad():
+                xs = _detached(spec.take(inputs, rows), needs[:k])
+                gs = _detached(_cut(grads, rows), ctx.needs_input_grad[3 : 3 + n_out])
+                # the module and its input gradients with a graph (composed ops: weight gradients wanted)
+                out = spec.run(False, xs, rows=rows)
+                g_in = _grads(out, xs, [g if g is not None else torch.zeros_like(o) for g, o in zip(gs, out)],
+                              create_graph=True)
+                total.add(_grads(g_in, gs + xs + wanted, spec.take(ggs, rows)), rows)
+        return (None, None, None, *total.out)

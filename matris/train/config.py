@@ -229,11 +229,12 @@ class TrainerConfig:
     tensorboard: bool = _f(True, "write TensorBoard logs besides the CSV log")
     parity_plot: bool = _f(True, "at the end, plot predicted vs reference energies and forces of the validation set")
     deterministic: bool = _f(False, "use deterministic algorithms (slower on GPU)")
-    block_checkpointing: typing.Optional[bool] = _f(None, "recompute each interaction block in the backward passes "
-                                                         "of a step on forces (exact; a fifth of the memory for the "
-                                                         "published 10M models, 10-40% slower); null: for models of 4 "
-                                                         "blocks or more, in batches whose whole graph would not fit "
-                                                         "the memory budget")
+    recompute: typing.Optional[str] = _f(None, "what the backward passes of a step on forces recompute instead of "
+                                               "keeping (exact either way): 'none' (fastest), 'blocks' (each "
+                                               "interaction block, and each Φ by row chunks: a fifth of the memory "
+                                               "for the published 10M models), 'steps' (also each step of a block: "
+                                               "least memory, slowest); null: for models of 4 blocks or more, the "
+                                               "first of these whose memory fits the batch's budget")
 
 
 @dataclass
@@ -319,6 +320,9 @@ class TrainConfig:
                 parse_memory(d.max_memory)
             except ValueError as exc:
                 problems.append(str(exc))
+        if self.trainer.recompute not in (None, "none", "blocks", "steps"):
+            problems.append(f"trainer.recompute must be 'none', 'blocks', 'steps' or null (automatic), "
+                            f"got {self.trainer.recompute!r}")
         for k in ("energy_weight", "force_weight", "stress_weight", "magmom_weight"):
             if getattr(self.loss, k) < 0:
                 problems.append(f"loss.{k} must be >= 0")

@@ -34,6 +34,7 @@ class MemoryPlan:
     budget: int  # activations per batch: total - fixed
     costs: np.ndarray  # [S] activation bytes of each training structure
     source: str  # how total was set
+    recompute: str = "none"  # the training recompute mode the costs assume (MatRIS.training_recompute_mode)
 
     def largest(self) -> int:
         """Position (in the training set) of the structure that needs the most memory."""
@@ -52,7 +53,9 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
                 device: torch.device | None = None, max_memory=None) -> MemoryPlan:
     """The memory plan of a run: ``max_memory`` (default ``config.data.max_memory``; ``'auto'``:
     :data:`AUTO_SHARE` of what ``device`` has free), the fixed part, the activation budget and the
-    cost of each structure of ``sizes`` (atoms, bonds, angles)."""
+    cost of each structure of ``sizes`` (atoms, bonds, angles), in the recompute mode the model plans
+    (:meth:`MatRIS.training_recompute_mode`), or, automatic, ``"steps"`` where the largest structure
+    needs it to fit."""
     device = device or training_device(config)
     value = config.data.max_memory if max_memory is None else max_memory
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
@@ -64,8 +67,12 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     else:
         total, source = parsed, f"data.max_memory = {value}"
     atoms, bonds, angles = (np.asarray(a, dtype=np.int64) for a in sizes)
-    costs = np.asarray(model.estimated_training_bytes(atoms, bonds, angles, dtype), dtype=np.int64)
-    return MemoryPlan(total=total, fixed=fixed, budget=total - fixed, costs=costs, source=source)
+    mode = model.training_recompute_mode()
+    costs = np.asarray(model.estimated_training_bytes(atoms, bonds, angles, dtype, recompute=mode), dtype=np.int64)
+    if model.training_recompute is None and mode == "blocks" and costs.size and costs.max() > total - fixed:
+        mode = "steps"  # least memory: what automatic recompute falls back to where blocks do not fit
+        costs = np.asarray(model.estimated_training_bytes(atoms, bonds, angles, dtype, recompute=mode), dtype=np.int64)
+    return MemoryPlan(total=total, fixed=fixed, budget=total - fixed, costs=costs, source=source, recompute=mode)
 
 
 def check_fits(plan: MemoryPlan, sizes: tuple[np.ndarray, np.ndarray, np.ndarray], what: str = "training") -> None:
@@ -82,8 +89,10 @@ def check_fits(plan: MemoryPlan, sizes: tuple[np.ndarray, np.ndarray, np.ndarray
         raise MatRISInputError(
             f"the largest {what} structure (position {k}: {atoms} atoms, {bonds} bonds, {angles} angles) needs about "
             f"{(plan.costs[k] + plan.fixed) / GB:.1f} GB for one training step of this model, more than the "
-            f"{plan.total / GB:.1f} GB allowed ({plan.source}); structures of up to about {fits} angles fit. Raise "
-            "data.max_memory, use a device with more memory, or remove the largest structures from the data")
+            f"{plan.total / GB:.1f} GB allowed ({plan.source}; recompute {plan.recompute}); structures of up to about "
+            f"{fits} angles fit. Raise data.max_memory, use a device with more memory, "
+            + ("set trainer.recompute: steps (least memory), " if plan.recompute != "steps" else "")
+            + "or remove the largest structures from the data")
 
 
 def describe(plan: MemoryPlan, sizes, device: torch.device) -> str:
@@ -94,7 +103,7 @@ def describe(plan: MemoryPlan, sizes, device: torch.device) -> str:
     lines = [f"memory plan on {device} ({plan.source}):",
              f"  allowed per device        {plan.total / GB:8.2f} GB",
              f"  fixed (weights, AdamW, EMA, framework) {plan.fixed / GB:8.2f} GB",
-             f"  activations per batch     {plan.budget / GB:8.2f} GB",
+             f"  activations per batch     {plan.budget / GB:8.2f} GB (recompute {plan.recompute})",
              f"  largest structure         position {k}: {int(atoms[k])} atoms, {int(angles[k])} angles, "
              f"{plan.costs[k] / GB:.2f} GB",
              f"  median structure          {median / GB:.3f} GB: about {int(plan.budget // max(median, 1))} per batch"]

@@ -97,7 +97,7 @@ def build_model(config: TrainConfig) -> MatRIS:
         model = MatRIS.load(ft.from_checkpoint).train()
     else:
         model = MatRIS(config.model).train()
-    model.block_checkpointing = config.trainer.block_checkpointing
+    model.training_recompute = config.trainer.recompute
     n_blocks = len(model.interaction_block)
     if ft.freeze_blocks > n_blocks:
         raise MatRISInputError(f"finetune.freeze_blocks = {ft.freeze_blocks} but the model has {n_blocks} blocks")
@@ -124,7 +124,8 @@ def apply_memory_budget(model: MatRIS, config: TrainConfig, data: MatRISDataModu
     check_fits(plan, sizes)
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
     data.set_memory_budget(lambda a, b, t: model.estimated_training_bytes(np.asarray(a), np.asarray(b),
-                                                                          np.asarray(t), dtype), plan.budget)
+                                                                          np.asarray(t), dtype, plan.recompute),
+                           plan.budget)
     model.training_memory_limit = plan.budget  # a batch keeps its whole graph only where that fits too
     rank_zero_info(f"matris: batches of up to {plan.budget / 2**30:.2f} GB of activations ({plan.source}; "
                    f"{plan.fixed / 2**30:.2f} GB for weights, optimizer and framework)")
@@ -142,12 +143,14 @@ def dry_run(config: TrainConfig) -> str:
     sizes = data.train_set.sizes()
     device = training_device(config)
     plan = plan_memory(model, config, sizes, device, max_memory=config.data.max_memory or "auto")
-    ckpt = {True: "on", False: "off"}.get(model.block_checkpointing, "automatic") \
-        if model.uses_block_checkpointing() else "off"
-    if ckpt == "automatic":
-        ckpt += " (a batch keeps its whole graph where that fits, else recomputes each block)"
+    if model.training_recompute is not None:
+        recompute = model.training_recompute
+    elif model.training_recompute_mode() == "none":
+        recompute = "none"
+    else:
+        recompute = "automatic (per batch, the first of none, blocks, steps whose memory fits)"
     head = (f"model: {model.num_parameters():,} parameters, {model.config.num_layers} "
-            f"blocks, block checkpointing {ckpt}; {len(data.train_set)} training structures")
+            f"blocks, recompute {recompute}; {len(data.train_set)} training structures")
     verdict = "the largest structure fits" if plan.costs.max(initial=0) <= plan.budget else \
         "the largest structure does NOT fit: raise data.max_memory, use a larger device or drop it"
     return f"{head}\n{describe(plan, sizes, device)}\n{verdict}"
