@@ -38,8 +38,11 @@ RECOMPUTE_MODES = ("none", "blocks", "steps")
 RECOMPUTE_MIN_BLOCKS = 4
 # the memory model of a training step (MatRIS.estimated_training_bytes): rows of the block width
 # per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py):
-# (rows alive while one block is recomputed, rows kept per block), per mode
-TRAIN_ROWS = {"none": (0, 180), "blocks": (164, 14), "steps": (164, 14)}
+# (rows alive while one block is recomputed, rows kept per block), per mode. The published 10-block
+# model fixes only their sum (peak + 10·kept); the split follows the live tensors' count at the peak
+# (kept ≈ 1.4 rows per block, the rest the recomputation's), scaled to RSS (×1.8: the heap's free
+# blocks between live ones)
+TRAIN_ROWS = {"none": (0, 180), "blocks": (148, 2.5), "steps": (122, 2.4)}
 FRAMEWORK_BYTES = 512 * 2**20
 
 
@@ -543,7 +546,8 @@ class MatRIS(nn.Module):
         rows = n_angles * c.three_body_feat_dim + 2 * n_bonds * c.edge_feat_dim + n_atoms * c.node_feat_dim
         mode = self.training_recompute_mode() if recompute is None else check_recompute(recompute)
         peak, kept = TRAIN_ROWS[mode]
-        return rows * (peak + kept * c.num_layers) * itemsize
+        out = rows * (peak + kept * c.num_layers) * itemsize
+        return int(out) if isinstance(out, float) else out  # arrays (per structure) stay arrays
 
     def training_fixed_bytes(self, dtype: torch.dtype | None = None, ema: bool = True) -> int:
         """Memory of a training run besides the activations (:meth:`estimated_training_bytes`): the

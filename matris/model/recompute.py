@@ -1,4 +1,5 @@
-"""Per-block activation checkpointing for training on forces, exact to second order.
+"""Activation recomputation for training on forces, exact to second order: per block, per step, per
+row chunk of Φ.
 
 Training on forces differentiates twice: the forces are ``−∂E/∂x`` with ``create_graph``, and the
 loss on them is differentiated again. Kept whole, that graph holds every intermediate of every
@@ -21,12 +22,23 @@ Here a block is one autograd node whose backward is itself one differentiable no
 - :class:`_Block`'s backward without a graph (the energy terms of the loss): the block recomputed
   with autograd, first-order gradients of inputs and parameters.
 
-So at any moment one block's intermediates are alive, next to the inputs and upstream gradients
-of all blocks (a few per-angle rows each): 3.1 GB for the 16-atom oxide, 10.9 GB for the 64-atom
-one. The recomputations in which no parameter gradient is
-wanted run the call's fast kernels (the fused CPU operators or the Triton kernels); the others the
-composed ops, the references of the same formulas: the gradients equal the un-checkpointed ones
-to float rounding (``tests/test_recompute.py`` checks 1e-12 in float64, with the second-order terms).
+The same node nests (``model.training_recompute``, :data:`matris.model.model.RECOMPUTE_MODES`):
+
+- ``"blocks"``: inside a block's recomputation with autograd, each Φ on angles or directed bonds
+  (the widest intermediates of a block) is such a node too (:func:`recomputed_phi`), and since Φ
+  is row-wise its backward passes recompute it :data:`PHI_CHUNK_ROWS` rows at a time (the row
+  gradients written at their rows, the others summed);
+- ``"steps"``: each of the block's four steps (the attentions, the Refines) is a node as well
+  (:func:`recomputed_step`), so one step's intermediates are alive at a time.
+
+So at any moment the intermediates of one block (one step) are alive, with one chunk of Φ's,
+next to the inputs and upstream gradients of all blocks (a few per-angle rows each): the numbers
+are in ``benchmarks/results/train_memory.json``. Each level of nesting adds a forward and an
+input-gradient pass of the fast kernels to the backward. The recomputations in which no
+parameter gradient is wanted run the call's fast kernels (the fused CPU operators or the Triton
+kernels); the others the composed ops, the references of the same formulas: the gradients equal
+the un-checkpointed ones to float rounding (``tests/test_recompute.py`` checks 1e-12 in float64,
+with the second-order terms, for both modes and Φ in several chunks).
 """
 
 from __future__ import annotations
