@@ -55,13 +55,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.provenance import cpu_description, provenance  # noqa: E402
 from matris import MatRIS, MatRISCalculator, MatRISConfig  # noqa: E402
 from matris.atomic import write_json  # noqa: E402
 from matris.bench.measure import md_speed  # noqa: E402
 from matris.bench.structures import standard_structure  # noqa: E402
 from matris.kernels import heap, native  # noqa: E402
-from benchmarks.provenance import cpu_description  # noqa: E402
 
 FAMILIES = {
     "GEMM": ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm"),
@@ -76,7 +75,7 @@ def fused_key(key: str) -> bool:
     """A fused operator as the profiler names it: ``matris::gated_phi``, …, and the autograd
     wrappers under whose names the forward kernels' own time is recorded
     (``GeneratedBackwardFor_matris_gated_phi_default``; the operator's node keeps its dispatch)."""
-    return key.startswith("matris::") or key.startswith("GeneratedBackwardFor_matris_")
+    return key.startswith(("matris::", "GeneratedBackwardFor_matris_"))
 
 
 def counted(key: str) -> bool:
@@ -466,7 +465,8 @@ def main(argv=None) -> int:
     def save(train_rows, shares):
         if args.json:
             write_json(args.json, {"meta": provenance(argv, model_name="MatRIS published 10M architecture "
-                                                                       "(MatRISConfig.published_10m()), random weights"),
+                                                                       "(MatRISConfig.published_10m()), "
+                                                                       "random weights"),
                                    "threads": torch.get_num_threads(), "rounds": args.rounds, "rows": rows,
                                    "native": native_paths, "official": official_info,
                                    "compile_seconds": compile_times, "compile_errors": compile_errors,
@@ -492,7 +492,8 @@ def main(argv=None) -> int:
               f"self CPU time (profiler overhead included: {shares['total_ms']:.0f} ms)")
         for fam, v in shares["families"].items():
             print(f"  {fam:20s} {v['ms']:9.1f} ms  {100 * v['share']:5.1f} %")
-        print("  top ops: " + ", ".join(f"{o['op'].removeprefix('aten::')} {o['ms']:.0f} ms" for o in shares["top_ops"]))
+        print("  top ops: " + ", ".join(f"{o['op'].removeprefix('aten::')} {o['ms']:.0f} ms"
+                                        for o in shares["top_ops"]))
         si64 = next((r for r in rows if r["structure"] == "Si64" and r["kind"] == "E+F+S"), None)
         floor = gemm_floor(calcs[default], standard_structure("si", 64).atoms,
                            si64["seconds"].get("CHGNet") if si64 else None)

@@ -89,7 +89,7 @@ def loader_rates(files: list[Path], cache: Path, workers: int, batch: int, batch
     from matris.train.datamodule import MatRISDataModule
 
     rows = []
-    for w in range(0, workers + 1):
+    for w in range(workers + 1):
         config = TrainConfig.from_dict({"data": {
             "datasets": [_dataset(files)],
             "val_fraction": 0.0, "cache_dir": str(cache), "cache_angles": False, "max_structures": batch,

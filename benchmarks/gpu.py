@@ -54,12 +54,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig  # noqa: E402
+from matris.kernels import (  # noqa: E402
+    attention_pair,
+    attention_pair_reference,
+    gated_epilogue,
+    gated_epilogue_reference,
+    gated_phi,
+    gated_phi_reference,
+    gather_sum_activate,
+    gather_sum_activate_reference,
+    refine_edges,
+    refine_edges_reference,
+    softmax_aggregate,
+    softmax_aggregate_reference,
+)
 from matris.kernels import basis as B  # noqa: E402
-from matris.kernels import gated_epilogue, gated_epilogue_reference  # noqa: E402
-from matris.kernels import gather_sum_activate, gather_sum_activate_reference  # noqa: E402
-from matris.kernels import softmax_aggregate, softmax_aggregate_reference  # noqa: E402
-from matris.kernels import attention_pair, attention_pair_reference, gated_phi, gated_phi_reference  # noqa: E402
-from matris.kernels import refine_edges, refine_edges_reference  # noqa: E402
 from matris.kernels.aggregate import Segments  # noqa: E402
 
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s (SXM)
@@ -329,7 +338,8 @@ def _operator_checks(e, c, n, device, dtype, tol):
 
     def compare(name, fn, ref, inputs):
         got, want = fn(), ref()
-        got, want = (got,) if isinstance(got, torch.Tensor) else got, (want,) if isinstance(want, torch.Tensor) else want
+        got = (got,) if isinstance(got, torch.Tensor) else got
+        want = (want,) if isinstance(want, torch.Tensor) else want
         for k, (a, b) in enumerate(zip(got, want)):
             checks[f"{name}_out{k}"] = close(a, b, tol)
         grads = [torch.randn_like(w) for w in want]
@@ -592,7 +602,8 @@ def training(sec, device, smoke):
         reset_peak(device)
         res[backend] = {"s": median_time(step, device, repeat=3), "peak_gb": peak_mem_gb(device)}
     res["speedup"] = res["torch"]["s"] / res["triton"]["s"]
-    log(f"   batch of {len(systems)} ({g.num_atoms} atoms, {g.num_angles} angles): triton {1e3 * res['triton']['s']:.1f} ms, "
+    log(f"   batch of {len(systems)} ({g.num_atoms} atoms, {g.num_angles} angles): "
+        f"triton {1e3 * res['triton']['s']:.1f} ms, "
         f"reference {1e3 * res['torch']['s']:.1f} ms, speedup {res['speedup']:.2f}×, "
         f"peak {res['triton']['peak_gb']:.1f} / {res['torch']['peak_gb']:.1f} GB")
     return res
@@ -636,7 +647,8 @@ def train_throughput(sec, device, smoke):
                          warmup=1 if smoke else 5, n_structures=32 if smoke else 512, atoms=(4, 32),
                          batch=4 if smoke else 32, precision="32")
         log(f"   {name:16s} {r['parameters']:11,d} params: {r['ms_per_step']:8.1f} ms/step, "
-            f"{r['structures_per_s']:8.1f} structures/s, {r['atoms_per_s']:9.0f} atoms/s (model {100 * r['model_share']:.0f}%)")
+            f"{r['structures_per_s']:8.1f} structures/s, {r['atoms_per_s']:9.0f} atoms/s "
+            f"(model {100 * r['model_share']:.0f}%)")
         return r
 
     for name in configs:
@@ -649,10 +661,11 @@ def simulate(sec, device, smoke):
 
     missing = [m for m in ("ase", "torch_sim") if importlib.util.find_spec(m) is None]
     if missing:
-        log(f"   skipped: {', '.join(missing)} not installed (pip install 'matris[sim]')")
+        log(f"   skipped: {', '.join(missing)} not installed (pip install 'matris-mlip[sim]')")
         return {"skipped": f"{', '.join(missing)} not installed"}
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from simulate import print_table, run as run_simulate
+    from simulate import print_table
+    from simulate import run as run_simulate
 
     runs = [dict(n=4, repeat=1, steps=10)] if smoke else [dict(n=64, repeat=1), dict(n=256, repeat=2, ase=False),
                                                            dict(n=32, repeat=2)]

@@ -174,8 +174,8 @@ def interpret_checks():
         core = torch.randn(21, 20, dtype=dtype, requires_grad=True)
         gate = torch.randn(21, 20, dtype=dtype, requires_grad=True)
         w = torch.rand(20, dtype=dtype) + 0.5
-        got = torch.autograd.grad(EP.gated_epilogue(core, gate, w, None, w, None, "rms", "silu", backend="triton").sum(),
-                                  (core, gate))
+        got = torch.autograd.grad(
+            EP.gated_epilogue(core, gate, w, None, w, None, "rms", "silu", backend="triton").sum(), (core, gate))
         exp = torch.autograd.grad(EP.gated_epilogue_reference(core, gate, w, None, w, None, "rms", "silu").sum(),
                                   (core, gate))
         for k in range(2):
@@ -185,8 +185,9 @@ def interpret_checks():
         tag = str(dtype)[6:]
         # (rows, width, [indexed per term], activation): the atom graph (3 gathers), the line
         # graph's attention (direct + 2) and refine (direct + 3), odd sizes, a single row
-        for e, h, flags, act in ((77, 70, (1, 1, 1), "silu"), (40, 33, (0, 1, 1), "gelu"), (29, 20, (0, 1, 1, 1), "silu"),
-                                 (1, 5, (1, 1, 1), "tanh"), (23, 9, (1,), "softplus"), (19, 9, (1, 0), "relu"),
+        for e, h, flags, act in ((77, 70, (1, 1, 1), "silu"), (40, 33, (0, 1, 1), "gelu"),
+                                 (29, 20, (0, 1, 1, 1), "silu"), (1, 5, (1, 1, 1), "tanh"),
+                                 (23, 9, (1,), "softplus"), (19, 9, (1, 0), "relu"),
                                  (0, 8, (1, 1, 1), "silu"), (18, 9, (0, 1), "sigmoid")):
             projs = [torch.randn(11 if f else e, h, dtype=dtype, requires_grad=True) for f in flags]
             idx = [torch.randint(0, 11, (e,)) if f else None for f in flags]

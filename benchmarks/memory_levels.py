@@ -132,7 +132,8 @@ def main(argv=None) -> dict:
         from benchmarks.provenance import provenance
         from matris.atomic import write_json
 
-        result["provenance"] = provenance(argv, model_name="random weights, examples/configs/matris-10m.yaml architecture")
+        result["provenance"] = provenance(argv,
+                                          model_name="random weights, examples/configs/matris-10m.yaml architecture")
         write_json(args.json, result)
     return result
 

@@ -228,8 +228,9 @@ class _Worker:
 
     def hello(self) -> dict[str, Any]:
         import ase
-        import matris
         import torch
+
+        import matris
 
         return {"matris": matris.__version__, "matris_file": matris.__file__, "torch": torch.__version__,
                 "ase": ase.__version__, "python": sys.version.split()[0], "threads": torch.get_num_threads()}

@@ -10,7 +10,7 @@ torch-sim batch (converged ones leave it). Structures: diamond Si (cubic 8-atom 
 repeated --repeat times per side), lattice constants spread by ±2% and rattled by 0.05 Å,
 relaxed with the bundled demo model. Timing excludes model loading; each path gets a short
 warm-up first. The table also gives the largest difference of the final energies.
-Needs ase and torch-sim-atomistic (pip install 'matris[sim]').
+Needs ase and torch-sim-atomistic (pip install 'matris-mlip[sim]').
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def print_table(r):
     print(f"{'method':18s} {'time (s)':>9s} {'structures/s':>13s} {'converged':>10s} {'mean steps':>11s}")
     for name, row in r["rows"].items():
         steps = "-" if row["mean_steps"] is None else f"{row['mean_steps']:.1f}"
-        print(f"{name:18s} {row['s']:9.2f} {row['structures_per_s']:13.3f} {row['converged']:>6d}/{r['structures']:<3d} "
-              f"{steps:>11s}")
+        print(f"{name:18s} {row['s']:9.2f} {row['structures_per_s']:13.3f} "
+              f"{row['converged']:>6d}/{r['structures']:<3d} {steps:>11s}")
     if r["speedup"] is not None:
         print(f"batched / one-by-one: {r['speedup']:.2f}×; largest final-energy difference "
               f"{r['max_energy_difference_meV_per_atom']:.3f} meV/atom")

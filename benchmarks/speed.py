@@ -72,7 +72,8 @@ def main(argv=None):
     print(f"MatRIS 10-block width-128 ({model.num_parameters():,} parameters), {args.dtype}, {args.device}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     header = f"{'structure':16s} {'atoms':>6s} {'edges':>8s} {'angles':>9s} {'graph (ms)':>11s} " \
-             f"{'E+F+S (ms)':>11s} {'total (ms)':>11s} {'graph share':>11s} {'µs/atom':>8s} {'ckpt':>4s} {'peak RSS':>9s}"
+             f"{'E+F+S (ms)':>11s} {'total (ms)':>11s} {'graph share':>11s} {'µs/atom':>8s} {'ckpt':>4s} " \
+             f"{'peak RSS':>9s}"
     print(header)
     print("-" * len(header))
     for name, atoms in structures(args.sizes, not args.no_fe):

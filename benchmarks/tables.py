@@ -1,7 +1,8 @@
 """Markdown tables from the committed result files, so no measured number is ever retyped.
 
-    python benchmarks/tables.py                 # every table, as the documentation shows them
-    python benchmarks/tables.py simulate_cpu    # one of them
+    python benchmarks/tables.py                     # every table, as the documentation shows them
+    python benchmarks/tables.py simulate_cpu        # one of them
+    python benchmarks/tables.py cpu_speed/official  # one view of a result file (VIEWS)
 
 The documentation site's performance page (and every other page that quotes a measurement)
 is generated from these functions at build time by ``docs/hooks.py``: a page writes
@@ -66,27 +67,51 @@ def _meta(data) -> dict:
     return {}
 
 
-def provenance(name: str) -> str:
-    """One line: file, command, commit, model (and its sha256), machine, as far as recorded."""
+def machine(name: str) -> str | None:
+    """The machine of a result file in words: the CPU's model and vector instruction set and the
+    number of CPUs, as far as recorded (``"Intel(R) Xeon(R) Processor (AVX-512), 2 CPUs"``)."""
+    import re
+
+    data = load(name)
+    meta = _meta(data)
+    cpus = meta.get("cpus")
+    if cpus is None and isinstance(meta.get("machine"), str):
+        m = re.search(r"(\d+) CPUs", meta["machine"])
+        cpus = int(m.group(1)) if m else None
+    if cpus is None and isinstance(data, dict):
+        cpus = data.get("cpus")
+    cpu = meta.get("cpu") if isinstance(meta.get("cpu"), dict) else None
+    if cpu:
+        what = f"{cpu['model']} ({cpu['isa']})"
+    elif meta.get("hardware") or meta.get("machine"):
+        what = str(meta.get("hardware") or meta["machine"]).split(",")[0]
+    else:
+        return None
+    return f"{what}, {cpus} CPUs" if cpus else what
+
+
+def provenance(name: str, history: bool = False) -> str:
+    """One line: file, command, model (and its sha256), machine and date, as far as recorded;
+    with ``history`` also the commit the numbers were measured at (for the development page:
+    the user pages leave it to the result file)."""
     meta = _meta(load(name))
     path = result_path(name).relative_to(ROOT)
     parts = [f"Source: `{path}`"]
     if meta.get("command"):
         parts.append(f"command `{meta['command']}`")
-    if meta.get("commit"):
+    if history and meta.get("commit"):
         dirty = " (uncommitted changes)" if meta.get("dirty") else ""
         parts.append(f"commit `{meta['commit'][:10]}`{dirty}")
     if meta.get("model"):
         sha = f" (sha256 `{meta['model_sha256'][:12]}…`)" if meta.get("model_sha256") else ""
         parts.append(f"model {meta['model']}{sha}")
-    machine = meta.get("machine") or (
-        f"{meta['hardware']}, {meta['cpus']} CPUs" if meta.get("hardware") and meta.get("cpus") else None)
-    if machine:
-        parts.append(f"machine {machine}")
+    where = machine(name)
+    if where:
+        parts.append(f"machine {where}")
     if meta.get("date"):
         parts.append(f"run {meta['date'][:10]}")
     if len(parts) == 1:
-        parts.append("this older result records no command or commit")
+        parts.append("this older result records no command")
     return "; ".join(parts) + "."
 
 
@@ -141,7 +166,8 @@ def cpu_speed(name: str = "cpu_speed") -> str:
 
 
 def train_memory(name: str = "train_memory") -> str:
-    from benchmarks.train_memory import gpu_sizes, gpu_table, table as memory_table
+    from benchmarks.train_memory import gpu_sizes, gpu_table
+    from benchmarks.train_memory import table as memory_table
 
     d = load(name)
     text = memory_table(d["rows"], live=True) + (
@@ -170,8 +196,8 @@ def nve(name: str = "nve_cpu") -> str:
     d = load(name)
     rows = [
         ("system", f"Si{d['atoms']}, a = {d['lattice_A']} Å, {d['dtype']}, {d['device']}"),
-        ("run", f"{d['steps']} steps of {d['timestep_fs']} fs = {d['time_ps']} ps, from {d['initial_temperature_K']:.0f} K "
-                f"(mean {d['mean_temperature_K']:.0f} K)"),
+        ("run", f"{d['steps']} steps of {d['timestep_fs']} fs = {d['time_ps']} ps, "
+                f"from {d['initial_temperature_K']:.0f} K (mean {d['mean_temperature_K']:.0f} K)"),
         ("total-energy drift", f"**{d['drift']:.2g} meV/atom/ps**"),
         ("energy band (max − min)", f"{d['span']:.2g} meV/atom"),
         ("largest step-to-step change", f"{d['max_smooth_step']:.2g} meV/atom"),
@@ -228,7 +254,8 @@ def fusion_memory(name: str = "fusion_memory") -> str:
 def kernel_resources(name: str = "kernel_resources_sm90") -> str:
     lines = ["| kernel specialisation | warps | registers/thread | spilled stores / loads |", "|---|---:|---:|---:|"]
     for r in load(name):
-        lines.append(f"| `{r['kernel']}` | {r['warps']} | {r['registers']} | {r['spill_stores']} / {r['spill_loads']} |")
+        lines.append(f"| `{r['kernel']}` | {r['warps']} | {r['registers']} | "
+                     f"{r['spill_stores']} / {r['spill_loads']} |")
     return "\n".join(lines)
 
 
@@ -351,7 +378,8 @@ def lammps(name: str = "lammps_cpu") -> str:
                      "all of them while the other ranks sleep; 1 fs steps.")
     if d.get("nve"):
         v = d["nve"]
-        lines += ["", "| NVE, Si64, 300 K, 0.5 fs, 1 ps, float64 | total-energy drift (meV/atom/ps) | band (meV/atom) |",
+        lines += ["",
+                  "| NVE, Si64, 300 K, 0.5 fs, 1 ps, float64 | total-energy drift (meV/atom/ps) | band (meV/atom) |",
                   "|---|---:|---:|",
                   f"| LAMMPS `fix nve` | {v['drift_meV_atom_ps']:.2g} | {v['span_meV_atom']:.2g} |"]
         if "ase_drift_meV_atom_ps" in v:
@@ -360,7 +388,244 @@ def lammps(name: str = "lammps_cpu") -> str:
     return "\n".join(lines)
 
 
+# ---- views for the user pages: one question per table, every column visible ---------------
+
+def _cpu_line(name: str, threads=None) -> str:
+    where = machine(name) or "CPU"
+    t = threads if threads is not None else load(name).get("threads")
+    return f"{where}{f', {t} threads' if t else ''}"
+
+
+def _rows(name: str, kind: str = "E+F+S") -> list:
+    return [r for r in load(name)["rows"] if r.get("kind") == kind]
+
+
+def _x(a: float, b: float) -> str:
+    return f"{a / b:.1f}×"
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.3g} s"
+
+
+PUBLISHED_ARCH = "MatRIS-10M architecture (that of matris-10m-oam, -mp and -omat), random weights, float32"
+
+
+def cpu_plain(name: str = "cpu_speed") -> str:
+    """The published architecture alone: time per call and per MD step with the default kernels."""
+    d = load(name)
+    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}. Median of {d['rounds']} "
+             "interleaved rounds.", "",
+             "| structure | call | time | atoms per second |", "|---|---|---:|---:|"]
+    for r in d["rows"]:
+        t = r["seconds"].get("fused")
+        if t is not None:
+            lines.append(f"| {r['structure']} | {r['kind']} | {_s(t)} | {r['atoms'] / t:,.0f} |")
+    return "\n".join(lines)
+
+
+def cpu_official(name: str = "cpu_speed") -> str:
+    """The published architecture: this package against the official MatRIS code, same weights."""
+    d = load(name)
+    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}. Median of {d['rounds']} "
+             "interleaved rounds.", "",
+             "| structure | this package | official, fastest setting | slower by | official, default | slower by |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in _rows(name):
+        t = r["seconds"]
+        if t.get("official") is None:
+            continue
+        lines.append(f"| {r['structure']} | {_s(t['fused'])} | {_s(t['official'])} | {_x(t['official'], t['fused'])} "
+                     f"| {_s(t['official-ckpt'])} | {_x(t['official-ckpt'], t['fused'])} |")
+    info = d.get("official") or {}
+    lines.append(f"\nOfficial: MatRIS {info.get('matris', '1.0.0')} on the same weights, each call timed in its own "
+                 "process; fastest setting `mode=\"torch\"`, `activation_checkpoint=False`; default: with activation "
+                 "checkpointing. \"Slower by\": its time ÷ this package's.")
+    return "\n".join(lines)
+
+
+def cpu_chgnet(name: str = "cpu_speed") -> str:
+    """The published architecture against CHGNet 0.3.0, per call and per MD step."""
+    d = load(name)
+    isa = (d.get("native") or {}).get("instruction_set")
+    lines = [f"**Model:** {PUBLISHED_ARCH}; CHGNet 0.3.0 with its own weights. **Machine:** {_cpu_line(name)}"
+             f"{f'; fused kernels built for {isa}' if isa else ''}. Median of {d['rounds']} interleaved rounds.", "",
+             "| structure | call | MatRIS-10M | CHGNet 0.3.0 | MatRIS-10M ÷ CHGNet |", "|---|---|---:|---:|---:|"]
+    for r in d["rows"]:
+        t = r["seconds"]
+        if t.get("CHGNet") is None:
+            continue
+        lines.append(f"| {r['structure']} | {r['kind']} | {_s(t['fused'])} | {_s(t['CHGNet'])} | "
+                     f"{_x(t['fused'], t['CHGNet'])} |")
+    return "\n".join(lines)
+
+
+def cpu_fallback(name: str = "cpu_speed") -> str:
+    """The fused C++ kernels against the PyTorch reference ops (what runs without a compiler)."""
+    d = load(name)
+    isa = (d.get("native") or {}).get("instruction_set")
+    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}"
+             f"{f'; fused kernels built for {isa}' if isa else ''}. Median of {d['rounds']} interleaved rounds.", "",
+             "| structure | call | fused C++ kernels (default) | PyTorch ops (no compiler) | speed-up |",
+             "|---|---|---:|---:|---:|"]
+    for r in d["rows"]:
+        t = r["seconds"]
+        if t.get("torch") is None:
+            continue
+        lines.append(f"| {r['structure']} | {r['kind']} | {_s(t['fused'])} | {_s(t['torch'])} | "
+                     f"{_x(t['torch'], t['fused'])} |")
+    return "\n".join(lines)
+
+
+def cpu_compiled(name: str = "cpu_speed_compiled") -> str:
+    """Eager against ``model.compile()``, and what the compilation costs."""
+    d = load(name)
+    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}. Median of {d['rounds']} "
+             "interleaved rounds.", "",
+             "| structure | eager (default) | `model.compile()` | speed-up |", "|---|---:|---:|---:|"]
+    for r in _rows(name):
+        t = r["seconds"]
+        if t.get("compiled") is None:
+            continue
+        lines.append(f"| {r['structure']} | {_s(t['fused'])} | {_s(t['compiled'])} | {_x(t['fused'], t['compiled'])} |")
+    first = (d.get("compile_seconds") or {}).get("compiled")
+    if first:
+        lines.append(f"\nThe first call compiles: {first:.0f} s here, paid once per process and cell-size regime.")
+    return "\n".join(lines)
+
+
+def system_size(name: str = "system_size_cpu") -> str:
+    """Peak memory of one E+F+S call against the size of the cell: at the level the model picks,
+    and at level 2 (the least memory)."""
+    d = load(name)
+    rows = {(r["atoms"], r["requested_level"]): r for r in d["rows"]}
+    lines = [f"**Model:** {PUBLISHED_ARCH} ({d['parameters']:,} parameters). **Machine:** "
+             f"{_cpu_line(name, d['rows'][0].get('threads'))}. One call per process, after a warm-up call.", "",
+             "| structure | angles | level picked | peak memory | at level 2 |", "|---|---:|---:|---:|---:|"]
+    for (atoms, level), r in sorted(rows.items()):
+        if level != "auto":
+            continue
+        least = rows.get((atoms, "2"))
+        at2 = f"{least['peak_rss_GB']:.1f} GB" if least else "–"
+        lines.append(f"| Si{atoms} | {r['angles']:,} | {r['level']} | {r['peak_rss_GB']:.1f} GB | {at2} |")
+    lines.append("\nLevel picked: by the model, for the memory this machine had free "
+                 "([Large systems and memory](memory.md)). Peak memory: the whole process's peak resident set "
+                 "size (Python, torch, the model and the call).")
+    return "\n".join(lines)
+
+
+def system_fit(name: str = "system_size_cpu", sizes=(16, 32, 64, 128, 256)) -> str:
+    """How many atoms fit, from the straight line through the level-2 rows."""
+    d = load(name)
+    fit = d["level2_fit"]
+    least = [r for r in d["rows"] if r["requested_level"] == "2"]
+    big = max(least, key=lambda r: r["atoms"])
+    per_atom = big["angles"] / big["atoms"]
+    lines = [f"**Model:** {PUBLISHED_ARCH}, memory level 2 (the least memory). **Machine:** "
+             f"{_cpu_line(name, big.get('threads'))}.", "",
+             "| memory | angles | diamond Si atoms |", "|---:|---:|---:|"]
+    for gb in sizes:
+        angles = (gb - fit["GB_fixed"]) / fit["GB_per_angle"]
+        lines.append(f"| {gb} GB | {angles / 1e6:.1f} million | {angles / per_atom:,.0f} |")
+    measured = ", ".join(f"Si{r['atoms']} {r['peak_rss_GB']:.1f} GB" for r in least)
+    lines.append(f"\nA straight line through the measured level-2 peaks ({measured}): "
+                 f"{fit['GB_fixed']:.1f} GB fixed plus {fit['GB_per_angle'] * 1e6:.0f} GB per million angles. "
+                 f"Diamond Si has {per_atom:.0f} angles per atom at r_3 = 4.5 Å; denser materials have more "
+                 "(bcc Fe about 630), so count your cell's angles (`GraphBatch.num_angles`) and divide. "
+                 "Beyond the largest measured cell this is an extrapolation.")
+    return "\n".join(lines)
+
+
+def bench_time(name: str = "bench_demo_cpu") -> str:
+    """``matris bench``: time per E+F+S call, MatRIS against each compared model."""
+    d = load(name)
+    rows = [r for r in d["rows"] if r.get("status") == "ok"]
+    models = {m["key"]: m for m in d["models"]}
+    ours = {r["structure"]: r for r in rows if r["model"] == "matris"}
+    others = sorted({r["model"] for r in rows if r["model"] != "matris"})
+    meta = d["meta"]
+    lines = [f"**Models:** {models['matris']['label']}, {models['matris']['parameters']:,} parameters"
+             + "".join(f"; {models[o]['label']}, {models[o]['parameters']:,} parameters" for o in others)
+             + f"; {meta['dtype']}. **Machine:** {machine(name)}, {meta['threads']} threads. Median of "
+               f"{meta['repeat']} calls after a warm-up.", ""]
+    for other in others:
+        short = models[other]["label"].split(" (")[0]
+        lines += [f"| structure | MatRIS E+F+S | {models[other]['label']} E+F+S | {short} ÷ MatRIS |",
+                  "|---|---:|---:|---:|"]
+        for structure, r in ours.items():
+            o = next((x for x in rows if x["model"] == other and x["structure"] == structure), None)
+            if o:
+                lines.append(f"| {structure} | {_ms(r['efs_s'])} | {_ms(o['efs_s'])} | {o['time_ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def bench_md(name: str = "bench_demo_cpu") -> str:
+    """``matris bench``: MD steps per second and peak memory, MatRIS against each compared model."""
+    d = load(name)
+    rows = [r for r in d["rows"] if r.get("status") == "ok"]
+    ours = {r["structure"]: r for r in rows if r["model"] == "matris"}
+    others = sorted({r["model"] for r in rows if r["model"] != "matris"})
+    meta = d["meta"]
+    labels = {m["key"]: m["label"].split(" (")[0] for m in d["models"]}
+    lines = [f"Same models and machine; MD: {meta['md_steps']} NVE velocity-Verlet steps of "
+             f"{meta['timestep_fs']:g} fs; memory: the process's peak resident set size.", ""]
+    for other in others:
+        lines += [f"| structure | MD steps/s, MatRIS | MD steps/s, {labels[other]} | peak GiB, MatRIS | "
+                  f"peak GiB, {labels[other]} |",
+                  "|---|---:|---:|---:|---:|"]
+        for structure, r in ours.items():
+            o = next((x for x in rows if x["model"] == other and x["structure"] == structure), None)
+            if o:
+                lines.append(f"| {structure} | {r['md_steps_per_s']:.3g} | {o['md_steps_per_s']:.3g} | "
+                             f"{r['peak_memory_gb']:.2f} | {o['peak_memory_gb']:.2f} |")
+    return "\n".join(lines)
+
+
+def train_throughput_short(name: str = "train_throughput_cpu") -> str:
+    d = load(name)
+    return "\n".join([
+        f"**Model:** `{Path(d['config']).name}` ({d['parameters']:,} parameters), precision {d['precision']}. "
+        f"**Machine:** the development machine's CPU ({d['device']}; this older result records no more), "
+        f"{d['steps']} steps.", "",
+        "| batch | atoms / angles per structure | time per step | structures/s | atoms/s |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {d['batch_structures']} | {d['mean_atoms']:.1f} / {d['mean_angles']:,.0f} | {d['ms_per_step'] / 1e3:.2f} s "
+        f"| **{d['structures_per_s']:.1f}** | {d['atoms_per_s']:.0f} |",
+        f"\n{100 * d['model_share']:.0f} % of the step is spent in the model (the rest: data, loss, optimizer).",
+    ])
+
+
+def compile_short(name: str = "compile_check_cpu") -> str:
+    d = load(name)
+    lines = [f"**Model:** the small test fixture ({d['meta'].get('model', '')}), 20 MD-like steps of 8 to 48 atoms, "
+             f"`fullgraph=True`. **Machine:** {machine(name)}.", "",
+             "| dtype | graphs | graph breaks | first call | later calls | max rel. error |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        lines.append(f"| {r['dtype']} | {r['graphs']} | {r['graph_breaks']} | {r['first_call_s']:.0f} s | "
+                     f"{r['later_calls_median_s'] * 1e3:.0f} ms | {r['max_rel_error_vs_eager']:.2g} |")
+    lines.append("\nFirst call: compilation included, with Inductor's on-disk cache warm; later calls: median; "
+                 "error: largest relative difference from eager.")
+    return "\n".join(lines)
+
+
+VIEWS = {
+    ("cpu_speed", "speed"): cpu_plain,
+    ("cpu_speed", "official"): cpu_official,
+    ("cpu_speed", "chgnet"): cpu_chgnet,
+    ("cpu_speed", "fallback"): cpu_fallback,
+    ("cpu_speed_avx2", "chgnet"): cpu_chgnet,
+    ("cpu_speed_compiled", "compiled"): cpu_compiled,
+    ("system_size_cpu", "fit"): system_fit,
+    ("bench_demo_cpu", "time"): bench_time,
+    ("bench_demo_cpu", "md"): bench_md,
+    ("train_throughput_cpu", "short"): train_throughput_short,
+    ("compile_check_cpu", "short"): compile_short,
+}
+
+
 TABLES = {
+    "system_size_cpu": system_size,
     "lammps_cpu": lammps,
     "parity": parity,
     "cpu_speed": cpu_speed,
@@ -386,18 +651,26 @@ TABLES = {
 }
 
 
-def table(name: str, source: bool = True) -> str:
-    """The markdown table of one result file, followed by its provenance line."""
-    if name not in TABLES:
+def table(name: str, view: str | None = None, source: bool = True, history: bool = False) -> str:
+    """The markdown table of one result file (or one ``view`` of it, :data:`VIEWS`), followed by
+    its provenance line (with the commit when ``history``)."""
+    if view is not None:
+        if (name, view) not in VIEWS:
+            known = ", ".join(f"{n}/{v}" for n, v in VIEWS)
+            raise KeyError(f"no table view {view!r} of {name!r}; known views: {known}")
+        text = VIEWS[(name, view)](name)
+    elif name not in TABLES:
         raise KeyError(f"no table renderer for {name!r}; known: {', '.join(TABLES)}")
-    text = TABLES[name](name)
-    return text + (f"\n\n<small>{provenance(name)}</small>" if source else "")
+    else:
+        text = TABLES[name](name)
+    return text + (f"\n\n<small>{provenance(name, history)}</small>" if source else "")
 
 
 def main(argv=None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or list(TABLES)
+    names = (argv if argv is not None else sys.argv[1:]) or (list(TABLES) + [f"{n}/{v}" for n, v in VIEWS])
     for name in names:
-        print(f"## {name}\n\n{table(name)}\n")
+        base, _, view = name.partition("/")
+        print(f"## {name}\n\n{table(base, view or None)}\n")
     return 0
 
 

@@ -2,6 +2,13 @@
 
 - ``{{ table("nve_cpu") }}``, ``{{ value("nve_cpu", "drift", ".2g") }}``, ``{{ provenance("nve_cpu") }}``:
   measured numbers, read from the committed result files by ``benchmarks/tables.py``.
+- ``{{ table("cpu_speed", "official") }}``: one view of a result file (``benchmarks.tables.VIEWS``).
+- ``{{ figure("eos") }}``: a figure drawn from committed result files by ``benchmarks/figures.py``
+  (matplotlib, SVG) into the built site as ``figures/NAME.svg``, with its caption and sources.
+- ``<!-- fragment: WHAT IT NEEDS -->`` before a code block: the block is not run by the docs test
+  (``tests/test_docs.py``) and the page shows "Needs: WHAT IT NEEDS" above it. ``<!-- runnable -->``
+  (run as written) and ``<!-- runnable with matris-demo -->`` (run with the bundled model in place
+  of the published ones) stay invisible.
 - ``{{ cli_reference() }}``: the ``--help`` of every ``matris`` command and subcommand, from the
   argparse parsers themselves.
 - ``{{ readme_links() }}``: nothing (a check): every ``docs/*.md`` link in README.md must exist.
@@ -60,7 +67,32 @@ def cli_reference(width: int = 88) -> str:
             os.environ["COLUMNS"] = old
 
 
-def _functions() -> dict:
+def version() -> str:
+    """This package's version (``matris/_version.py``, read without importing matris)."""
+    text = (ROOT / "matris" / "_version.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+def _caption_html(text: str) -> str:
+    """A caption's markdown (backticks only) as HTML."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))
+
+
+def figure(name: str, where: str = "page") -> str:
+    """A figure of ``benchmarks/figures.py``: the image (drawn into the site by :func:`on_files`)
+    and its caption, with the result files, command, model and machine behind it."""
+    _importable()
+    from benchmarks import figures
+
+    if name not in figures.FIGURES:
+        raise KeyError(f"{where}: no figure {name!r}; known: {', '.join(figures.FIGURES)}")
+    prefix = "../" * where.replace("\\", "/").count("/")
+    return (f'<figure class="matris-figure" markdown="span">\n'
+            f'![{name.replace("_", " ")}]({prefix}figures/{name}.svg)\n'
+            f'<figcaption>{_caption_html(figures.caption(name))}</figcaption>\n</figure>')
+
+
+def _functions(where: str = "page") -> dict:
     _importable()
     from benchmarks import tables
 
@@ -69,22 +101,38 @@ def _functions() -> dict:
         "value": tables.value,
         "provenance": tables.provenance,
         "cli_reference": cli_reference,
+        "figure": lambda name: figure(name, where),
+        "version": version,
     }
+
+
+# a code block marked as a fragment: the docs test does not run it, the page says what it needs
+FRAGMENT = re.compile(r"^([ \t]*)<!--\s*fragment:\s*(.+?)\s*-->[ \t]*$", re.M)
+
+
+def fragments(markdown: str) -> str:
+    """``<!-- fragment: WHAT -->`` → a small "Needs: WHAT" line (indentation kept)."""
+    return FRAGMENT.sub(lambda m: f'{m.group(1)}<p class="matris-needs"><small>Needs: '
+                                  f'{_caption_html(m.group(2))}</small></p>', markdown)
 
 
 def expand(markdown: str, where: str = "page") -> str:
     """Fill in every ``{{ name(args) }}`` placeholder; unknown names and bad arguments raise."""
-    functions = _functions()
+    functions = _functions(where)
 
     def replace(match: re.Match) -> str:
         name, args = match.group(1), match.group(2)
         if name not in functions:
             raise ValueError(f"{where}: unknown placeholder {{{{ {name}(...) }}}}; known: {', '.join(functions)}")
-        try:
-            parsed = ast.literal_eval(f"({args},)") if args.strip() else ()
+        try:  # literal arguments, positional and by keyword: table("cpu_speed", history=True)
+            call = ast.parse(f"f({args})", mode="eval").body
+            parsed = [ast.literal_eval(a) for a in call.args]
+            keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+            if None in keywords:
+                raise ValueError("no ** arguments")
         except (SyntaxError, ValueError) as exc:
             raise ValueError(f"{where}: bad arguments in {match.group(0)}: {exc}") from exc
-        text = str(functions[name](*parsed))
+        text = str(functions[name](*parsed, **keywords))
         # a placeholder indented inside a block (an admonition, a list) keeps its indentation
         line_start = markdown.rfind("\n", 0, match.start()) + 1
         indent = markdown[line_start:match.start()]
@@ -96,7 +144,19 @@ def expand(markdown: str, where: str = "page") -> str:
 
 
 def on_page_markdown(markdown, page, config, files):
-    return expand(markdown, page.file.src_path)
+    return fragments(expand(markdown, page.file.src_path))
+
+
+def on_files(files, config):
+    """Draw every figure of ``benchmarks/figures.py`` into the site as ``figures/NAME.svg``."""
+    _importable()
+    from mkdocs.structure.files import File
+
+    from benchmarks import figures
+
+    for name in figures.FIGURES:
+        files.append(File.generated(config, f"figures/{name}.svg", content=figures.draw(name)))
+    return files
 
 
 _MATH_BLOCK = re.compile(r'<div class="arithmatex">\s*\\\[(.*?)\\\]\s*</div>', re.S)

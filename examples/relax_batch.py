@@ -1,4 +1,4 @@
-"""Relax many structures together on one device with torch-sim (pip install 'matris[sim]').
+"""Relax many structures together on one device with torch-sim (pip install 'matris-mlip[sim]').
 
     python examples/relax_batch.py [n_structures] [device]
 

@@ -4,14 +4,19 @@ Each operation has a PyTorch reference (used on every device and by the tests as
 truth); GPU kernels written in Triton live beside their reference and are selected on CUDA.
 """
 
+from .aggregate import (
+    Segments,
+    attention_pair,
+    attention_pair_reference,
+    softmax_aggregate,
+    softmax_aggregate_reference,
+)
 from .backend import triton_available, use_fused_cpu, use_triton
-from .segment import scatter_sum, segment_softmax
-from .aggregate import (Segments, attention_pair, attention_pair_reference, softmax_aggregate,
-                        softmax_aggregate_reference)
 from .epilogue import gated_epilogue, gated_epilogue_reference
 from .gather import gather_sum_activate, gather_sum_activate_reference
 from .phi import gated_phi, gated_phi_reference
 from .refine import refine_edges, refine_edges_reference
+from .segment import scatter_sum, segment_softmax
 
 __all__ = [
     "scatter_sum",

@@ -23,8 +23,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import (LIB, check_dtype, operators_run, recompute_backward, register_cpu, register_triton, tile,
-                      triton_available, use_triton)
+from .backend import (
+    LIB,
+    check_dtype,
+    operators_run,
+    recompute_backward,
+    register_cpu,
+    register_triton,
+    tile,
+    triton_available,
+    use_triton,
+)
 from .segment import scatter_sum, segment_softmax
 
 

@@ -50,7 +50,8 @@ def sh_coefficient_table(dtype, device) -> torch.Tensor:
     Made once per dtype and device, directly on ``device`` (read-only; every SH launch uses it)."""
     from matris.model.basis import SH_RADIAL_COEFFICIENTS
 
-    rows = [[[float(c) for c in coeffs] + [0.0] * (8 - len(coeffs)) for coeffs in n_rows] for n_rows in SH_RADIAL_COEFFICIENTS]
+    rows = [[[float(c) for c in coeffs] + [0.0] * (8 - len(coeffs)) for coeffs in n_rows]
+            for n_rows in SH_RADIAL_COEFFICIENTS]
     return torch.tensor(rows, dtype=torch.float64, device=device).to(dtype).contiguous()
 
 
@@ -96,7 +97,8 @@ def _bessel_setup(ctx, inputs, output):
 def _bessel_backward(ctx, grad):
     r, freq = ctx.saved_tensors
     if torch.is_grad_enabled():
-        return (*recompute_backward(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad), None, None)
+        return (*recompute_backward(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad),
+                None, None)
     want_f = ctx.needs_input_grad[1]  # frozen frequencies (inference): no per-element sums
     g_r, g_f = bessel_backward_op(r, freq, ctx.cutoff, ctx.p, grad, want_f)
     return g_r, g_f if want_f else None, None, None
@@ -325,14 +327,14 @@ if triton_available():
         return val, der
 
     @triton.jit
-    def _legendre(l: tl.constexpr, t, consts_ptr):
-        """Y_l(t) and dY_l/dt (m = 0); the normalisations are consts[1 + l]."""
-        c = tl.load(consts_ptr + 1 + l)
-        if l == 0:
+    def _legendre(ell: tl.constexpr, t, consts_ptr):
+        """Y_l(t) and dY_l/dt (m = 0) for l = ell; the normalisations are consts[1 + ell]."""
+        c = tl.load(consts_ptr + 1 + ell)
+        if ell == 0:
             return tl.zeros_like(t) + c, tl.zeros_like(t)
-        elif l == 1:
+        elif ell == 1:
             return c * t, tl.zeros_like(t) + c
-        elif l == 2:
+        elif ell == 2:
             return c * (3 * t * t - 1), c * 6 * t
         else:
             return c * t * (5 * t * t - 3), c * (15 * t * t - 3)
@@ -380,7 +382,8 @@ def _launch_bessel(r, freq, cutoff, p, grad, freq_grad=True):
     grad_r = torch.empty_like(r) if grad is not None else r
     if n:
         consts = device_constants((cutoff, math.sqrt(2 / cutoff)), r.dtype, r.device)
-        bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, consts, n, K=k, KP=triton.next_power_of_2(k), P=p,
+        bessel_kernel[_grid(n)](r, freq, out, grad if grad is not None else out, grad_r, consts, n,
+                                K=k, KP=triton.next_power_of_2(k), P=p,
                                 BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad, BLOCK=_block())
     return (grad_r, out) if grad is not None else out
 
@@ -394,7 +397,8 @@ def _launch_fourier(theta, freq, grad, freq_grad=True, constant=0.0):
     grad_t = torch.empty_like(theta) if grad is not None else theta
     if n:
         consts = device_constants((constant, 1 / SQRT_PI), theta.dtype, theta.device)
-        fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n, M=m, MP=max(1, triton.next_power_of_2(m)),
+        fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n,
+                                 M=m, MP=max(1, triton.next_power_of_2(m)),
                                  BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad,
                                  BLOCK=_block())
     return (grad_t, out) if grad is not None else out

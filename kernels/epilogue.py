@@ -94,9 +94,10 @@ def _(core, gate, wc, bc, wg, bg, norm, act, eps):
 
 
 @torch.library.custom_op("matris::gated_epilogue_backward", mutates_args=())
-def gated_epilogue_backward_op(core: torch.Tensor, gate: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor | None,
-                               wg: torch.Tensor, bg: torch.Tensor | None, norm: str, act: str, eps: float,
-                               grad: torch.Tensor, weight_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gated_epilogue_backward_op(
+    core: torch.Tensor, gate: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor | None, wg: torch.Tensor,
+    bg: torch.Tensor | None, norm: str, act: str, eps: float, grad: torch.Tensor, weight_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton backward: ``(∂L/∂core, ∂L/∂gate, weight sums [4, d])`` (the sums are empty
     without ``weight_grad``)."""
     gc, gg, parts = _launch(core.contiguous(), gate.contiguous(), wc, bc, wg, bg, norm, act, eps, grad.contiguous(),

@@ -9,8 +9,9 @@ every step on blocks of rows while they are in L2 (see the sources), in float32 
 Without the library (no compiler, or ``MATRIS_NATIVE=0``) the CPU path runs the PyTorch
 references; the tests compare the two.
 
-The library is compiled on first use with ``$CXX`` (default ``c++``; C++20 and OpenMP, as torch extensions need: GCC ≥ 10
-or Clang ≥ 12) against the running torch's headers, ``-O3 -march=native -fopenmp``, and cached
+The library is compiled on first use with ``$CXX`` (default ``c++``; C++20 and OpenMP, as torch
+extensions need: GCC ≥ 10 or Clang ≥ 12) against the running torch's headers,
+``-O3 -march=native -fopenmp``, and cached
 under ``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``; ``$MATRIS_NATIVE_CACHE``
 overrides the folder). The hash covers every source file, the compiler, the flags, the torch
 version and the CPU (``-march=native`` code must not run on another kind of CPU that shares the
@@ -38,7 +39,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "cpu" / "basis.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp", CSRC / "cpu" / "refine.cpp")
+SOURCES = (CSRC / "cpu" / "basis.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp",
+           CSRC / "cpu" / "refine.cpp")
 HEADERS = (CSRC / "cpu" / "common.h",)
 # -mprefer-vector-width=512: GCC vectorises the loops for AVX-512 CPUs with 256-bit registers unless
 # told otherwise; the full width made the Φ operators 7-10% faster on a Xeon (the GEMM kernel has its

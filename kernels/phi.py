@@ -16,10 +16,10 @@ or LayerNorm ``N(x) = x̄·r·w + b`` with ``x̄ = x − mean(x)`` and ``r = 1/s
 Why: on a CPU these tensors (29k angles × 256 floats for Si64) do not fit in cache, and the
 composed PyTorch ops make about fifteen passes over them in each direction, each allocating
 a fresh tensor. Here each thread runs every step on blocks of 24 of its rows while they are in
-L2 (the GEMMs in a register kernel that reads the weights packed once per call). The forward keeps ``silu'(pre)`` in place of ``pre`` (so the backward
-multiplies by it instead of recomputing it), ``core`` and ``gate`` (centred for LayerNorm),
-and the two row statistics r (4H + 2 floats per row, less than the composed ops
-keep); the backward reads them once per block:
+L2 (the GEMMs in a register kernel that reads the weights packed once per call). The forward
+keeps ``silu'(pre)`` in place of ``pre`` (so the backward multiplies by it instead of
+recomputing it), ``core`` and ``gate`` (centred for LayerNorm), and the two row statistics r
+(4H + 2 floats per row, less than the composed ops keep); the backward reads them once per block:
 
     G_cn = silu'(cn) ⊙ σ(gn) ⊙ G,       G_gn = σ'(gn) ⊙ silu(cn) ⊙ G,      X_c = w_c ⊙ G_cn
     G_core = r_c·X_c − core·r_c³·mean(X_c ⊙ core) [− r_c·mean(X_c) for LayerNorm]   (likewise gate)
@@ -46,8 +46,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .gather import activate_with_slope
 from .backend import LIB, device_constants, operators_run, recompute_backward, register_triton, tile, triton_available
+from .gather import activate_with_slope
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 # Rows per chunk of the backward's scatter: a [chunk, 2H] buffer of 4 MiB (4,096 float32 rows for

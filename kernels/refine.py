@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .gather import activate_with_slope
 from .backend import LIB, operators_run, recompute_backward, register_triton, tile, triton_available
+from .gather import activate_with_slope
 from .segment import scatter_sum
 
 CHUNK_BYTES = 2 << 20  # rows per chunk: 4,096 float32 rows of C = 128
@@ -70,8 +70,8 @@ def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=
 # matris::refine_edges (forward: R, y' and the FFN's SiLU slope) and matris::refine_edges_backward
 # (input gradients): CPU kernels in the C++ library (csrc/cpu/refine.cpp), CUDA kernels in Triton
 # (below). Autograd: the backward operator where only input gradients are wanted (inference), else
-# the reference under autograd (exact second order). Outputs: (R [n, C], y' [E, C], silu'(h) [E, C_h]); without ``y`` (no edge
-# update) the last two are empty.
+# the reference under autograd (exact second order). Outputs: (R [n, C], y' [E, C], silu'(h) [E, C_h]);
+# without ``y`` (no edge update) the last two are empty.
 LIB.define("refine_edges(Tensor u, Tensor q, Tensor src, Tensor tgt, SymInt num_segments, Tensor? y, "
            "Tensor? res_weight, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, bool smooth, SymInt chunk) -> "
            "(Tensor, Tensor, Tensor)")
@@ -126,8 +126,8 @@ def _refine_backward(ctx, g_agg, g_ynew, *_unused):
         gb2 = rest.pop(0) if b2 is not None else None
         return g[0], g[1], None, None, None, g[2], g[3], g[4], gb1, g[5], gb2, None, None
     want_u, want_q, want_y = ctx.want
-    g_u, g_q, g_y = torch.ops.matris.refine_edges_backward(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth, ctx.chunk,
-                                             want_u, want_q, want_y)
+    g_u, g_q, g_y = torch.ops.matris.refine_edges_backward(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth,
+                                                           ctx.chunk, want_u, want_q, want_y)
     return (g_u if want_u else None, g_q if want_q else None, None, None, None,
             g_y if want_y and g_ynew is not None else None, None, None, None, None, None, None, None)
 

@@ -28,7 +28,8 @@ def segment_softmax(logits: torch.Tensor, index: torch.Tensor, num_segments: int
     if logits.shape[0] == 0:
         return logits
     seg_max = logits.new_full((num_segments, logits.shape[1]), float("-inf"))
-    seg_max = seg_max.scatter_reduce(0, index.unsqueeze(1).expand_as(logits), logits.detach(), "amax", include_self=True)
+    seg_max = seg_max.scatter_reduce(0, index.unsqueeze(1).expand_as(logits), logits.detach(), "amax",
+                                     include_self=True)
     w = torch.exp(logits - seg_max.index_select(0, index))
     denom = scatter_sum(w, index, num_segments)
     return w / denom.index_select(0, index)

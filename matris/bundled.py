@@ -18,15 +18,18 @@ BUNDLED_NAMES = ("demo", "matris-demo")
 
 DEFAULT_MODEL_NOTICE = (
     "no model named: using the bundled demo model matris-demo, a small model distilled from CHGNet for demos "
-    "and tests, not for science (its errors are in its model card, matris/assets/matris-demo.md). Load a "
-    "published model with MatRIS.load('matris-10m-oam') or --model matris-10m-oam; 'matris models' lists them all."
+    f"and tests, not for science (its model card, with its errors: {MODEL_CARD}). Load a published model with "
+    "MatRIS.load('matris-10m-oam') or --model matris-10m-oam; 'matris models' lists them all."
 )
+# Shown at most once per process (per Python session, per `matris` command run); the CLI turns
+# it into a plain stderr line.
 _notice = {"shown": False, "stderr": False}
 
 
 def announce_default_model() -> None:
-    """Say once per process that the bundled demo model stands in for an unnamed one: a
-    ``UserWarning`` in Python, one plain line on stderr in the ``matris`` command."""
+    """Say, once per process, that the bundled demo model stands in for an unnamed one: a
+    ``UserWarning`` in Python, one plain line on stderr in the ``matris`` command. Later
+    loads without a model in the same process say nothing."""
     if _notice["shown"]:
         return
     _notice["shown"] = True

@@ -16,6 +16,7 @@ from .graph import GraphBatch
 from .model import MatRIS
 from .structures import to_system
 
+
 class MatRISCalculator(Calculator):
     """MatRIS as an ASE calculator.
 
@@ -28,9 +29,10 @@ class MatRISCalculator(Calculator):
     Args:
         model: a :class:`MatRIS`, a model name (see ``matris models``), a checkpoint path or
             URL, or None for the bundled demo model.
-        device: "cpu", "cuda", "cuda:1", or "auto" (CUDA when present). Not given: a
-            :class:`MatRIS` keeps its own device and dtype (it is used as is, never converted
-            in place); a name or path runs on the CPU in float32.
+        device: "auto" (CUDA when present, else the CPU), "cpu", "cuda" or "cuda:1". Not
+            given: a :class:`MatRIS` keeps its own device and dtype (it is used as is, never
+            converted in place); a name or path runs on device "auto" in float32 (the rule of
+            :mod:`matris.devices`).
         dtype: "float32" or "float64"; not given, as for ``device``.
         compute_stress: set False to skip the stress (a little faster in MD at fixed cell).
         compile: compile the model's energy function (:meth:`MatRIS.compile`, dynamic shapes;

@@ -1,9 +1,13 @@
 """Where and in what precision a model runs: one rule for every entry point.
 
-``device``: "cpu", "cuda", "cuda:N", a ``torch.device``, or "auto" (CUDA when present, else
-the CPU). ``dtype``: "float32", "float64" or the torch dtypes. Not given (None): a
-:class:`MatRIS` object keeps its own device and dtype; a model named by name, path or URL
-runs on the CPU in float32.
+``device``: "auto" (CUDA when present, else the CPU), "cpu", "cuda", "cuda:N" or a
+``torch.device``. ``dtype``: "float32", "float64" or the torch dtypes.
+
+The rule, the same in Python (:meth:`MatRIS.load`, :class:`MatRISCalculator`,
+:mod:`matris.simulate`), on the command line (``--device``, ``--dtype``) and in LAMMPS
+(``pair_style matris MODEL [device D] [dtype T]``): a model named by name, path or URL runs
+on device "auto" in float32 unless told otherwise; a :class:`MatRIS` object passed in keeps
+its own device and dtype.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import torch
 
 from .errors import MatRISInputError
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, torch.float32: torch.float32, torch.float64: torch.float64}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64,
+           torch.float32: torch.float32, torch.float64: torch.float64}
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -39,13 +44,17 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise MatRISInputError(f"dtype must be 'float32' or 'float64' (or the torch dtypes), got {dtype!r}") from None
 
 
+DEFAULT_DEVICE = "auto"
+DEFAULT_DTYPE = "float32"
+
+
 def device_and_dtype(model: Any, device, dtype):
-    """The rule above: unset device/dtype are a :class:`MatRIS`'s own, else "cpu" and float32."""
+    """The rule above: unset device/dtype are a :class:`MatRIS`'s own, else "auto" and float32."""
     from .model import MatRIS
 
     if isinstance(model, MatRIS):
         return device if device is not None else model.device, dtype if dtype is not None else model.dtype
-    return device if device is not None else "cpu", dtype if dtype is not None else "float32"
+    return device if device is not None else DEFAULT_DEVICE, dtype if dtype is not None else DEFAULT_DTYPE
 
 
-__all__ = ["resolve_device", "resolve_dtype", "device_and_dtype"]
+__all__ = ["resolve_device", "resolve_dtype", "device_and_dtype", "DEFAULT_DEVICE", "DEFAULT_DTYPE"]

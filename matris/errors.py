@@ -40,3 +40,9 @@ class ModelUnavailableError(DownloadError):
 class OfflineError(DownloadError):
     """A model that is not cached while downloads are disabled (``MATRIS_OFFLINE=1``).
     The message lists the models that are available offline."""
+
+
+class MissingExtraError(MatRISInputError, ImportError):
+    """An optional dependency that is not installed. The message names the feature, the
+    package and the extra that installs it (``pip install 'matris-mlip[train]'``). It is also an
+    ``ImportError``, as the failed import always was."""

@@ -3,32 +3,73 @@
 The one reader behind ``matris predict``, ``relax``, ``md``, ``eos``, ``phonons``, ``bench
 --structures`` and ``discovery --structures``: ASE first (any format it knows), pymatgen
 for what ASE cannot read. Unreadable, empty, binary, truncated or wrong-format files raise
-:class:`MatRISInputError` naming the file, the format tried and what to do, never a
-traceback from deep inside a parser.
+:class:`MatRISInputError` in one line naming the file, the format tried, the problem and
+what to do, never a traceback or a parser's warning from deep inside a parser.
+
+:func:`check_file` does the checks that need no parser (exists, is a file, not empty) and
+imports nothing heavy, so the command line can check every input before it imports ASE or
+torch.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from pathlib import Path
 
 from .errors import MatRISInputError
 
-# Formats that are binary by design: sniffing for text makes no sense for them.
-BINARY_SUFFIXES = (".traj", ".db", ".nc", ".bin", ".npz", ".npy", ".gz", ".bz2", ".xz", ".zip", ".lmdb", ".aselmdb",
-                   ".h5", ".hdf5", ".pckl", ".pkl")
-FIX = ("give a structure file that ASE or pymatgen reads (CIF, POSCAR/CONTCAR, extxyz, ...), with an extension "
-       "that names its format")
+# Containers that are binary by design and that ASE or pymatgen read (ASE's own binary formats
+# are found by name in its format table): sniffing them for text makes no sense.
+BINARY_SUFFIXES = (".traj", ".db", ".nc", ".gz", ".bz2", ".xz", ".zip", ".lmdb", ".aselmdb", ".h5", ".hdf5")
+FIX = ("give a structure file that ASE or pymatgen reads (CIF, POSCAR/CONTCAR, extxyz, ASE .traj, ...), with an "
+       "extension that names its format")
+_SYMBOL_LIKE = re.compile(r"^[A-Za-z][a-z]{0,2}\d*[+-]?$")
 
 
-def format_name(path: Path) -> str:
-    """The format ASE would read ``path`` as (from its name or its first bytes), or ``"unknown"``."""
+def check_file(path: str | os.PathLike, what: str = "structure file") -> Path:
+    """``path`` if it is a non-empty, readable file; else ``FileNotFoundError`` (missing) or
+    :class:`MatRISInputError` (a folder, empty, unreadable), each naming the fix. Cheap: no
+    parser is imported."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no {what} {path}; check the path ({FIX})")
+    if path.is_dir():
+        raise MatRISInputError(f"{path} is a folder, not a {what}; give the structure files in it")
     try:
-        from ase.io.formats import filetype
+        size = path.stat().st_size
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise MatRISInputError(f"cannot read {path} ({exc.strerror}); check its permissions") from None
+    if size == 0:
+        raise MatRISInputError(f"{path} is empty (0 bytes); {FIX}")
+    return path
 
-        return str(filetype(str(path), guess=True))
+
+def format_name(path: Path) -> str | None:
+    """The ASE format ``path`` would be read as (from its name or first bytes), or ``None``
+    when ASE knows no format for it."""
+    try:
+        from ase.io.formats import filetype, ioformats
+
+        name = str(filetype(str(path), guess=True))
+        return name if name in ioformats else None
     except Exception:  # noqa: BLE001 - only a label for the message
-        return path.suffix.lstrip(".").lower() or "unknown"
+        return None
+
+
+def _is_binary_format(path: Path, fmt: str | None) -> bool:
+    """Whether the format a file is read as is binary by design (so binary content is fine)."""
+    if path.name.lower().endswith(BINARY_SUFFIXES):
+        return True
+    if fmt is None:
+        return False
+    from ase.io.formats import ioformats
+
+    # cif is flagged binary in ASE's table only because it is opened in bytes mode
+    return fmt != "cif" and ioformats[fmt].isbinary
 
 
 def _looks_binary(path: Path) -> bool:
@@ -49,31 +90,36 @@ def read_frames(path: str | os.PathLike, index: str = ":") -> list:
     """The frames ``index`` (an ASE index string: ``":"`` all, ``"-1"`` the last) of ``path``
     as ASE Atoms, each with at least one atom. Raises ``FileNotFoundError`` for a missing
     file and :class:`MatRISInputError` for any file that is not a readable structure."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no structure file {path}; check the path ({FIX})")
-    if path.is_dir():
-        raise MatRISInputError(f"{path} is a folder, not a structure file; give the structure files in it")
-    try:
-        size = path.stat().st_size
-        if size == 0:
-            raise MatRISInputError(f"{path} is empty (0 bytes); {FIX}")
-        binary = not path.name.lower().endswith(BINARY_SUFFIXES) and _looks_binary(path)
-    except OSError as exc:
-        raise MatRISInputError(f"cannot read {path} ({exc.strerror}); check its permissions") from None
+    path = check_file(path)
     fmt = format_name(path)
-    if binary:
+    label = fmt or "none"
+    if not _is_binary_format(path, fmt) and _looks_binary(path):
+        if fmt is None:
+            raise MatRISInputError(
+                f"{path} holds binary data, and its name ({_suffix(path)}) names no structure format ASE or "
+                f"pymatgen reads (format tried: none); {FIX}")
         raise MatRISInputError(f"{path} holds binary data, not a {fmt} text file (format tried: {fmt}); {FIX}")
-    from ase.io import read
-
-    try:
-        frames = read(path, index=index)
-    except Exception as ase_exc:  # noqa: BLE001 - ASE raises many kinds for bad files: try pymatgen, then report
+    if fmt is None:
         frames = _read_with_pymatgen(path)
         if frames is None:
             raise MatRISInputError(
-                f"{path} is not a valid {fmt} file (format tried: {fmt}; {_first_line(ase_exc)}); it may be "
-                f"truncated or in another format: {FIX}") from None
+                f"{path}: neither ASE nor pymatgen knows a structure format for its name ({_suffix(path)}) or its "
+                f"contents (format tried: none); {FIX}")
+        return _checked(frames, path, index, "pymatgen")
+    from ase.io import read
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # parsers warn about what they then fail on: the error says it
+            frames = read(path, index=index)
+    except Exception as ase_exc:  # noqa: BLE001 - ASE raises many kinds for bad files: try pymatgen, then report
+        frames = _read_with_pymatgen(path)
+        if frames is None:
+            raise MatRISInputError(_diagnose(path, fmt, ase_exc)) from None
+    return _checked(frames, path, index, label)
+
+
+def _checked(frames, path: Path, index: str, fmt: str) -> list:
     frames = frames if isinstance(frames, list) else [frames]
     if not frames:
         raise MatRISInputError(f"{path}: index {index!r} selects no frame (format {fmt}); check the file and the index")
@@ -83,14 +129,128 @@ def read_frames(path: str | os.PathLike, index: str = ":") -> list:
     return frames
 
 
+def _suffix(path: Path) -> str:
+    return f"'{path.suffix}'" if path.suffix else "no extension"
+
+
+def _diagnose(path: Path, fmt: str, exc: BaseException) -> str:
+    """One line for a file ASE (and pymatgen) could not parse: the specific problem where it
+    can be found (an unknown element symbol, a truncated POSCAR), else the parser's words."""
+    symbol = _unknown_symbol(exc)
+    if symbol is not None:
+        where = _line_of(path, symbol)
+        return (f"{path} is not a valid {fmt} file (format tried: {fmt}): {symbol!r} is not a chemical element "
+                f"symbol{where}; give every site an element symbol from H to Pu (e.g. Si, O, Fe)")
+    if fmt == "vasp":
+        problem = vasp_problem(path)
+        if problem is not None:
+            return (f"{path} is not a valid VASP POSCAR file (format tried: vasp): {problem}; complete or correct "
+                    "the file (or write it again with ASE, pymatgen or VASP)")
+    return (f"{path} is not a valid {fmt} file (format tried: {fmt}; {_first_line(exc)}); it may be truncated or in "
+            f"another format: {FIX}")
+
+
+def _unknown_symbol(exc: BaseException) -> str | None:
+    """The symbol of ``KeyError('Xx')``, as ASE raises for an element it does not know."""
+    if not isinstance(exc, KeyError) or len(exc.args) != 1 or not isinstance(exc.args[0], str):
+        return None
+    symbol = exc.args[0]
+    if not _SYMBOL_LIKE.match(symbol):
+        return None
+    from ase.data import atomic_numbers
+
+    return None if symbol in atomic_numbers else symbol
+
+
+def _line_of(path: Path, token: str) -> str:
+    """`` (line N: '...')`` for the first line holding ``token`` as a word, else ``""``."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for number, line in enumerate(fh, start=1):
+                if re.search(rf"(?<![A-Za-z]){re.escape(token)}(?![a-z])", line):
+                    return f" (line {number}: {line.strip()[:60]!r})"
+    except OSError:
+        pass
+    return ""
+
+
+def vasp_problem(path: str | os.PathLike) -> str | None:
+    """What is wrong with a POSCAR/CONTCAR file, as a phrase naming the line, or ``None`` if
+    its layout looks complete (comment, scale, 3 lattice vectors, [species], counts,
+    [Selective dynamics], Direct/Cartesian, one position line of 3 numbers per atom)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+
+    def numbers(k: int) -> list[float] | None:
+        try:
+            return [float(x) for x in lines[k].split()]
+        except ValueError:
+            return None
+
+    if len(lines) < 2 or not numbers(1):
+        return "line 2 must be the scale factor (a number)" if len(lines) >= 2 else "it ends after line 1"
+    for k in (2, 3, 4):
+        if k >= len(lines):
+            return f"it ends after line {len(lines)}, before the three lattice vectors (lines 3-5) are complete"
+        row = numbers(k)
+        if row is None or len(row) < 3:
+            return f"line {k + 1} must be a lattice vector of 3 numbers, found {lines[k].strip()[:40]!r}"
+    k = 5
+    if k >= len(lines):
+        return "it ends after the lattice vectors, before the element names and atom counts"
+    counts_line = k if _all_ints(lines[k]) else k + 1
+    if counts_line >= len(lines) or not _all_ints(lines[counts_line]):
+        return f"line {counts_line + 1} must be the number of atoms of each element (whole numbers)"
+    counts = [int(x) for x in lines[counts_line].split()]
+    if counts_line == 6 and len(lines[5].split()) != len(counts):
+        return (f"line 6 names {len(lines[5].split())} element(s) but line 7 gives {len(counts)} count(s); "
+                "give one count per element")
+    k = counts_line + 1
+    if k < len(lines) and lines[k].strip()[:1] in ("s", "S"):
+        k += 1  # Selective dynamics
+    if k >= len(lines) or lines[k].strip()[:1] not in ("d", "D", "c", "C", "k", "K"):
+        return f"line {k + 1} must say Direct or Cartesian" if k < len(lines) else \
+            f"it ends after line {len(lines)}, before the Direct/Cartesian line and the positions"
+    natoms, first = sum(counts), k + 1
+    for atom in range(natoms):
+        line = first + atom
+        if line >= len(lines) or not lines[line].split():
+            return (f"it is truncated: line {counts_line + 1} declares {natoms} atoms but the positions end after "
+                    f"{atom} (line {min(line, len(lines))})")
+        words = lines[line].split()[:3]  # selective-dynamics flags (T F T) and labels may follow
+        if len(words) < 3:
+            return (f"it is truncated: line {line + 1}, the position of atom {atom + 1} of {natoms}, has "
+                    f"{len(words)} number(s) instead of 3")
+        if not all(_is_number(w) for w in words):
+            return f"line {line + 1}, the position of atom {atom + 1} of {natoms}, is not 3 numbers"
+    return None
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _all_ints(line: str) -> bool:
+    parts = line.split()
+    return bool(parts) and all(p.isdigit() for p in parts)
+
+
 def _read_with_pymatgen(path: Path):
     try:
-        from pymatgen.core import Structure
-        from pymatgen.io.ase import AseAtomsAdaptor
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its CIF parser warns with source lines: the error says what failed
+            from pymatgen.core import Structure
+            from pymatgen.io.ase import AseAtomsAdaptor
 
-        return [AseAtomsAdaptor.get_atoms(Structure.from_file(path))]
+            return [AseAtomsAdaptor.get_atoms(Structure.from_file(path))]
     except Exception:  # noqa: BLE001 - the ASE error is the one reported
         return None
 
 
-__all__ = ["read_frames", "format_name"]
+__all__ = ["read_frames", "check_file", "format_name", "vasp_problem"]

@@ -11,8 +11,16 @@ import pytest
 from ase.build import bulk
 from ase.io import write
 
-from matris.bench import BenchConfig, format_table, plot, read_structures, run_bench, standard_structure, write_csv
-from matris.bench import write_json
+from matris.bench import (
+    BenchConfig,
+    format_table,
+    plot,
+    read_structures,
+    run_bench,
+    standard_structure,
+    write_csv,
+    write_json,
+)
 from matris.bench.measure import median_time, ns_per_day
 from matris.bench.results import OK, OUT_OF_MEMORY, SKIPPED, TOO_SLOW
 from matris.bench.structures import DEFAULT_SIZES, supercell_repeats

@@ -54,7 +54,7 @@ def test_bad_checkpoints(tmp_path):
     with pytest.raises(FileNotFoundError):
         MatRIS.from_checkpoint(tmp_path / "missing.pth.tar")
     (tmp_path / "junk.pth.tar").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="cannot read"):
+    with pytest.raises(CheckpointError, match="not a PyTorch checkpoint"):
         MatRIS.from_checkpoint(tmp_path / "junk.pth.tar")
     torch.save({"model": {}}, tmp_path / "wrong.pth.tar")
     with pytest.raises(CheckpointError, match="'config' and 'state_dict'"):

@@ -9,10 +9,16 @@ import torch
 from ase.io import read
 
 from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference
-from matris.kernels import native
+from matris.kernels import (
+    attention_pair,
+    attention_pair_reference,
+    gated_phi,
+    gated_phi_reference,
+    native,
+    refine_edges,
+    refine_edges_reference,
+)
 from matris.kernels.backend import interpreting, triton_available
-from matris.kernels import (attention_pair, attention_pair_reference, gated_phi, gated_phi_reference, refine_edges,
-                            refine_edges_reference)
 from matris.structures import to_system
 
 F64 = torch.float64
@@ -31,7 +37,9 @@ def _gen(seed):
 
 def phi_case(rows_term: bool, seed=0, e=37, b=9, d_r=5, h=4, d=6):
     g = _gen(seed)
-    r = (lambda *s: torch.randn(*s, generator=g, dtype=F64))
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=F64)
+
     rows = r(e, d_r) if rows_term else None
     row_weight = r(2 * h, d_r) if rows_term else None
     terms = [(r(b, 2 * h), torch.randint(0, b, (e,), generator=g)) for _ in range(2)]
@@ -96,7 +104,9 @@ def test_gated_phi_gradcheck_and_gradgradcheck(norm):
 
 def attention_case(projected: bool, seed=0, e=41, n=7, c=3, d=4):
     g = _gen(seed)
-    r = (lambda *s: torch.randn(*s, generator=g, dtype=F64) * 3)
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=F64) * 3
+
     m = r(e, c)
     tgt = torch.randint(0, n - 2, (e,), generator=g)  # the last two nodes have no edges
     src = torch.randint(0, n, (e,), generator=g)
@@ -179,7 +189,9 @@ def test_attention_pair_with_the_residual_gradcheck_and_gradgradcheck():
 
 def refine_case(seed=0, e=29, b=6, c=4, bias=True):
     g = _gen(seed)
-    r = (lambda *s: torch.randn(*s, generator=g, dtype=F64))
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=F64)
+
     return (r(e, c), r(b, c), torch.randint(0, b, (e,), generator=g), torch.randint(0, b - 1, (e,), generator=g), b,
             r(e, c), r(1, c), r(c, c), r(c) if bias else None, r(c, c), r(c) if bias else None)
 

@@ -42,3 +42,21 @@ def test_console_script_help():
     assert res.returncode == 0 and "predict" in res.stdout
     res = subprocess.run([sys.executable, "-m", "matris.cli", "predict", "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "--model" in res.stdout and "bundled" in res.stdout
+
+
+def test_recipes_are_listed_and_taken_by_name(capsys, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    assert main(["recipes"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert {"tiny", "matris-10m-oam", "finetune"} <= set(names)
+    assert main(["recipes", "--path", "tiny"]) == 0
+    assert Path(capsys.readouterr().out.strip()).is_file()
+    monkeypatch.chdir(tmp_path)  # a recipe name works from any folder
+    assert main(["train", "--config", "tiny", "--print-config", "--trainer.max_steps", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "max_steps: 7" in out and "model:" in out
+    assert main(["finetune", "--from", "demo", "--config", "finetune", "--print-config"]) == 0
+    assert "from_checkpoint: demo" in capsys.readouterr().out
+    assert main(["train", "--config", "tiyn"]) == 2
+    assert "tiny" in capsys.readouterr().err  # the error lists the recipes

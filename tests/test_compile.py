@@ -113,8 +113,8 @@ from conftest import evaluate, load_fixture_model
 from matris.kernels import native
 from test_compile import rattled_si
 import matris.kernels.aggregate, matris.kernels.epilogue, matris.kernels.gather, matris.kernels.basis
-for name in ("gated_phi", "attention_pair", "refine_edges", "softmax_aggregate", "gated_epilogue", "gather_sum_activate",
-             "bessel", "fourier", "spherical"):
+for name in ("gated_phi", "attention_pair", "refine_edges", "softmax_aggregate", "gated_epilogue",
+             "gather_sum_activate", "bessel", "fourier", "spherical"):
     assert hasattr(torch.ops.matris, name), name
 assert native.library() is None  # interpreted: the operators' CPU kernels are their Triton kernels
 g = torch.Generator().manual_seed(0)

@@ -378,7 +378,7 @@ def test_concurrent_builders_share_one_entry(tmp_path, extxyz):
     def work():
         try:
             results.append(build_or_load(extxyz, CUTOFF, R3, cache_dir=tmp_path / "cache", progress=False))
-        except Exception as e:  # pragma: no cover - reported below
+        except Exception as e:  # noqa: BLE001  # pragma: no cover - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=work) for _ in range(3)]

@@ -442,7 +442,8 @@ def synthetic(tmp_path):
     relax_shard(tmp_path / "structures.extxyz", tmp_path / "run", shard=Shard(0, 2), relaxer=designed)
     relax_shard(tmp_path / "structures.extxyz", tmp_path / "run", shard=Shard(1, 2), relaxer=designed)
 
-    rows = ["material_id,formula,e_form_per_atom_mp2020_corrected,e_above_hull_mp2020_corrected_ppd_mp,unique_prototype"]
+    rows = ["material_id,formula,e_form_per_atom_mp2020_corrected,e_above_hull_mp2020_corrected_ppd_mp,"
+            "unique_prototype"]
     rows += [f"{mid},{f},{dft},{each},{uniq}" for mid, (f, _, dft, each, uniq) in CASES.items()]
     (tmp_path / "summary.csv").write_text("\n".join(rows) + "\n")
     with gzip.open(tmp_path / "entries.jsonl.gz", "wt") as fh:
@@ -450,7 +451,8 @@ def synthetic(tmp_path):
             formula, _, dft, _, _ = CASES[a.info["material_id"]]
             structure = AseAtomsAdaptor.get_structure(a)
             cse = ComputedStructureEntry(structure, model_energy(formula, dft), parameters=gga(structure))
-            fh.write(json.dumps({"material_id": a.info["material_id"], "computed_structure_entry": cse.as_dict()}) + "\n")
+            record = {"material_id": a.info["material_id"], "computed_structure_entry": cse.as_dict()}
+            fh.write(json.dumps(record) + "\n")
     (tmp_path / "refs.json").write_text(json.dumps(REFS))
     hull = [PDEntry("Cu", -4.0), PDEntry("Au", -3.0), PDEntry("CuAu", model_energy("CuAu", -0.2)),
             PDEntry("Cu3Au", model_energy("Cu3Au", -0.05))]  # above the hull: not a vertex
@@ -483,7 +485,8 @@ def check_known_answers(run):
 
 @pytest.mark.parametrize("mode", ["shifted", "hull"])
 def test_synthetic_hull_known_answers(synthetic, mode):
-    kwargs = {"elemental_refs": synthetic / "refs.json"} if mode == "shifted" else {"hull_entries": synthetic / "hull.json"}
+    kwargs = ({"elemental_refs": synthetic / "refs.json"} if mode == "shifted"
+              else {"hull_entries": synthetic / "hull.json"})
     run = run_metrics(synthetic / "run", synthetic / f"out-{mode}", summary=synthetic / "summary.csv",
                       entries=synthetic / "entries.jsonl.gz", top_k=2, **kwargs)
     check_known_answers(run)
@@ -611,7 +614,7 @@ def test_cli_relax_in_two_shards_then_metrics(synthetic, tmp_path, capsys, one_t
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert main(["discovery", "relax", "--model", "demo", "--structures", str(tmp_path / "none.extxyz"),
                  "--out", str(tmp_path / "o")]) == 2
-    assert "no file" in capsys.readouterr().err
+    assert "no structure file" in capsys.readouterr().err
     src = write_structures(tmp_path / "in.extxyz", 2)
     assert main(["discovery", "relax", "--model", "demo", "--structures", str(src), "--out", str(tmp_path / "o"),
                  "--shard", "2/2"]) == 2

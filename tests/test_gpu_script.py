@@ -68,8 +68,8 @@ def test_cpu_dry_run_of_the_quick_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MATRIS_KERNELS"}
     env["TRITON_INTERPRET"] = "1"
     out = tmp_path / "smoke.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--quick", "--json", str(out)],
-                         capture_output=True, text=True, env=env, timeout=1500)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--quick",
+                          "--json", str(out)], capture_output=True, text=True, env=env, timeout=1500)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     data = json.loads(out.read_text())
     assert data["meta"]["finished"] and data["meta"]["failed"] == [] and data["meta"]["quick"]

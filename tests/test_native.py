@@ -42,8 +42,8 @@ def _run_all(dtype, chunk=64, c=32):
     outs += [t, s, *torch.autograd.grad([t, s], x, [torch.ones_like(t), torch.full_like(s, 0.5)])]
     res = torch.linspace(0.5, 1.5, c, dtype=dtype).view(1, c)  # with the edges' residual y' = m + w ⊙ rows
     t, s, yn = attention_pair(x[0], wst, None, x[1], tgt, src, b, res_weight=res)
-    outs += [t, s, yn, *torch.autograd.grad([t, s, yn], x, [torch.ones_like(t), torch.full_like(s, 0.5),
-                                                            torch.linspace(-1, 1, yn.numel(), dtype=dtype).view_as(yn)])]
+    seeds = [torch.ones_like(t), torch.full_like(s, 0.5), torch.linspace(-1, 1, yn.numel(), dtype=dtype).view_as(yn)]
+    outs += [t, s, yn, *torch.autograd.grad([t, s, yn], x, seeds)]
     x2 = [x[0].detach()[:b].clone().requires_grad_(True), x[1]]  # atom-graph form: per-node logits, gathered
     proj = x2[0] @ wst.T
     t, s = attention_pair(proj, None, src, x2[1], tgt, src, b)

@@ -234,8 +234,7 @@ def test_basis_frequency_sums_do_not_depend_on_the_thread_count():
 def test_triton_only_operators_have_cpu_kernels(dtype):
     """softmax_aggregate, gated_epilogue and gather_sum_activate (the model runs them on CUDA only) have
     CPU kernels too: opcheck on CPU tensors, and the same values as their references."""
-    from matris.kernels import (gated_epilogue_reference, gather_sum_activate_reference,
-                                softmax_aggregate_reference)
+    from matris.kernels import gated_epilogue_reference, gather_sum_activate_reference, softmax_aggregate_reference
 
     g = torch.Generator().manual_seed(7)
 
@@ -249,7 +248,8 @@ def test_triton_only_operators_have_cpu_kernels(dtype):
     torch.library.opcheck(torch.ops.matris.softmax_aggregate.default, args)
     got, want = torch.ops.matris.softmax_aggregate(*args)[0], softmax_aggregate_reference(logits, messages, index, 6)
     torch.testing.assert_close(got, want)
-    for a, b in zip(torch.autograd.grad(got.sum(), (logits, messages)), torch.autograd.grad(want.sum(), (logits, messages))):
+    for a, b in zip(torch.autograd.grad(got.sum(), (logits, messages)),
+                    torch.autograd.grad(want.sum(), (logits, messages))):
         torch.testing.assert_close(a, b)
     for norm, act in (("rms", "silu"), ("layer", "gelu")):
         core, gate, wc, wg = r(7, 6), r(7, 6), r(6), r(6)

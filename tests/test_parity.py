@@ -80,7 +80,8 @@ def test_batched_equals_single(fixture_data, folder):
     ref, model, systems = fixture_data(folder)
     out, g = evaluate(model, systems)
     assert g.n_angles.tolist() == [s["n_angles"] for s in ref["structures"]]
-    np.testing.assert_allclose(out.energy_per_atom.numpy(), [s["energy_per_atom"] for s in ref["structures"]], atol=1e-9)
+    np.testing.assert_allclose(out.energy_per_atom.numpy(), [s["energy_per_atom"] for s in ref["structures"]],
+                               atol=1e-9)
     forces = np.concatenate([np.asarray(s["forces"]) for s in ref["structures"]])
     np.testing.assert_allclose(out.forces.numpy(), forces, atol=1e-8)
     np.testing.assert_allclose(out.stress.numpy(), [s["stress_GPa"] for s in ref["structures"]], atol=1e-7)

@@ -100,7 +100,8 @@ def test_smooth_inside_the_cutoffs(model64):
     derivative along a path agrees with the forces at every point of the path."""
     base = np.array([[0.0, 0, 0], [2.3, 0, 0], [0.2, 2.4, 0.3]])
     def run(x):
-        pos = base.copy(); pos[1, 0] = x
+        pos = base.copy()
+        pos[1, 0] = x
         out, _ = evaluate(model64, [AtomicSystem(pos, np.zeros((3, 3)), False, [14, 14, 8])], compute_stress=False)
         return out.energy.item(), out.forces.numpy()[1, 0]
     for x in np.linspace(2.0, 3.8, 7):
@@ -120,9 +121,10 @@ def test_behaviour_as_a_neighbour_crosses_the_cutoffs(model64):
     At r_c the Bessel envelope makes the force on the crossing atom vanish from both sides,
     but the energy and the other atoms' forces step: the attention weights bonds by a
     softmax that does not go to zero with the bond length, so a bond at r_c still takes its
-    share. At r_3 the line graph gains or loses angles, and energy and forces step. These steps are properties of the reference model (matching it is the contract);
-    this test checks they are clean steps (independent of how close to the cutoff we look),
-    not numerical noise or a spike.
+    share. At r_3 the line graph gains or loses angles, and energy and forces step. These steps
+    are properties of the reference model (matching it is the contract); this test checks they
+    are clean steps (independent of how close to the cutoff we look), not numerical noise or a
+    spike.
     """
     rc, r3 = model64.cutoff, model64.three_body_cutoff
     jumps = {}

@@ -35,8 +35,8 @@ class FileServer:
     files: URL path → bytes. cut_after: close the connection after that many body bytes,
     once. corrupt: serve the bytes with some flipped. ignore_range: answer every request with
     200 and the whole file. fail_next: answer that many requests with 503. hold: an Event that
-    body writes wait for. stall_once: send 100 bytes, then nothing for that many seconds, once. requests: (path, Range header or None) per GET; body_bytes: total
-    body bytes sent.
+    body writes wait for. stall_once: send 100 bytes, then nothing for that many seconds, once.
+    requests: (path, Range header or None) per GET; body_bytes: total body bytes sent.
     """
 
     def __init__(self):
@@ -338,7 +338,7 @@ def _child(name: str, started, results) -> None:
     started.set()
     try:
         results.put(str(pt.resolve(name)))
-    except BaseException as exc:  # report instead of dying silently
+    except BaseException as exc:  # noqa: BLE001 - report instead of dying silently
         results.put(f"error: {type(exc).__name__}: {exc}")
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from ase.build import bulk
 
-from matris import MatRIS, MatRISCalculator, MatRISConfig
 from conftest import OperatorLog
+from matris import MatRIS, MatRISCalculator, MatRISConfig
 from matris.kernels import native
 
 

@@ -17,13 +17,12 @@ import torch
 from matris import MatRIS
 from matris.data.synthetic import emt_structures, write_emt_dataset
 from matris.errors import MatRISInputError
+from matris.model import ModelOutput
 from matris.train import TrainConfig, fit, fit_reference_energies
 from matris.train.config import iter_keys
 from matris.train.datamodule import split_indices
 from matris.train.loss import compute_loss
 from matris.train.module import lr_lambda
-from matris.model import ModelOutput
-
 from train_utils import micro_config, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +55,8 @@ def test_config_yaml_overrides_and_errors(tmp_path):
     c.override("model.mlp_hidden_dims", "[8, 8]")
     c.override("optim.ema_decay", "null")
     c.override("trainer.devices", "0,1")
-    assert (c.trainer.max_steps, c.model.mlp_hidden_dims, c.optim.ema_decay, c.trainer.devices) == (7, (8, 8), None, "0,1")
+    got = (c.trainer.max_steps, c.model.mlp_hidden_dims, c.optim.ema_decay, c.trainer.devices)
+    assert got == (7, (8, 8), None, "0,1")
     with pytest.raises(MatRISInputError, match="did you mean 'optim.lr'"):
         c.override("optim.lrr", "1")
     with pytest.raises(MatRISInputError, match="choose one of"):
@@ -98,7 +98,8 @@ def test_loss_masks_missing_labels():
     from matris.data import Targets
 
     t = Targets(energy=torch.randn(s, dtype=torch.float64), forces=torch.randn(n, 3, dtype=torch.float64),
-                stress=torch.randn(s, 3, 3, dtype=torch.float64), magmoms=torch.full((n,), float("nan"), dtype=torch.float64))
+                stress=torch.randn(s, 3, 3, dtype=torch.float64),
+                magmoms=torch.full((n,), float("nan"), dtype=torch.float64))
     t.forces[4:] = float("nan")  # structure 2 has no forces
     t.stress[0] = float("nan")
     t.energy[1] = float("nan")
@@ -138,7 +139,8 @@ def test_lr_schedule_and_splits():
     assert len(set(tr) | set(va) | set(te)) == 30
     groups = [{ids[i] for i in part} for part in (tr, va, te)]
     assert not (groups[0] & groups[1]) and not (groups[0] & groups[2])  # no material in two splits
-    assert np.array_equal(split_indices(30, 0.2, 0.1, "structure", 5)[1], split_indices(30, 0.2, 0.1, "structure", 5)[1])
+    assert np.array_equal(split_indices(30, 0.2, 0.1, "structure", 5)[1],
+                          split_indices(30, 0.2, 0.1, "structure", 5)[1])
 
 
 # ----------------------------------------------------------------------------- training runs
@@ -316,7 +318,8 @@ def test_cli_finetune_from_bundled_model(emt, tmp_path):
     assert tuned.config.to_dict() == demo.config.to_dict()
     sd_t, sd_d = tuned.state_dict(), demo.state_dict()
     assert torch.equal(sd_t["atom_embedding.embedding.weight"], sd_d["atom_embedding.embedding.weight"])  # frozen
-    assert not torch.equal(sd_t["energy_head.energy_head.layers.0.weight"], sd_d["energy_head.energy_head.layers.0.weight"])
+    head = "energy_head.energy_head.layers.0.weight"
+    assert not torch.equal(sd_t[head], sd_d[head])
     missing = subprocess.run([sys.executable, "-m", "matris", "finetune", "--from", str(tmp_path / "nope.pth.tar"),
                               "--config", str(path)], capture_output=True, text=True, env=_env())
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr

@@ -64,15 +64,17 @@ def test_the_sampler_fills_batches_up_to_the_memory_budget():
 
 def test_a_structure_that_cannot_fit_is_refused_before_training_with_what_it_needs():
     model = MatRIS(MatRISConfig.published_10m())
-    config = TrainConfig.from_dict({"data": {"train": ["x.extxyz"], "max_memory": "3 GB"}, "trainer": {"accelerator": "cpu"}})
+    config = TrainConfig.from_dict({"data": {"train": ["x.extxyz"], "max_memory": "3 GB"},
+                                    "trainer": {"accelerator": "cpu"}})
     sizes = (np.array([8, 64]), np.array([368, 2859]), np.array([7936, 63488]))
     plan = plan_memory(model, config, sizes)
     assert plan.total == 3 * GB and plan.largest() == 1
     # automatic recompute: the plan falls back to the least memory ("steps") where "blocks" does not fit
     assert plan.recompute == "steps"
-    with pytest.raises(MatRISInputError, match=r"largest training structure \(position 1: 64 atoms, 2859 bonds, 63488 "
-                                               r"angles\) needs about \d\.\d GB.*3\.0 GB allowed \(data.max_memory = 3 GB; "
-                                               r"recompute steps\); structures of up to about \d+ angles fit"):
+    with pytest.raises(MatRISInputError, match=r"largest training structure \(position 1: 64 atoms, 2859 bonds, "
+                                               r"63488 angles\) needs about \d\.\d GB.*3\.0 GB allowed "
+                                               r"\(data.max_memory = 3 GB; recompute steps\); "
+                                               r"structures of up to about \d+ angles fit"):
         check_fits(plan, sizes)
     model.training_recompute = "blocks"  # set: the plan keeps it, and the error names the mode that needs less
     with pytest.raises(MatRISInputError, match=r"recompute blocks\).*set trainer.recompute: steps"):

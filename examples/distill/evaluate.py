@@ -72,8 +72,8 @@ def md_stability(model: MatRIS, picoseconds: float = 2.0, timestep: float = 2.0,
         d = at.get_all_distances(mic=True)
         closest.append(float(d[np.triu_indices(len(at), 1)].min()))
 
-    res = md(atoms, ensemble="nvt", temperature=300.0, timestep=timestep, steps=int(round(picoseconds * 1000 / timestep)),
-             loginterval=10, seed=seed, model=model, callback=watch)
+    res = md(atoms, ensemble="nvt", temperature=300.0, timestep=timestep,
+             steps=int(round(picoseconds * 1000 / timestep)), loginterval=10, seed=seed, model=model, callback=watch)
     epot = res.column("potential_energy") / len(atoms)
     temps = res.column("temperature")
     report = {"atoms": len(atoms), "time_ps": res.time_ps, "timestep_fs": timestep,
@@ -96,7 +96,8 @@ def main() -> None:
     model = MatRIS.load(args.model)
     out = {"model": str(args.model), "test": str(args.test), "held_out": held_out_errors(model, read(args.test, ":"))}
     lattices = lattice_constants(lambda frames: [p.energy for p in model.predict(frames)])
-    teacher = json.loads(args.teacher_lattices.read_text()).get("lattice_constants_A", {}) if args.teacher_lattices else {}
+    teacher = (json.loads(args.teacher_lattices.read_text()).get("lattice_constants_A", {})
+               if args.teacher_lattices else {})
     out["lattice_constants_A"] = {k: {"model": v, "teacher": teacher.get(k)} for k, v in lattices.items()}
     if not args.no_md:
         out["md_si64_nvt_300K"] = md_stability(model)

@@ -40,11 +40,10 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-
 # CHGNet 0.3.x imports ExpCellFilter from ase.constraints, which ASE >= 3.25 moved to ase.filters.
 import ase.constraints
 import ase.filters
+import numpy as np
 
 for _name in ("ExpCellFilter", "FrechetCellFilter", "UnitCellFilter", "StrainFilter"):
     if not hasattr(ase.constraints, _name) and hasattr(ase.filters, _name):
@@ -57,6 +56,7 @@ from ase.data import atomic_numbers, covalent_radii  # noqa: E402
 from ase.io import write  # noqa: E402
 from ase.md.langevin import Langevin  # noqa: E402
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution  # noqa: E402
+
 from lattices import lattice_constants  # noqa: E402  (the same fit for the teacher and the student)
 
 ELEMENTS = ("H Li Be B C N O F Na Mg Al Si P S Cl K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se "
@@ -359,7 +359,7 @@ def main() -> None:
         for k, (fam, at, temp) in enumerate(md_inputs):
             try:
                 frames = md_snapshots(at, label, temp, args.md_steps, 10, args.seed + 100 * k)
-            except Exception as exc:  # an unstable CHGNet trajectory is skipped, not fatal
+            except Exception as exc:  # noqa: BLE001 - an unstable CHGNet trajectory is skipped, not fatal
                 print(f"  MD of {fam} at {temp} K failed: {exc}")
                 continue
             for f in frames:
@@ -377,7 +377,8 @@ def main() -> None:
     # the previous bundled model was trained on, so both models are measured on families neither saw.
     split_rng = np.random.default_rng(args.seed + 1)
     families = sorted({a.info["family"] for a in samples})
-    previous = {line.strip() for line in PREVIOUS_FAMILIES.read_text().splitlines() if line.strip()[:1] not in ("", "#")}
+    previous = {line.strip() for line in PREVIOUS_FAMILIES.read_text().splitlines()
+                if line.strip()[:1] not in ("", "#")}
     eligible = sorted(set(families) - ANCHOR_FAMILIES - previous)
     test_fams = set(split_rng.choice(eligible, size=int(round(args.test_fraction * len(families))), replace=False))
     train = [a for a in samples if a.info["family"] not in test_fams]
@@ -392,7 +393,8 @@ def main() -> None:
         "structures": {"train": len(train), "test": len(test)},
         "atoms": {"train": int(sum(len(a) for a in train)), "test": int(sum(len(a) for a in test))},
         "families": {"train": len({a.info["family"] for a in train}), "test": len(test_fams)},
-        "by_kind": {k: {"train": sum(a.info["kind"] == k for a in train), "test": sum(a.info["kind"] == k for a in test)}
+        "by_kind": {k: {"train": sum(a.info["kind"] == k for a in train),
+                        "test": sum(a.info["kind"] == k for a in test)}
                     for k in ("scan", "strained", "random", "md")},
         "elements": sorted({s for a in samples for s in a.get_chemical_symbols()}),
         "lattice_constants_A": lattice_constants(

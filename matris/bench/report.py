@@ -15,7 +15,8 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
-from ..atomic import atomic_path, write_json as _write_json, write_text
+from ..atomic import atomic_path, write_text
+from ..atomic import write_json as _write_json
 from .results import OK, BenchResult, BenchRow
 
 
@@ -100,7 +101,9 @@ def write_csv(result: BenchResult, path: str | os.PathLike) -> Path:
 def plot(result: BenchResult, path: str | os.PathLike) -> Path:
     """Log-log PNG (or any format matplotlib writes, by extension): time per E+F+S call and
     graph time (left), time per MD step (right), against atoms."""
-    import matplotlib
+    from ..extras import require
+
+    matplotlib = require("matplotlib", "plot", "matris bench --plot")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -63,7 +63,7 @@ class BenchConfig:
     md_steps: int = 20
     timestep_fs: float = 1.0
     temperature_K: float = 300.0
-    device: str = "cpu"
+    device: str = "auto"
     dtype: str = "float32"
     max_seconds: float = 600.0
     seed: int = 0
@@ -293,7 +293,7 @@ def _model_identity(model: Any) -> dict[str, Any]:
 
     try:
         path = resolve(model)
-    except Exception:  # the runner reports an unloadable model itself
+    except Exception:  # noqa: BLE001 - the runner reports an unloadable model itself
         return {"model": str(model), "model_sha256": None}
     return {"model": "matris-demo" if model is None else str(model), "model_sha256": sha256_file(path)}
 

@@ -1,11 +1,18 @@
-"""The ``matris`` command: one entry point, one module per subcommand."""
+"""The ``matris`` command: one entry point, one module per subcommand.
+
+Start-up is light on purpose. The subcommand modules import only the standard library at
+module level (their ``HELP``, ``DESCRIPTION`` and ``add_arguments``); torch, ase and pymatgen
+are imported inside their ``run`` functions, after the input files and the model argument are
+checked (:mod:`.common`). So ``matris --help``, ``matris CMD --help``, ``--version``, argument
+errors and a missing file answer in a fraction of a second (``tests/test_cli_startup.py``
+checks that torch stays unimported).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .. import __version__
 from . import bench as _bench
 from . import data as _data
 from . import discovery as _discovery
@@ -15,6 +22,7 @@ from . import md as _md
 from . import models as _models
 from . import phonons as _phonons
 from . import predict as _predict
+from . import recipes as _recipes
 from . import relax as _relax
 from . import train as _train
 
@@ -24,6 +32,7 @@ SUBCOMMANDS = {
     "train": (_train.HELP, _train.DESCRIPTION, _train.add_arguments, _train.run, True),
     "data": (_data.HELP, _data.DESCRIPTION, _data.add_arguments, _data.run, True),
     "finetune": (_train.FT_HELP, _train.FT_DESCRIPTION, _train.add_finetune_arguments, _train.run_finetune, True),
+    "recipes": (_recipes.HELP, _recipes.DESCRIPTION, _recipes.add_arguments, _recipes.run, False),
     "relax": (_relax.HELP, _relax.DESCRIPTION, _relax.add_arguments, _relax.run, False),
     "md": (_md.HELP, _md.DESCRIPTION, _md.add_arguments, _md.run, False),
     "eos": (_eos.HELP, _eos.DESCRIPTION, _eos.add_arguments, _eos.run, False),
@@ -38,14 +47,39 @@ SUBCOMMANDS = {
                  _models.run_download, False),
 }
 
+DEFAULTS_NOTE = ("Defaults everywhere: --device auto (a CUDA GPU when there is one, else the CPU), --dtype float32, "
+                 "and the bundled demo model when no --model is named.")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be a function, called only when the help is shown:
+    the list of training config keys needs the config classes, which ``matris train CONFIG``
+    imports anyway but ``matris --help`` should not."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+def _version() -> str:
+    from .. import __version__
+
+    try:
+        from .._version import DISTRIBUTION
+    except ImportError:  # pragma: no cover - a tree without _version.py
+        DISTRIBUTION = "matris-mlip"
+    return f"matris {__version__} (distribution {DISTRIBUTION})"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="matris",
         description="MatRIS: a universal machine-learned interatomic potential. "
         "Run 'matris <command> --help' for the options of a command.",
+        epilog=DEFAULTS_NOTE,
     )
-    parser.add_argument("--version", action="version", version=f"matris {__version__}")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name, (help_text, description, add_arguments, run, overrides) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=description,
@@ -56,10 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .._conflict import check as check_conflict
+    from ..bundled import notices_to_stderr
     from ..errors import CheckpointError, MatRISInputError
 
-    from ..bundled import notices_to_stderr
-
+    try:
+        # the official package's files may have replaced our matris/__init__.py (and its check)
+        check_conflict()
+    except ImportError as exc:
+        print(f"matris: error: {exc}", file=sys.stderr)
+        return 2
     notices_to_stderr()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -73,5 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.handler(args, extra) or 0)
         return int(args.handler(args) or 0)
     except (MatRISInputError, CheckpointError, FileNotFoundError) as exc:
-        print(f"matris {args.command}: error: {exc}", file=sys.stderr)
+        # one line, no traceback: the message names the problem and the fix
+        message = " ".join(str(exc).split("\n")).strip() or type(exc).__name__
+        print(f"matris {args.command}: error: {message}", file=sys.stderr)
         return 2

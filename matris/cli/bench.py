@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .common import DEVICE_HELP, check_inputs
+
 HELP = "speed: E+F+S atoms/s, MD steps/s and ns/day, peak memory, vs CHGNet/SevenNet/MACE/MatterSim"
 DESCRIPTION = """\
 Measure MatRIS's energy + forces + stress throughput (atoms/s, with the graph construction
@@ -28,10 +30,15 @@ max_memory_allocated on a GPU and the process's peak RSS on a CPU.
 """
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..bench.runners import COMPARISONS
-    from ..bench.structures import DEFAULT_SIZES, FAMILIES
+# Copies of matris.bench's names (runners.COMPARISONS, structures.FAMILIES and DEFAULT_SIZES) for the
+# options' help: importing matris.bench imports torch, which `matris bench --help` should not wait for.
+# tests/test_cli_startup.py checks that they agree.
+COMPARISONS = ("chgnet", "sevennet", "mace", "mattersim")
+FAMILIES = ("mgo", "si")
+DEFAULT_SIZES = (8, 64, 216, 512, 1000, 2048, 4096, 8192)
 
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="MatRIS checkpoint path or model name (default: the bundled model)")
     p.add_argument("--compare", nargs="*", default=None, metavar="NAME[:VARIANT]",
                    help=f"other potentials: {', '.join(COMPARISONS)} (e.g. mace:small); default: every installed "
@@ -50,9 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timestep", type=float, default=1.0, help="MD timestep, fs (default: 1)")
     p.add_argument("--max-seconds", type=float, default=600.0,
                    help="time budget of one row, s; a first call longer than this stops that model (default: 600)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
-                   help="MatRIS precision (MACE follows it; the others use their own) (default: float32)")
+                   help="MatRIS precision: float32 (default) or float64 (MACE follows it; the others use their own)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's)")
     p.add_argument("--json", dest="json_path", default=None, help="write all results to this JSON file")
     p.add_argument("--csv", dest="csv_path", default=None, help="write one line per row to this CSV file")
@@ -63,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_inputs(args.structures, args.model)  # before any heavy import: a typo fails at once
     import torch
 
     from ..atomic import write_text

@@ -1,4 +1,10 @@
-"""Helpers shared by the simulation subcommands: model options, input files, atomic writes."""
+"""Helpers shared by the subcommands: model options, the checks run before heavy imports,
+input files, atomic writes.
+
+Every ``run`` starts with :func:`check_inputs`: it checks the files and the model argument
+without importing torch or ASE, so a typo in a path fails at once, not after seconds of
+imports.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,36 @@ import argparse
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ..atomic import write_json as atomic_write_json
 
+DEVICE_HELP = "auto (default: a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N"
+DTYPE_HELP = "precision: float32 (default) or float64"
+MODEL_HELP = ("model name (see 'matris models', e.g. matris-10m-oam), checkpoint path or https URL; default: the "
+              "bundled demo model (matris-demo)")
 
-def add_model_arguments(p: argparse.ArgumentParser, dtype: str = "float32") -> None:
-    p.add_argument("--model", default=None, help="model name (see 'matris models', e.g. matris-10m-oam), checkpoint path or https URL; default: the bundled model (matris-demo)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", default=dtype, choices=["float32", "float64"], help=f"precision (default: {dtype})")
+
+def add_model_arguments(p: argparse.ArgumentParser, dtype_note: str = "") -> None:
+    """--model, --device and --dtype, with matris's defaults (:mod:`matris.devices`): device
+    auto, float32. ``dtype_note``: appended to the --dtype help."""
+    p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help=DTYPE_HELP + dtype_note)
+
+
+def check_inputs(files: Iterable[str] = (), model: Any = None) -> None:
+    """Fail at once, before torch or ASE is imported, on a missing, empty or folder input file
+    or a ``--model`` that is neither a known name, an https URL nor a checkpoint file; fetch a
+    model that must be downloaded (so that no network fails in a moment, not after the imports)."""
+    from ..structure_files import check_file
+
+    for f in files:
+        check_file(f)
+    from ..pretrained import locate, resolve
+
+    if locate(model)[0] != "path":
+        resolve(model)  # download it now (stdlib only): no network fails here, in a moment
 
 
 def load_model(args: argparse.Namespace):
@@ -23,6 +50,14 @@ def load_model(args: argparse.Namespace):
     from ..model import MatRIS
 
     return MatRIS.load(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+
+
+def check_structures(frames: list) -> None:
+    """The checks the model makes (elements, cell, overlapping atoms), before it is loaded."""
+    from ..simulate.inputs import check_structure
+
+    for k, atoms in enumerate(frames):
+        check_structure(atoms, k)
 
 
 def read_one(path: str, index: str = "-1"):
@@ -34,6 +69,7 @@ def read_one(path: str, index: str = "-1"):
     if len(frames) != 1:
         raise MatRISInputError(f"{path}: --index {index!r} selects {len(frames)} frames; select one, e.g. --index -1")
     frames[0].info["name"] = Path(path).name.split(".")[0] or Path(path).name
+    check_structures(frames)
     return frames[0]
 
 

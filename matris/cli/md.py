@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import add_model_arguments, load_model, read_one, write_json, write_structure
+from .common import add_model_arguments, check_inputs, load_model, read_one, write_json, write_structure
 
 HELP = "molecular dynamics (NVE, NVT Langevin/Nosé–Hoover/Bussi, NPT), resumable"
 DESCRIPTION = """\
@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thermostat", default="langevin", choices=["langevin", "nose-hoover", "bussi"],
                    help="NVT thermostat (default: langevin)")
     p.add_argument("-T", "--temperature", type=float, default=300.0, help="K (default: 300)")
-    p.add_argument("--pressure", type=float, default=0.0, help="NPT pressure, GPa (default: 0)")
+    p.add_argument("--pressure", type=float, default=0.0,
+                   help="NPT pressure, GPa (default: 0; only with --ensemble npt)")
     p.add_argument("--timestep", type=float, default=1.0, help="fs (default: 1)")
     p.add_argument("--steps", type=int, default=1000, help="total steps of the run (default: 1000)")
     p.add_argument("--friction", type=float, default=0.01, help="Langevin friction, 1/fs (default: 0.01)")
@@ -50,8 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..simulate import md
+    check_inputs([args.file], args.model)  # before any heavy import: a typo fails at once
+    from ..simulate.dynamics import check_pressure, md
 
+    check_pressure(args.pressure, args.ensemble)
     atoms = read_one(args.file, args.index)
     traj = Path(args.trajectory or f"{atoms.info['name']}.md.extxyz")
     stem = traj.with_name(traj.name.split(".")[0])

@@ -7,8 +7,8 @@ import csv
 import io
 from pathlib import Path
 
-from .common import add_model_arguments, load_model, read_one, write_json
 from ..atomic import write_text
+from .common import add_model_arguments, check_inputs, load_model, read_one, write_json
 
 HELP = "phonons with phonopy: band structure + DOS plot, thermal properties"
 DESCRIPTION = """\
@@ -16,7 +16,9 @@ Finite-displacement phonons of FILE (frame --index, default the last) with MatRI
 Writes OUT/phonons.png (band structure along the high-symmetry path and DOS),
 OUT/thermal.csv (T, free energy, entropy, heat capacity per mole of primitive cells),
 OUT/phonons.json and OUT/phonopy_params.yaml (for phonopy itself). Relax the structure
-first (or pass --relax); float64 is the default for clean force constants.
+first (or pass --relax). float32 is the default, as everywhere; --dtype float64 gives
+cleaner force constants (fewer spurious imaginary modes near Γ). Needs phonopy
+(pip install 'matris-mlip[phonons]').
 
   matris phonons relaxed/Si.relaxed.extxyz
   matris phonons POSCAR --relax --supercell 3 3 3 --mesh 30 --tmax 1500
@@ -25,7 +27,7 @@ first (or pass --relax); float64 is the default for clean force constants.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="structure file (any ASE-readable format)")
-    add_model_arguments(p, dtype="float64")
+    add_model_arguments(p, dtype_note="; float64 gives cleaner force constants")
     p.add_argument("--index", default="-1", help="frame of FILE (default: the last, -1)")
     p.add_argument("--supercell", type=int, nargs="+", default=None,
                    help="repetitions, 1 or 3 integers (default: every cell vector ≥ 10 Å)")
@@ -39,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_inputs([args.file], args.model)  # before any heavy import: a typo fails at once
+    from ..extras import require
+
+    require("phonopy", "phonons", "matris phonons")
     from ..simulate import phonons, relax
 
     atoms = read_one(args.file, args.index)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..atomic import write_json
+from .common import add_model_arguments, check_inputs, check_structures, load_model
 
 HELP = "energy, forces, stress and magmoms of structures (default: a bundled example)"
 DESCRIPTION = """\
@@ -25,9 +26,7 @@ checkpoint, so a fresh install can be checked offline:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", help="structure files (any ASE-readable format); default: bundled example")
-    p.add_argument("--model", default=None, help="model name (see 'matris models', e.g. matris-10m-oam), checkpoint path or https URL; default: the bundled model (matris-demo)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="precision (default: float32)")
+    add_model_arguments(p)
     p.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")
     p.add_argument("--index", default=":", help="ASE index of frames to read from each file (default: all ':')")
     p.add_argument("--json", dest="json_path", default=None, help="also write all results to this JSON file")
@@ -50,13 +49,12 @@ def read_structures(files: list[str], index: str = ":"):
 
 
 def run(args: argparse.Namespace) -> int:
+    check_inputs(args.files, args.model)  # before any heavy import: a typo fails at once
+    atoms = read_structures(args.files, args.index)
+    check_structures(atoms)
     import numpy as np
 
-    from ..calculator import resolve_device, resolve_dtype
-    from ..model import MatRIS
-
-    atoms = read_structures(args.files, args.index)
-    model = MatRIS.load(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+    model = load_model(args)
     preds = model.predict(atoms, batch_size=args.batch_size)
     if not args.quiet:
         print(f"{'structure':28s} {'atoms':>5s} {'E (eV)':>14s} {'E/atom (eV)':>12s} {'max|F| (eV/Å)':>14s} "

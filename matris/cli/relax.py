@@ -8,7 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_model_arguments, load_model, safe_name, write_json, write_structure
+from .common import (
+    add_model_arguments,
+    check_inputs,
+    check_structures,
+    load_model,
+    safe_name,
+    write_json,
+    write_structure,
+)
 
 HELP = "relax structures (FIRE + FrechetCellFilter, fmax 0.05 eV/Å by default)"
 DESCRIPTION = """\
@@ -22,7 +30,7 @@ and adds a row to OUT/results.json after each structure. Rerunning the same comm
 the structures already in results.json (a long job resumes); --force redoes them.
 
 --batch relaxes all structures together on one device with torch-sim (pip install
-'matris[sim]'): much faster on a GPU. It writes no per-step trajectories.
+'matris-mlip[sim]'): much faster on a GPU. It writes no per-step trajectories.
 
   matris relax POSCAR
   matris relax structures.extxyz --out-dir relaxed --fmax 0.02 --dtype float64
@@ -38,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="FIRE", help="ASE optimizer (default: FIRE)")
     p.add_argument("--cell-filter", default="FrechetCellFilter", help="ASE cell filter (default: FrechetCellFilter)")
     p.add_argument("--fixed-cell", action="store_true", help="relax positions only")
-    p.add_argument("--pressure", type=float, default=0.0, help="external pressure, GPa (default: 0)")
+    p.add_argument("--pressure", type=float, default=0.0,
+                   help="external pressure, GPa (default: 0; needs a cell relaxation, so not with --fixed-cell)")
     p.add_argument("--batch", action="store_true", help="relax all structures together with torch-sim")
     p.add_argument("--max-atoms", type=int, default=None, help="--batch: most atoms on the device at once")
     p.add_argument("--index", default=":", help="ASE index of frames to read from each file (default: all ':')")
@@ -52,10 +61,18 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import MatRISInputError
     from .predict import read_structures
 
+    check_inputs(args.files, args.model)  # before any heavy import: a typo fails at once
+    if args.batch and args.optimizer != "FIRE":
+        raise MatRISInputError("--batch uses torch-sim's FIRE; drop --optimizer or drop --batch")
+    from ..simulate.relaxation import check_pressure
+
+    check_pressure(args.pressure, not args.fixed_cell, None if args.batch else args.cell_filter)
     out = Path(args.out_dir)
     results_path = out / "results.json"
-    done = {} if args.force or not results_path.exists() else {r["key"]: r for r in json.loads(results_path.read_text())}
+    done = ({} if args.force or not results_path.exists()
+            else {r["key"]: r for r in json.loads(results_path.read_text())})
     atoms = read_structures(args.files, args.index)
+    check_structures(atoms)
     keys, seen = [], set()
     for k, a in enumerate(atoms):
         key = safe_name(str(a.info.get("name", k)))
@@ -66,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
     if len(todo) < len(atoms):
         print(f"{len(atoms) - len(todo)} of {len(atoms)} structures already relaxed in {results_path}; "
               "skipping them (--force redoes them)", file=sys.stderr)
-    if args.batch and args.optimizer != "FIRE":
-        raise MatRISInputError("--batch uses torch-sim's FIRE; drop --optimizer or drop --batch")
     model = load_model(args)
     _header()
     t0 = time.perf_counter()

@@ -11,13 +11,14 @@ Train MatRIS with Lightning. The run is described by a YAML config (sections mod
 loss, optim, reference_energy, finetune, trainer); every key below can also be given on the
 command line as --section.key VALUE (values are read as YAML: 1e-3, true, null, [128, 128]).
 
-  matris train --config examples/configs/tiny.yaml
+  matris train --config tiny                      # a bundled recipe by name ('matris recipes')
   matris train --config cfg.yaml --optim.lr 1e-3 --trainer.max_steps 5000 --trainer.devices 4
 
 Outputs go to trainer.out_dir: checkpoints/last.ckpt (exact resume: rerun the same command
 after an interruption), best_model.pth.tar and last_model.pth.tar (published checkpoint
 format, load with MatRIS.load or MatRISCalculator), CSV and TensorBoard logs, parity.png.
 Several GPUs: --trainer.devices N (DDP); several nodes: see docs/training.md (torchrun or SLURM).
+Needs the training extra: pip install 'matris-mlip[train]'.
 """
 
 FT_HELP = "fine-tune a pretrained MatRIS checkpoint on your data"
@@ -29,7 +30,8 @@ choices: --reference_energy.mode fit (new functional, e.g. r2SCAN: refit the per
 reference energies on your data) or keep; --finetune.freeze_embeddings true;
 --finetune.freeze_blocks K; --finetune.backbone_lr 1e-5 (readout uses optim.lr).
 
-  matris finetune --from model.pth.tar --config examples/configs/finetune.yaml
+  matris finetune --from matris-10m-oam --config finetune --data.train mine.extxyz
+  matris finetune --from model.pth.tar --config my-finetune.yaml
 """
 
 
@@ -50,11 +52,14 @@ def _key_help() -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser, finetune: bool = False) -> None:
-    p.epilog = _key_help()
-    p.add_argument("--config", default=None, help="YAML config file (default: all defaults; then set --data.train)")
+    p.epilog = _key_help  # a function: built only when the help is shown (see matris.cli.Parser)
+    p.add_argument("--config", default=None,
+                   help="YAML config file, or a bundled recipe by name: tiny, matris-10m-oam, finetune, ... "
+                        "('matris recipes' lists them) (default: all defaults; then set --data.train)")
     if finetune:
         p.add_argument("--from", dest="from_checkpoint", required=True,
-                       help="starting model: a name (see 'matris models'), a published-format checkpoint path, or an https URL")
+                       help="starting model: a name (see 'matris models'), a published-format checkpoint path, "
+                            "or an https URL")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--dry-run", action="store_true",
                    help="load the model and data, print the memory plan (what a step needs, how many structures a "
@@ -87,6 +92,20 @@ def parse_overrides(extra: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+def check_config(args: argparse.Namespace, extra: list[str]) -> None:
+    """The checks that need no heavy import: the config names a file or a recipe (resolved to
+    its path in ``args.config``), the overrides parse, ``--from`` names a model."""
+    if args.config is not None:
+        from ..recipes import find
+
+        args.config = str(find(args.config))
+    parse_overrides(extra)
+    if getattr(args, "from_checkpoint", None):
+        from ..pretrained import locate
+
+        locate(args.from_checkpoint)
+
+
 def load_config(args: argparse.Namespace, extra: list[str]):
     from ..train.config import TrainConfig
 
@@ -95,14 +114,21 @@ def load_config(args: argparse.Namespace, extra: list[str]):
         config.override(key, value)
     if getattr(args, "from_checkpoint", None):
         config.finetune.from_checkpoint = args.from_checkpoint
-        if args.config is None or "reference_energy" not in open(args.config).read():
+        if args.config is None or "reference_energy" not in _read_text(args.config):
             if not any(k == "reference_energy.mode" for k, _ in parse_overrides(extra)):
                 config.reference_energy.mode = "keep"
     config.validate("command line")
     return config
 
 
+def _read_text(config: str) -> str:
+    from ..recipes import find
+
+    return find(config).read_text()
+
+
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    check_config(args, extra or [])  # before any heavy import: a typo fails at once
     config = load_config(args, extra or [])
     if args.print_config:
         print(config.to_yaml(), end="")

@@ -330,7 +330,8 @@ def _build_entry(src: Path, entry: Path, cutoff: float, three_body_cutoff: float
         if shard_size is not None and shard_size != manifest["shard_size"]:
             log.info("resuming with the interrupted build's shard_size=%d (asked: %d)", manifest["shard_size"],
                      shard_size)
-    build_id = hashlib.sha256(f"{entry.name}:{source_meta['sha256']}:{manifest['shard_size']}".encode()).hexdigest()[:32]
+    build_key = f"{entry.name}:{source_meta['sha256']}:{manifest['shard_size']}"
+    build_id = hashlib.sha256(build_key.encode()).hexdigest()[:32]
 
     def job(k: int, start: int, stop: int | None, samples: list | None = None) -> _ShardJob:
         return _ShardJob(k, start, stop, str(partial / f"shard-{k:05d}"), str(src), reader_options, cutoff,
@@ -364,7 +365,8 @@ def _resume_manifest(partial: Path, source_meta: dict) -> dict | None:
         manifest = json.loads((partial / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
-    if manifest.get("format_version") != ENTRY_FORMAT or manifest.get("source", {}).get("sha256") != source_meta["sha256"]:
+    if (manifest.get("format_version") != ENTRY_FORMAT
+            or manifest.get("source", {}).get("sha256") != source_meta["sha256"]):
         return None
     manifest["source"] = source_meta
     # a shard listed in the manifest was renamed into place before it was listed

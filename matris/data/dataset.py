@@ -33,7 +33,8 @@ class GraphDataset(torch.utils.data.Dataset):
                  dtype: torch.dtype = torch.float32):
         self.packed = packed
         n = len(packed)
-        self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, dtype=np.int64).reshape(-1)
+        self.indices = (np.arange(n, dtype=np.int64) if indices is None
+                        else np.asarray(indices, dtype=np.int64).reshape(-1))
         if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= n):
             raise MatRISInputError(f"GraphDataset indices must lie in [0, {n}); got {self.indices.min()}.."
                                    f"{self.indices.max()}. Use indices of the packed dataset.")

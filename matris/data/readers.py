@@ -26,8 +26,9 @@ the problem and the fix. With ``on_error="skip"`` a bad record is yielded as a
 :class:`BadRecord` instead and reading goes on with the next record (a truncated or corrupt
 stream yields one BadRecord and ends).
 
-ase, pymatgen, ijson and ase-db-backends are imported inside the readers, so ``matris.data``
-imports without them.
+ase, ijson and ase-db-backends are imported inside the readers, so ``matris.data`` imports
+without them; ijson (JSON) and ase-db-backends (ASE-LMDB) come with the ``data`` extra, and a
+reader that needs a missing one says so in one line (:func:`matris.extras.require`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MatRISInputError
+from ..extras import require
 from ..graph.system import AtomicSystem, element_symbol
 
 EV_PER_A3_TO_GPA = 160.21766208  # 1 eV/Å³ in GPa
@@ -389,7 +391,7 @@ def _iter_ase_frames(p: Path, index: str | int, start: int, stop: int | None, on
             atoms = next(frames)
         except StopIteration:
             break
-        except Exception as e:  # the reader cannot go on after a broken frame
+        except Exception as e:  # noqa: BLE001 - the reader cannot go on after a broken frame
             yield _broken(k, on_error, _unreadable(p, e, k))
             return
         if k >= start:
@@ -552,7 +554,7 @@ def _iter_extxyz(p: Path, frames: range, first: int, on_error: str,
                     error = None
                 except StopIteration:  # cannot happen with a consistent index; treat as broken
                     atoms, error = None, EOFError("frame missing from its byte slice")
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - the frame's error, reported below
                     atoms, error = None, e
                 j += 1
                 if error is not None:
@@ -702,12 +704,9 @@ def iter_ase_lmdb(path: str | os.PathLike, selection: Any = None, start: int = 0
 
 def _connect_lmdb(p: Path):
     """The read-only ASE-LMDB database of ``p``, or MatRISInputError naming the file."""
-    try:
-        import lmdb
-        from ase_db_backends.aselmdb import LMDBDatabase
-    except ImportError as e:
-        raise ImportError(f"reading {p} (ASE-LMDB) needs the ase-db-backends package: pip install "
-                          "'ase-db-backends>=0.10'") from e
+    feature = f"reading {p} (ASE-LMDB)"
+    LMDBDatabase = require("ase_db_backends.aselmdb", "data", feature, package="ase-db-backends").LMDBDatabase
+    lmdb = require("lmdb", "data", feature)
     fix = ("the file is corrupt, truncated or not an LMDB file. Re-download it, or give an .aselmdb written by "
            "ase.db.connect(path, type='aselmdb').")
     try:  # check first: a failed LMDBDatabase.__init__ would also fail again in its __del__
@@ -750,7 +749,7 @@ def _iter_lmdb(p: Path, selection: Any, start: int, stop: int | None, on_error: 
                     row = next(rows)
                 except StopIteration:
                     break
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - reported as a broken record
                     yield _broken(start + n, on_error, MatRISInputError(
                         f"{p} record {start + n} (of selection {selection!r}): cannot read the row "
                         f"({type(e).__name__}: {_first_line(e)}); the file is corrupt. Re-download it."))
@@ -811,9 +810,13 @@ def _json_first_char(p: Path) -> str:
         ) from e
 
 
-def _stream_errors() -> tuple[type[BaseException], ...]:
-    import ijson
+def _ijson():
+    """The ijson module (streamed JSON: MPtrj, MatPES), installed with the data extra."""
+    return require("ijson", "data", "reading JSON datasets (MPtrj, MatPES)")
 
+
+def _stream_errors() -> tuple[type[BaseException], ...]:
+    ijson = _ijson()
     return (ijson.JSONError, EOFError, OSError, zlib.error, UnicodeDecodeError)
 
 
@@ -829,8 +832,7 @@ def _json_error(p: Path, k: int, after: str | None, e: BaseException) -> MatRISI
 
 def _looks_like_mptrj_stream(p: Path) -> bool:
     """True when the stream is ``{material_id: {frame_id: {..., "structure": ...}}}``; reads one frame."""
-    import ijson
-
+    ijson = _ijson()
     depth = 0
     try:
         with _open_binary(p) as f:
@@ -913,8 +915,7 @@ def _not_mptrj(p: Path) -> MatRISInputError:
 
 def _iter_mptrj(p: Path, energy_key: str, start: int, stop: int | None,
                 on_error: str) -> Iterator[Sample | BadRecord]:
-    import ijson
-
+    ijson = _ijson()
     errors = _stream_errors()
     per_atom = energy_key.endswith(_PER_ATOM_SUFFIX)
     found_energy = False
@@ -1047,8 +1048,7 @@ def iter_matpes(path: str | os.PathLike, start: int = 0, stop: int | None = None
 
 def _iter_matpes(p: Path, start: int, stop: int | None, on_error: str,
                  energy_key: str) -> Iterator[Sample | BadRecord]:
-    import ijson
-
+    ijson = _ijson()
     errors = _stream_errors()
     per_atom = energy_key.endswith(_PER_ATOM_SUFFIX)
     k = 0

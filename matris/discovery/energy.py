@@ -22,6 +22,7 @@ import warnings
 from typing import Any, Mapping
 
 from ..errors import MatRISInputError
+from ..extras import require
 
 
 def mp2020_corrected_energies(entries: Mapping[str, Any], relaxed: Mapping[str, tuple[float, Any]],
@@ -35,13 +36,15 @@ def mp2020_corrected_energies(entries: Mapping[str, Any], relaxed: Mapping[str, 
     Returns material id → corrected energy; NaN where the compatibility scheme rejects the entry
     (pymatgen drops entries it cannot correct, e.g. an unsupported run type).
     """
+    require("pymatgen", "discovery", "MP2020 corrections")
     from pymatgen.entries.compatibility import MaterialsProject2020Compatibility
     from pymatgen.entries.computed_entries import ComputedStructureEntry
 
     missing = [m for m in relaxed if m not in entries]
     if missing:
         raise MatRISInputError(
-            f"no DFT computed structure entry for {len(missing)} relaxed material(s) ({missing[:3]}…); MP2020 corrections "
+            f"no DFT computed structure entry for {len(missing)} relaxed material(s) ({missing[:3]}…); "
+            "MP2020 corrections "
             "need each material's DFT calculation parameters: give the WBM computed-structure-entries file that "
             "covers these ids"
         )
@@ -74,6 +77,7 @@ def mp2020_corrected_energies(entries: Mapping[str, Any], relaxed: Mapping[str, 
 def formation_energy_per_atom(energy: float, composition: Any, references: Mapping[str, float]) -> float:
     """Formation energy, eV/atom, of total energy ``energy`` (eV) for ``composition`` (pymatgen
     Composition or formula) against elemental reference energies (eV/atom)."""
+    require("pymatgen", "discovery", "formation energies")
     from pymatgen.core import Composition
 
     comp = Composition(composition) if not hasattr(composition, "num_atoms") else composition
@@ -98,6 +102,7 @@ class HullReference:
     """
 
     def __init__(self, entries: list, patched_above: int = 6):
+        require("pymatgen", "discovery", "the convex hull")
         from pymatgen.analysis.phase_diagram import PatchedPhaseDiagram, PhaseDiagram
 
         if not entries:
@@ -108,6 +113,7 @@ class HullReference:
         self.diagram = cls(entries)
 
     def _entry(self, composition, energy: float):
+        require("pymatgen", "discovery", "hull distances")
         from pymatgen.analysis.phase_diagram import PDEntry
         from pymatgen.core import Composition
 

@@ -18,8 +18,15 @@ from .energy import HullReference
 from .metrics import STABILITY_THRESHOLD, TOP_K, DiscoveryMetrics, discovery_metrics
 from .plots import save_discovery_figure
 from .predictions import Predictions, predict
-from .readers import EACH_TRUE, E_FORM_DFT, UNIQUE_PROTOTYPE, read_elemental_refs, read_entries, read_hull_entries, \
-    read_summary
+from .readers import (
+    E_FORM_DFT,
+    EACH_TRUE,
+    UNIQUE_PROTOTYPE,
+    read_elemental_refs,
+    read_entries,
+    read_hull_entries,
+    read_summary,
+)
 from .store import MergedResults, merge_results
 
 

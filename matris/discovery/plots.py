@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import require
 from .metrics import DiscoveryMetrics, classify_stable
 
 CLASSES = (("TP", "tab:green"), ("FN", "tab:orange"), ("FP", "tab:red"), ("TN", "tab:blue"))
@@ -18,8 +19,7 @@ def discovery_figure(result: DiscoveryMetrics, title: str = "", window: float = 
     """Two panels (eV/atom): parity of predicted vs DFT hull distance on the full test set,
     coloured by classification, and a histogram of the DFT hull distances within ±``window``
     stacked by TP/FN/FP/TN. The full-test-set F1, DAF, MAE and R² are written on the parity panel."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "discovery", "the discovery figure")
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 

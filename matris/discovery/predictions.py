@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from ..atomic import atomic_path
 from ..errors import MatRISInputError
+from ..extras import require
 from .energy import HullReference, formation_energy_per_atom, mp2020_corrected_energies
 from .readers import ID
 from .store import MergedResults
@@ -97,6 +98,7 @@ def predict(results: MergedResults, *, key: str = "matris", entries: Mapping[str
             formation energies; not needed with ``hull`` (its elemental entries are used).
         hull: measure formation energies and hull distances on this hull instead.
     """
+    require("pandas", "discovery", "the discovery predictions table")
     import pandas as pd
 
     if hull is None and references is None:
@@ -117,7 +119,8 @@ def predict(results: MergedResults, *, key: str = "matris", entries: Mapping[str
         structure = structures.get(mid)
         comp = structure.composition if structure is not None else None
         energy = corrected.get(mid, float("nan"))
-        row = {ID: mid, "formula": comp.formula.replace(" ", "") if comp is not None else record.atoms().get_chemical_formula(),
+        formula = comp.formula.replace(" ", "") if comp is not None else record.atoms().get_chemical_formula()
+        row = {ID: mid, "formula": formula,
                f"e_form_per_atom_{key}": float("nan"), f"{key}_energy": raw.get(mid, float("nan")),
                f"{key}_energy_corrected": energy}
         if comp is not None:

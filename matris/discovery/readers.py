@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import MatRISInputError
+from ..extras import require
 
 ID = "material_id"
 E_FORM_DFT = "e_form_per_atom_mp2020_corrected"
@@ -68,7 +69,8 @@ def iter_records(path: str | os.PathLike) -> Iterator[dict]:
                     try:
                         yield json.loads(line)
                     except ValueError as exc:
-                        raise MatRISInputError(f"{path}, line {number}: not JSON ({exc}); download the file again") from None
+                        raise MatRISInputError(
+                            f"{path}, line {number}: not JSON ({exc}); download the file again") from None
             return
         try:
             data = json.load(fh)
@@ -192,6 +194,7 @@ def _json_source(path: Path, limit: int | None) -> StructureSource:
             break
 
     def load(positions):
+        require("pymatgen", "discovery", "reading WBM structures")
         from pymatgen.core import Structure
         from pymatgen.io.ase import AseAtomsAdaptor
 
@@ -214,6 +217,7 @@ def _ase_source(path: Path, limit: int | None) -> StructureSource:
 def read_summary(path: str | os.PathLike):
     """The WBM summary as a pandas DataFrame indexed by material id, with the columns the
     metrics need checked (``unique_prototype`` as bool)."""
+    require("pandas", "discovery", "reading the WBM summary")
     import pandas as pd
 
     path = Path(path)
@@ -272,6 +276,7 @@ def read_elemental_refs(path: str | os.PathLike) -> dict[str, float]:
         if isinstance(value, (int, float)):
             refs[str(element)] = float(value)
         elif isinstance(value, dict):
+            require("pymatgen", "discovery", "reading elemental reference entries")
             from pymatgen.entries.computed_entries import ComputedEntry
 
             refs[str(element)] = round(ComputedEntry.from_dict(value).energy_per_atom, 4)
@@ -283,6 +288,7 @@ def read_elemental_refs(path: str | os.PathLike) -> dict[str, float]:
 def read_hull_entries(path: str | os.PathLike) -> list:
     """Entries of a convex hull: a JSON list (or ``{id: entry}``) of pymatgen entry dicts
     (ComputedEntry, ComputedStructureEntry, PDEntry) whose energies are already corrected."""
+    require("pymatgen", "discovery", "reading hull entries")
     from monty.json import MontyDecoder
 
     entries = []

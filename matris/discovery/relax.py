@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import MatRISInputError
+from ..extras import install_hint
 from .readers import StructureSource, read_structures
 from .shards import Shard, shard_positions
 from .store import RelaxRecord, ShardLog, check_manifest
@@ -79,7 +80,7 @@ def choose_engine(engine: str, device: torch.device) -> str:
 
         if importlib.util.find_spec("torch_sim") is None:
             print("torch-sim is not installed: relaxing one structure at a time with ASE "
-                  "(pip install 'matris[sim]' for batched GPU relaxation)", file=sys.stderr)
+                  f"({install_hint('sim')} for batched GPU relaxation)", file=sys.stderr)
             return "ase"
         return "torch-sim"
     return engine

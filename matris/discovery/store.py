@@ -22,6 +22,7 @@ import numpy as np
 
 from ..atomic import write_json
 from ..errors import MatRISInputError
+from ..extras import require
 from .shards import Shard
 
 MANIFEST = "manifest.json"
@@ -99,6 +100,7 @@ class RelaxRecord:
 
     def structure(self):
         """The final structure as a pymatgen Structure."""
+        require("pymatgen", "discovery", "relaxed structures as pymatgen Structures")
         from pymatgen.core import Lattice, Structure
 
         return Structure(Lattice(self.cell), self.numbers, self.positions, coords_are_cartesian=True)

@@ -19,7 +19,6 @@ from ..errors import MatRISInputError
 from .neighbors import device_half_neighbor_list, half_neighbor_list
 from .system import MIN_DISTANCE, AtomicSystem
 
-
 _DEVICE_BUILDER = {"failed": None}
 
 
@@ -188,7 +187,8 @@ class GraphBatch:
                 m = int(np.argmin(d))
                 raise MatRISInputError(
                     f"{system.label(k)}: atoms {int(i[m])} and {int(j[m])} are {d[m]:.4f} Å apart, closer than "
-                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix the positions."
+                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); "
+                    "remove one of them or fix the positions."
                 )
             parts["i"].append(i + atom_offset)
             parts["j"].append(j + atom_offset)
@@ -260,7 +260,8 @@ class GraphBatch:
             raise MatRISInputError("no structures given: pass at least one structure.")
         cell = cell.reshape(n_struct, 3, 3)
         pbc = pbc.to(torch.bool)
-        pbc = (pbc.reshape(1, -1).expand(n_struct, 3) if pbc.dim() < 2 else pbc).contiguous()  # one flag, or per direction
+        # one flag, or per direction
+        pbc = (pbc.reshape(1, -1).expand(n_struct, 3) if pbc.dim() < 2 else pbc).contiguous()
         parts: dict[str, list] = {k: [] for k in ("i", "j", "n", "d")}
         n_bonds, start = [], 0
         for k, n in enumerate(counts):
@@ -271,7 +272,8 @@ class GraphBatch:
                 who = f"structure {k + index_offset}" + (f" ({name})" if name else "")
                 raise MatRISInputError(
                     f"{who}: atoms {int(i[m])} and {int(j[m])} are {float(d[m]):.4f} Å apart, closer than "
-                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix the positions.")
+                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); "
+                    "remove one of them or fix the positions.")
             parts["i"].append(i + start)
             parts["j"].append(j + start)
             parts["n"].append(img)

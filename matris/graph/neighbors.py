@@ -55,7 +55,7 @@ def torch_half_neighbor_list(system: AtomicSystem, cutoff: float, device: str | 
             nk = int(np.ceil(cutoff / width))
             ranges.append(range(-nk, nk + 1))
         else:
-            ranges.append(range(0, 1))
+            ranges.append(range(1))
     n = pos.shape[0]
     out_i, out_j, out_n, out_d = [], [], [], []
     for image in itertools.product(*ranges):
@@ -84,9 +84,11 @@ def device_half_neighbor_list(positions: torch.Tensor, cell: torch.Tensor, pbc: 
     """:func:`half_neighbor_list` on tensors, computed on their device (vesin's torch interface,
     which runs on CUDA tensors too): ``(i, j, n, d)`` as int64, int64 ``[B, 3]`` and float64
     tensors on that device. positions: ``[N, 3]``; cell: ``[3, 3]`` rows; pbc: ``[3]`` bool.
-    Raises ``ImportError`` without ``vesin-torch``.
+    Raises :class:`~matris.errors.MissingExtraError` (an ``ImportError``) without ``vesin-torch``.
     """
-    from vesin_torch import NeighborList
+    from ..extras import require
+
+    NeighborList = require("vesin_torch", "gpu", "building graphs on the device", package="vesin-torch").NeighborList
 
     # vesin reads raw memory: every input contiguous (an expanded pbc view would be read as garbage)
     pos = positions.detach().to(torch.float64).contiguous()

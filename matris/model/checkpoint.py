@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..checkpoint_files import check_path, explain_load_error
 from ..errors import CheckpointError, MatRISInputError
 from ..targets import normalize_targets
 
@@ -44,18 +44,26 @@ class CheckpointContents:
 
 
 def load_file(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)`` with a :class:`CheckpointError` that says what a
-    checkpoint must be; a missing file is ``FileNotFoundError``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    """``torch.load(path, weights_only=True)``, with one-line errors (see
+    :mod:`matris.checkpoint_files`): ``FileNotFoundError`` for a missing file,
+    :class:`MatRISInputError` for a folder, :class:`CheckpointError` for a file that is empty,
+    not a torch file, truncated, or a pickled object rather than weights."""
+    path = check_path(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - re-raised with a clear message
-        raise CheckpointError(
-            f"cannot read {path} as a MatRIS checkpoint ({type(exc).__name__}: {str(exc)[:300]}). Published "
-            "checkpoints are torch.save({'config': ..., 'state_dict': ...}) files that load with weights_only=True."
-        ) from exc
+    except Exception as exc:  # noqa: BLE001 - re-raised as one clear line
+        raise explain_load_error(path, exc) from exc
+
+
+def shape_mismatches(expected: dict[str, torch.Tensor], state: dict[str, Any]) -> list[str]:
+    """``"KEY is [a, b], the config makes it [c, d]"`` for every tensor of ``state`` whose shape
+    differs from the same key of ``expected`` (a freshly built model's ``state_dict()``)."""
+    out = []
+    for key, want in expected.items():
+        got = state.get(key)
+        if isinstance(got, torch.Tensor) and tuple(got.shape) != tuple(want.shape):
+            out.append(f"{key} is {list(got.shape)}, the config makes it {list(want.shape)}")
+    return out
 
 
 def unpack(obj: Any, source: str) -> CheckpointContents:
@@ -102,4 +110,5 @@ def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> C
     return unpack(load_file(path, map_location), str(path))
 
 
-__all__ = ["CheckpointContents", "read", "load_file", "unpack", "REFERENCE_KEY", "LEGACY_REFERENCE_KEY"]
+__all__ = ["CheckpointContents", "read", "load_file", "unpack", "shape_mismatches", "REFERENCE_KEY",
+           "LEGACY_REFERENCE_KEY"]

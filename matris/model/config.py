@@ -68,10 +68,12 @@ class MatRISConfig:
             problems.append(f"norm_type must be one of {NORMS} ('batch' is not supported), got {self.norm_type!r}")
         if not 0 < self.three_body_cutoff <= self.pairwise_cutoff:
             problems.append(
-                f"need 0 < three_body_cutoff <= pairwise_cutoff, got {self.three_body_cutoff} and {self.pairwise_cutoff}"
+                "need 0 < three_body_cutoff <= pairwise_cutoff, "
+                f"got {self.three_body_cutoff} and {self.pairwise_cutoff}"
             )
         if not self.is_conservation:
-            problems.append("is_conservation=False (direct force/stress heads) is not supported; no published model uses it")
+            problems.append("is_conservation=False (direct force/stress heads) is not supported; "
+                            "no published model uses it")
         if problems:
             raise ValueError("invalid MatRIS config: " + "; ".join(problems))
 

@@ -15,16 +15,15 @@ from torch import nn
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
-from ..targets import DEFAULT_TARGETS, normalize_targets
 from ..kernels import heap, use_fused_cpu, use_triton
+from ..targets import DEFAULT_TARGETS, normalize_targets
 from . import checkpoint as ckpt_io
+from . import recompute
 from .block import BlockGraph, InteractionBlock
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
-from .layers import norm
+from .layers import RowRecompute, norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
-from .layers import RowRecompute
-from . import recompute
 from .recompute import checkpointed_block
 
 EV_PER_A3_TO_GPA = 160.21766208
@@ -179,7 +178,8 @@ class MatRIS(nn.Module):
                if self.reference_energy is not None and self.reference_energy.num_elements == limit
                else f"its atom embedding covers Z = 1..{limit}")
         raise MatRISInputError(
-            f"structure {structure} contains {', '.join(bad)} (atom {k} is {element_symbol(int(z[k]))}, Z={int(z[k])}), "
+            f"structure {structure} contains {', '.join(bad)} "
+            f"(atom {k} is {element_symbol(int(z[k]))}, Z={int(z[k])}), "
             f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
             "a model that covers them (see 'matris models').")
 
@@ -458,10 +458,11 @@ class MatRIS(nn.Module):
         The compiled region is :meth:`_energy` (structure tensors → energy); forces and stress
         are its derivatives, computed by the compiled backward. It runs the fused operators
         (``torch.ops.matris``: the C++ loops on a CPU, the Triton kernels on CUDA), registered
-        so that the graph does not break around them, and Inductor compiles what lies between. Used for inference only: calls
-        that keep the graph of the forces (training) run eagerly, since compiled graphs do not
-        support double backward. Extra ``kwargs`` go to ``torch.compile`` (``backend``,
-        ``mode``...). Compilation happens on the first call and takes tens of seconds.
+        so that the graph does not break around them, and Inductor compiles what lies between.
+        Used for inference only: calls that keep the graph of the forces (training) run eagerly,
+        since compiled graphs do not support double backward. Extra ``kwargs`` go to
+        ``torch.compile`` (``backend``, ``mode``...). Compilation happens on the first call and
+        takes tens of seconds.
         """
         self._compile_options = dict(dynamic=dynamic, fullgraph=fullgraph, **kwargs)
         self._compiled = None  # made on the next call
@@ -607,7 +608,7 @@ class MatRIS(nn.Module):
         return model
 
     @classmethod
-    def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "cpu",
+    def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "auto",
              dtype: str | torch.dtype = torch.float32, *, targets: str | None = None,
              progress: bool | None = None) -> "MatRIS":
         """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
@@ -619,9 +620,10 @@ class MatRIS(nn.Module):
         cached and verified the same way. ``targets``: override what the model is taken to
         predict (``"efs"``: no magnetic moments); by default the checkpoint's own, then the
         registry's. ``progress``: show a download bar (``None``: when stderr is a terminal).
-        ``device``: "cpu", "cuda", "cuda:N" or "auto" (CUDA when present); ``dtype``: float32
-        or float64 (or their names). Without ``model`` the bundled demo model is loaded, and
-        the first such load in a process says so (a ``UserWarning``; one stderr line in the CLI).
+        ``device``: "auto" (the default: CUDA when present, else the CPU), "cpu", "cuda" or
+        "cuda:N"; ``dtype``: float32 (the default) or float64 (or their names). Without ``model``
+        the bundled demo model is loaded, and the first such load in a process says so (a
+        ``UserWarning``; one stderr line in the CLI).
         """
         from ..bundled import announce_default_model
         from ..devices import resolve_device, resolve_dtype
@@ -653,13 +655,22 @@ class MatRIS(nn.Module):
         weight = state_dict.get(ckpt_io.REFERENCE_KEY)
         if weight is not None:
             model.reference_energy = ReferenceEnergy(int(weight.shape[-1]))
+        wrong = ckpt_io.shape_mismatches(model.state_dict(), state_dict)
+        if wrong:  # named here in one line: torch's message lists every tensor over many lines
+            more = f" (and {len(wrong) - 1} more tensors)" if len(wrong) > 1 else ""
+            raise CheckpointError(
+                f"{source}: state_dict does not match its config (the weights do not fit the architecture it "
+                f"describes): {wrong[0]}{more}; the config and the state_dict must come from the same model (save it "
+                "with model.save(PATH))")
         try:
             missing, unexpected = model.load_state_dict(state_dict, strict=False)
-        except RuntimeError as exc:  # tensor shapes that do not fit the config
-            raise CheckpointError(f"{source}: state_dict does not match its config: {str(exc)[:500]}") from exc
+        except RuntimeError as exc:  # anything else torch refuses
+            first = str(exc).strip().splitlines()[-1].strip()[:300]
+            raise CheckpointError(f"{source}: state_dict does not match its config: {first}") from exc
         if missing or unexpected:
             raise CheckpointError(
-                f"{source}: state_dict does not match its config: missing {missing[:5]}{'…' if len(missing) > 5 else ''},"
+                f"{source}: state_dict does not match its config: "
+                f"missing {missing[:5]}{'…' if len(missing) > 5 else ''},"
                 f" unexpected {unexpected[:5]}{'…' if len(unexpected) > 5 else ''}"
             )
         return model.eval()

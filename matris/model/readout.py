@@ -60,6 +60,8 @@ class ReferenceEnergy(nn.Module):
 
     def forward(self, atomic_numbers: torch.Tensor, atom_batch: torch.Tensor, n_atoms: torch.Tensor) -> torch.Tensor:
         """Per-structure mean reference energy ``[S]``, eV/atom."""
-        counts = torch.zeros(n_atoms.shape[0], self.num_elements, dtype=self.fc.weight.dtype, device=atomic_numbers.device)
-        counts.index_put_((atom_batch, atomic_numbers - 1), torch.ones_like(atom_batch, dtype=counts.dtype), accumulate=True)
+        counts = torch.zeros(n_atoms.shape[0], self.num_elements, dtype=self.fc.weight.dtype,
+                             device=atomic_numbers.device)
+        counts.index_put_((atom_batch, atomic_numbers - 1), torch.ones_like(atom_batch, dtype=counts.dtype),
+                          accumulate=True)
         return self.fc(counts / n_atoms.unsqueeze(1).to(counts.dtype)).squeeze(-1)

@@ -5,9 +5,9 @@ Training on forces differentiates twice: the forces are ``−∂E/∂x`` with ``
 loss on them is differentiated again. Kept whole, that graph holds every intermediate of every
 block (the forward's and the first backward's): 16 GB for a 16-atom rocksalt oxide (15,872
 angles) with the published 10M architecture, about 60 GB for a 64-atom one (the memory model's
-prediction; ``benchmarks/train_memory.py``, ``benchmarks/results/train_memory.json``). ``torch.utils.checkpoint`` does not help here: the first backward
-recomputes a block and its ``create_graph`` graph then keeps the recomputed tensors alive until the
-second.
+prediction; ``benchmarks/train_memory.py``, ``benchmarks/results/train_memory.json``).
+``torch.utils.checkpoint`` does not help here: the first backward recomputes a block and its
+``create_graph`` graph then keeps the recomputed tensors alive until the second.
 
 Here a block is one autograd node whose backward is itself one differentiable node:
 

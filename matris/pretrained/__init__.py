@@ -5,7 +5,9 @@ and :func:`resolve`, which turns a name, URL or path into a local checkpoint fil
 on every later load. Environment variables: ``MATRIS_CACHE`` (cache folder),
 ``MATRIS_OFFLINE=1`` (never download), ``MATRIS_DOWNLOAD_TIMEOUT`` (seconds per connect/read,
 default 30), ``MATRIS_DOWNLOAD_RETRIES`` (default 5) and ``MATRIS_DOWNLOAD_BACKOFF`` (seconds
-before the first retry, doubled each time; default 1).
+before the first retry, doubled each time; default 1). A server that cannot be reached at all
+(no network: the host name does not resolve, the connection is refused) is not retried: the
+load fails at once with one message saying where to put a file fetched elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .cache import (
     fetch_url,
     is_offline,
     list_models,
+    locate,
     model_info,
     read_records,
     resolve,
@@ -28,12 +31,13 @@ from .cache import (
     url_cache_path,
     verify_checkpoint,
 )
-from .download import DownloadSettings, check_url, fetch_to_part, file_lock, part_path
+from .download import DownloadSettings, UnreachableError, check_url, fetch_to_part, file_lock, part_path
 from .registry import REGISTRY, ModelEntry, Registry, get_entry, normalize_name, register, unregister
 
 __all__ = [
     "ModelEntry", "Registry", "REGISTRY", "register", "unregister", "get_entry", "normalize_name",
-    "resolve", "download", "fetch", "fetch_url", "cache_dir", "is_offline", "cached_path", "url_cache_path",
+    "resolve", "locate", "download", "fetch", "fetch_url", "cache_dir", "is_offline", "cached_path", "url_cache_path",
     "cached_models", "list_models", "model_info", "available_offline", "read_records", "sha256_file",
-    "verify_checkpoint", "entry_for_file", "DownloadSettings", "check_url", "fetch_to_part", "file_lock", "part_path",
+    "verify_checkpoint", "entry_for_file", "DownloadSettings", "UnreachableError", "check_url", "fetch_to_part",
+    "file_lock", "part_path",
 ]

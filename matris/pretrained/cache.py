@@ -28,7 +28,7 @@ from ..errors import (
     VerificationError,
 )
 from . import registry as _registry
-from .download import _stderr_is_tty, check_url, fetch_to_part, file_lock, part_path
+from .download import UnreachableError, _stderr_is_tty, check_url, fetch_to_part, file_lock, part_path
 from .registry import ModelEntry
 
 RECORDS = "checksums.json"
@@ -246,11 +246,15 @@ def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, w
     for k, url in enumerate(urls):
         if k:  # a partial file of another source is not trusted
             part_path(path).unlink(missing_ok=True)
-            print(f"matris: downloading {what} from {urls[k - 1]} failed; trying {url}", file=sys.stderr, flush=True)
+            if not isinstance(failures[-1], UnreachableError):  # no network: the one error at the end says it
+                print(f"matris: downloading {what} from {urls[k - 1]} failed; trying {url}", file=sys.stderr,
+                      flush=True)
         try:
             return _download_verified(url, path, entry, what, progress)
         except DownloadError as exc:
             failures.append(exc)
+    if all(isinstance(exc, UnreachableError) for exc in failures):
+        raise UnreachableError(_no_network_message(urls, path, what, failures)) from failures[-1]
     if all(isinstance(exc, VerificationError) for exc in failures):
         if len(failures) == 1:
             raise failures[0]
@@ -259,6 +263,23 @@ def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, w
         f"could not download {what} from any of its {len(urls)} URLs: "
         + " | ".join(f"{url}: {exc}" for url, exc in zip(urls, failures)))
     raise DownloadError(f"{text} Or {_by_hand(urls, path)}.") from failures[-1]
+
+
+def _no_network_message(urls: tuple[str, ...], path: Path, what: str, failures: list[DownloadError]) -> str:
+    """One line for a download that reached none of its servers: what failed, and how to use
+    the model on a machine without network (a copy in the cache, MATRIS_OFFLINE=1)."""
+    by_reason: dict[str, list[str]] = {}
+    for exc in failures:
+        hosts = by_reason.setdefault(getattr(exc, "why", "") or str(exc), [])
+        if getattr(exc, "host", "") and exc.host not in hosts:
+            hosts.append(exc.host)
+    reasons = "; ".join(f"cannot reach {' or '.join(hosts)}: {why}" if hosts else why
+                        for why, hosts in by_reason.items())
+    how = (f"'matris download {what}', or by hand from {urls[0]}" if "://" not in what
+           else f"e.g. curl -L -o FILE {what}")
+    return (f"cannot download {what}: {reasons}. Without network, fetch the file on a machine that has it ({how}), "
+            f"copy it to {path} (in the cache folder {cache_dir()}; MATRIS_CACHE moves it), and set MATRIS_OFFLINE=1 "
+            "so that matris uses the cache without trying the network")
 
 
 def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str, progress: bool) -> Path:
@@ -307,25 +328,43 @@ def resolve(model: str | os.PathLike | None = None, *, force: bool = False, prog
     neither a name nor an existing file raises :class:`UnknownModelError` (with a "did you
     mean") or, if it looks like a path, ``FileNotFoundError``.
     """
+    kind, target = locate(model)
+    if kind == "url":
+        return fetch_url(target, force=force, progress=progress)
+    if kind == "entry":
+        return fetch(target, force=force, progress=progress)
+    return target
+
+
+def locate(model: str | os.PathLike | None) -> tuple[str, Any]:
+    """What ``model`` names, checked without the network and without torch: ``("path",
+    Path)`` for the bundled model or a checkpoint file, ``("url", str)`` or ``("entry",
+    ModelEntry)`` for what :func:`resolve` then fetches. Raises what :func:`resolve` raises
+    for an unknown name, a missing path, a folder, an empty or non-torch file, a refused URL
+    or a model without a public URL, so a command can check ``--model`` before its work."""
     if model is None:
         from ..bundled import DEMO_CHECKPOINT
 
-        return DEMO_CHECKPOINT
+        return "path", DEMO_CHECKPOINT
     if isinstance(model, os.PathLike):
-        return _existing_path(Path(model))
+        return "path", _existing_path(Path(model))
     text = str(model).strip()
     if not text:
         raise UnknownModelError(_registry.REGISTRY.unknown_message(text))
     if "://" in text or text.lower().startswith(("http:", "https:", "ftp:", "file:")):
-        return fetch_url(text, force=force, progress=progress)
+        return "url", check_url(text)
     if not _looks_like_path(text):
         entry = _registry.REGISTRY.find(text)
         if entry is not None:
-            return fetch(entry, force=force, progress=progress)
+            if entry.bundled:
+                return "path", Path(entry.path)
+            if entry.url is None:
+                raise ModelUnavailableError(f"model {entry.name!r} cannot be downloaded: {entry.unavailable_reason}.")
+            return "entry", entry
         if not Path(text).exists():
             raise UnknownModelError(_registry.REGISTRY.unknown_message(text)
                                     + " (No checkpoint file of that name exists either.)")
-    return _existing_path(Path(text).expanduser())
+    return "path", _existing_path(Path(text).expanduser())
 
 
 def download(model: str, *, force: bool = False, progress: bool | None = None) -> Path:
@@ -342,12 +381,10 @@ def _looks_like_path(text: str) -> bool:
 
 
 def _existing_path(path: Path) -> Path:
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no checkpoint at {path}; give the path of a published-format checkpoint (*.pth.tar), an https:// URL, "
-            f"or a model name: {', '.join(_registry.REGISTRY.names())} (see 'matris models')"
-        )
-    return path
+    """``path`` if it is a file that looks like a checkpoint (see :func:`matris.checkpoint_files.check_path`)."""
+    from ..checkpoint_files import check_path
+
+    return check_path(path, f", or a model name: {', '.join(_registry.REGISTRY.names())} (see 'matris models')")
 
 
 def entry_for_file(path: str | os.PathLike) -> ModelEntry | None:
@@ -461,6 +498,6 @@ def _count_parameters(path: Path) -> int | None:
 
 __all__ = [
     "cache_dir", "is_offline", "cached_path", "url_cache_path", "sha256_file", "read_records",
-    "verify_checkpoint", "fetch", "fetch_url", "resolve", "download", "model_info", "list_models",
+    "verify_checkpoint", "fetch", "fetch_url", "resolve", "locate", "download", "model_info", "list_models",
     "cached_models", "available_offline", "entry_for_file",
 ]

@@ -9,8 +9,10 @@ rest with an HTTP ``Range`` request.
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -123,7 +125,36 @@ def file_lock(path: str | os.PathLike, waiting_message: str | None = None) -> It
 
 
 class _Retryable(Exception):
-    """A failure that another attempt may fix (connection, timeout, short body, 5xx)."""
+    """A failure that another attempt may fix (a connection lost or timed out, a short body, 5xx)."""
+
+
+class UnreachableError(DownloadError):
+    """The server cannot be reached at all: its host name does not resolve, or the connection
+    is refused or has no route (no network, a firewall, a proxy that is down). Not retried:
+    seconds later the answer is the same, and a user without network should hear it at once.
+    ``host`` and ``why``: the server and the reason, for a message that joins several."""
+
+    def __init__(self, message: str, host: str = "", why: str = ""):
+        super().__init__(message)
+        self.host, self.why = host, why
+
+
+# errno of a connection that cannot be made (as opposed to one that was made and then failed)
+_UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL,
+                       errno.ENETDOWN}
+
+
+def unreachable_reason(exc: BaseException) -> str | None:
+    """Why a request could not reach its server ("the host name does not resolve", ...), or
+    ``None`` when it is another failure (a timeout, an HTTP error, a lost connection)."""
+    reason = getattr(exc, "reason", exc) if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, socket.gaierror):
+        return "the host name does not resolve (no network or no DNS)"
+    if isinstance(reason, ConnectionRefusedError):
+        return "the connection was refused"
+    if isinstance(reason, OSError) and reason.errno in _UNREACHABLE_ERRNOS:
+        return f"no route to it ({os.strerror(reason.errno)})"
+    return None
 
 
 def part_path(dest: str | os.PathLike) -> Path:
@@ -139,11 +170,12 @@ def fetch_to_part(url: str, dest: str | os.PathLike, *, progress: bool | None = 
     Returns ``(part, resumed)``: ``resumed`` says whether the final data include bytes
     received before this call's first request (from a ``Range`` resume of an earlier run).
     ``progress``: show a tqdm bar on stderr (``None``: only when stderr is a terminal).
-    Network errors, timeouts, short bodies, HTTP 408/429/5xx, and answers that carry no file
+    Lost connections, timeouts, short bodies, HTTP 408/429/5xx, and answers that carry no file
     (a 2xx other than 200/203/206 such as figshare's 202 browser check, an empty body, an
     HTML page) are retried ``settings.retries`` times with exponential backoff; such answers
-    never touch ``part``. Other HTTP errors raise :class:`DownloadError` at once. The caller
-    must hold the lock of ``dest``.
+    never touch ``part``. A server that cannot be reached at all (the host name does not
+    resolve, the connection is refused: no network) raises :class:`UnreachableError` at once,
+    and other HTTP errors :class:`DownloadError`. The caller must hold the lock of ``dest``.
     """
     check_url(url)
     settings = settings or DownloadSettings.from_env()
@@ -202,6 +234,10 @@ def _attempt(opener, url: str, part: Path, timeout: float, progress: bool, label
     except DownloadError:
         raise
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        why = unreachable_reason(exc)
+        if why is not None:  # no network: retrying would only make the user wait
+            host = urllib.parse.urlsplit(url).hostname or url
+            raise UnreachableError(f"cannot reach {host}: {why}", host, why) from exc
         raise _Retryable(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from exc
 
     with response:
@@ -238,7 +274,8 @@ def _attempt(opener, url: str, part: Path, timeout: float, progress: bool, label
             raise _Retryable(f"HTTP {status} with an empty body")
         if not resuming and chunk.lstrip()[:1] == b"<":
             # a checkpoint starts with "PK" (zip) or a pickle opcode, never "<": a web page
-            raise _Retryable(f"HTTP {status} with an HTML/XML page instead of the file (starts {chunk.lstrip()[:30]!r})")
+            raise _Retryable(
+                f"HTTP {status} with an HTML/XML page instead of the file (starts {chunk.lstrip()[:30]!r})")
         if not resuming:
             offset = 0
             state["restarted"] = True
@@ -295,4 +332,5 @@ def _user_agent() -> str:
 
     return f"matris/{__version__} (+python-urllib)"
 
-__all__ = ["DownloadSettings", "check_url", "file_lock", "fetch_to_part", "part_path", "LOOPBACK_HOSTS"]
+__all__ = ["DownloadSettings", "UnreachableError", "check_url", "file_lock", "fetch_to_part", "part_path",
+           "unreachable_reason", "LOOPBACK_HOSTS"]

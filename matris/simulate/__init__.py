@@ -3,11 +3,12 @@ batched relaxation/MD of many structures on one device through torch-sim.
 
 Every function takes ASE Atoms or pymatgen Structures and defaults to the bundled model.
 The batched path needs the optional ``torch-sim-atomistic`` package (``pip install
-matris[sim]``) and is imported only when used.
+'matris-mlip[sim]'``) and is imported only when used; phonons need phonopy (``pip install
+'matris-mlip[phonons]'``), loaded when :func:`phonons` runs.
 """
 
-from .eos import EOSResult, equation_of_state
 from .dynamics import MDResult, md
+from .eos import EOSResult, equation_of_state
 from .phonon import PhononResult, phonons
 from .relaxation import RelaxResult, relax
 

@@ -20,15 +20,18 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..extras import require
+
 try:
     import torch_sim as ts
     from torch_sim.models.interface import ModelInterface
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "batched simulation needs torch-sim: pip install 'matris[sim]' (torch-sim-atomistic ≥ 0.3.0, Python ≥ 3.11)"
-    ) from exc
+except ImportError:  # pragma: no cover - depends on the environment
+    # torch-sim-atomistic >= 0.3.0 (Python >= 3.11): one line naming the sim extra when it is missing
+    require("torch_sim", "sim", "batched simulation", package="torch-sim-atomistic")
+    raise
 
 from ..calculator import resolve_device, resolve_dtype
+from ..devices import device_and_dtype
 from ..errors import MatRISInputError
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.batch import device_builder_available, device_builder_failed
@@ -36,10 +39,9 @@ from ..model import MatRIS
 from ..model.model import EV_PER_A3_TO_GPA
 from ..structures import like_input, to_atoms, to_system
 from .dynamics import thermalize
-from ..devices import device_and_dtype
 from .inputs import check_positive
 from .progress import Progress
-from .relaxation import RelaxResult
+from .relaxation import RelaxResult, check_pressure
 from .trajectory import snapshot
 
 NEW_API = hasattr(ts, "Optimizer")  # torch-sim ≥ 0.4: enums and *_init/*_step functions
@@ -56,7 +58,7 @@ class MatRISModel(ModelInterface):
     Args:
         model: a :class:`MatRIS`, a checkpoint path, or None for the bundled model.
         device: "cpu", "cuda", "cuda:N" or "auto". dtype: "float32" or "float64". Both
-            default to a :class:`MatRIS`'s own, else "cpu" and float32.
+            default to a :class:`MatRIS`'s own, else "auto" and float32.
         compute_stress: needed for cell relaxation and NPT; off saves time.
     """
 
@@ -177,6 +179,7 @@ def relax_batch(
     check_positive(fmax=fmax)
     if not isinstance(steps, int) or steps < 1:
         raise MatRISInputError(f"steps must be a positive integer, got {steps!r}")
+    check_pressure(pressure, relax_cell)
     items, atoms = _as_atoms(structures, need_cell=relax_cell, what="relaxing the cell")
     ts_model = model if isinstance(model, MatRISModel) else MatRISModel(model, device, dtype,
                                                                           compute_stress=relax_cell)
@@ -359,7 +362,8 @@ def _as_atoms(structures, need_cell: bool, what: str):
     kinds = {tuple(a.pbc) for a in atoms}
     if len(kinds) > 1 or not (all(kinds.pop()) or not any(atoms[0].pbc)):
         raise MatRISInputError(
-            "torch-sim batches structures that are all periodic in 3-D or all non-periodic; got a mix (or a slab/wire): "
+            "torch-sim batches structures that are all periodic in 3-D or all non-periodic; "
+            "got a mix (or a slab/wire): "
             "run these with matris.simulate.relax / md one at a time"
         )
     return items, atoms

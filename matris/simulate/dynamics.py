@@ -77,6 +77,13 @@ class MDResult:
         }
 
 
+def check_pressure(pressure: float, ensemble: str) -> None:
+    """Only a barostat applies a pressure: refuse one that the ensemble would ignore."""
+    if pressure != 0 and ensemble != "npt":
+        raise MatRISInputError(f"pressure={pressure} GPa has no effect in the {str(ensemble).upper()} ensemble (its "
+                               "cell is fixed); use ensemble='npt' (--ensemble npt) or drop the pressure")
+
+
 def md(
     structure: Any,
     ensemble: str = "nve",
@@ -106,7 +113,7 @@ def md(
         ensemble: "nve", "nvt" or "npt".
         temperature: K; the thermostat target (NVT, NPT) and, for a structure without momenta,
             the Maxwell–Boltzmann temperature of the initial velocities (also under NVE).
-        pressure: GPa, the NPT target.
+        pressure: GPa, the NPT target (a nonzero pressure in another ensemble is an error).
         timestep: fs. steps: total number of steps of the run (a resumed run does the rest).
         thermostat: NVT only: "langevin", "nose-hoover" (chain of 3) or "bussi".
         friction: Langevin friction, 1/fs. tdamp: Nosé–Hoover/Bussi/NPT thermostat time, fs.
@@ -126,6 +133,7 @@ def md(
     from ase import units
 
     _check_arguments(ensemble, thermostat, timestep, steps, loginterval, temperature, friction, tdamp, pdamp)
+    check_pressure(pressure, ensemble)
     atoms = prepare(structure, model, device, dtype, compute_stress=ensemble == "npt")
     if ensemble == "npt":
         require_periodic(atoms, "NPT dynamics", "use ensemble='nvt' for slabs, wires and molecules")

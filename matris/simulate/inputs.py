@@ -18,8 +18,8 @@ from ..structures import to_atoms, to_system
 ModelLike = MatRIS | MatRISCalculator | str | os.PathLike | None
 
 
-def calculator(model: ModelLike = None, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-               compute_stress: bool = True) -> MatRISCalculator:
+def calculator(model: ModelLike = None, device: str | torch.device | None = None,
+               dtype: str | torch.dtype | None = None, compute_stress: bool = True) -> MatRISCalculator:
     """A :class:`MatRISCalculator` for ``model``: a calculator (used as is), a :class:`MatRIS`,
     a checkpoint path, or None / "demo" for the bundled model."""
     if isinstance(model, MatRISCalculator):
@@ -31,9 +31,29 @@ def calculator(model: ModelLike = None, device: str | torch.device | None = None
 def prepare(structure: Any, model: ModelLike = None, device: str | torch.device | None = None,
             dtype: str | torch.dtype | None = None, compute_stress: bool = True, index: int | None = None):
     """A checked copy of ``structure`` as ASE Atoms with a MatRIS calculator attached."""
-    atoms = to_atoms(structure, index)
-    to_system(atoms).validate(index)
+    atoms = check_structure(structure, index)
     atoms.calc = calculator(model, device, dtype, compute_stress)
+    return atoms
+
+
+def check_structure(structure: Any, index: int | None = None):
+    """A copy of ``structure`` as ASE Atoms, checked as the model would check it (elements,
+    finite positions, a proper cell, no overlapping atoms), before any model is loaded.
+
+    The overlap check is here and not only in the graph builder: phonopy's symmetry search
+    (spglib) meets a structure before the model does, and fails on one with a traceback."""
+    from ..graph.neighbors import half_neighbor_list
+    from ..graph.system import MIN_DISTANCE
+
+    atoms = to_atoms(structure, index)
+    system = to_system(atoms)
+    system.validate(index)
+    i, j, _, d = half_neighbor_list(system, MIN_DISTANCE)
+    if len(d):
+        m = int(d.argmin())
+        raise MatRISInputError(
+            f"{system.label(index)}: atoms {int(i[m])} and {int(j[m])} are {d[m]:.4f} Å apart, closer than "
+            f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix the positions.")
     return atoms
 
 

@@ -13,10 +13,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..atomic import atomic_path
 from ..errors import MatRISInputError
+from ..extras import require
 from .inputs import ModelLike, check_positive, prepare, require_periodic
 from .plots import phonon_figure, save_figure
-from ..atomic import atomic_path
 
 IMAGINARY_TOLERANCE_THZ = 0.05  # |ν| below this at Γ is numerical noise of the acoustic modes
 
@@ -95,7 +96,7 @@ def phonons(
     residual forces of a not fully relaxed input do not enter the force constants.
     """
     from ase import Atoms
-    from phonopy import Phonopy
+    Phonopy = require("phonopy", "phonons", "phonon calculations").Phonopy
     from phonopy.structure.atoms import PhonopyAtoms
 
     check_positive(displacement=displacement, t_step=t_step, min_supercell_length=min_supercell_length)
@@ -107,8 +108,20 @@ def phonons(
     reps = _supercell(atoms, supercell, min_supercell_length)
     unit = PhonopyAtoms(symbols=atoms.get_chemical_symbols(), cell=np.asarray(atoms.cell),
                         scaled_positions=atoms.get_scaled_positions())
-    ph = Phonopy(unit, supercell_matrix=np.diag(reps), primitive_matrix=primitive, symprec=symprec)
-    ph.generate_displacements(distance=displacement)
+    try:
+        with warnings.catch_warnings():
+            # phonopy 4 warns that primitive_matrix "auto" is its new default: it is our choice, asked for
+            warnings.filterwarnings("ignore", message=".*primitive_matrix.*")
+            ph = Phonopy(unit, supercell_matrix=np.diag(reps), primitive_matrix=primitive, symprec=symprec)
+            ph.generate_displacements(distance=displacement)
+    except Exception as exc:  # noqa: BLE001 - spglib and phonopy raise their own types; say it in one line
+        if type(exc).__module__.split(".")[0] not in ("spglib", "phonopy") and not isinstance(exc, (ValueError,
+                                                                                                   RuntimeError)):
+            raise
+        raise MatRISInputError(
+            f"structure {name}: phonopy could not analyse its symmetry ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:150] if str(exc).strip() else 'no message'}); check the "
+            f"structure (relax it first, or pass a larger symprec than {symprec:g})") from None
 
     def as_atoms(cell):
         return Atoms(symbols=cell.symbols, cell=cell.cell, scaled_positions=cell.scaled_positions, pbc=True)

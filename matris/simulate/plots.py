@@ -57,8 +57,9 @@ def phonon_figure(result):
 
 
 def _figure(ncols, size, **kwargs):
-    import matplotlib
+    from ..extras import require
 
+    matplotlib = require("matplotlib", "plot", "plotting")
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 

@@ -63,6 +63,21 @@ class RelaxResult:
         }
 
 
+def check_pressure(pressure: float, relax_cell: bool, cell_filter: str | None = None) -> None:
+    """An external pressure acts only through the cell: refuse one that would be ignored."""
+    if not isinstance(pressure, (int, float)) or not np.isfinite(pressure):
+        raise MatRISInputError(f"pressure must be a finite number (GPa), got {pressure!r}")
+    if pressure == 0:
+        return
+    if not relax_cell:
+        raise MatRISInputError(
+            f"pressure={pressure} GPa needs a cell relaxation, but relax_cell=False (--fixed-cell) keeps the cell "
+            "fixed, so the pressure would have no effect; drop the pressure or relax the cell")
+    if cell_filter == "StrainFilter":
+        raise MatRISInputError(f"pressure={pressure} GPa: ASE's StrainFilter takes no pressure; use "
+                               "FrechetCellFilter, ExpCellFilter or UnitCellFilter, or drop the pressure")
+
+
 def relax(
     structure: Any,
     fmax: float = 0.05,
@@ -86,10 +101,11 @@ def relax(
         optimizer: an ASE optimizer name, one of :data:`OPTIMIZERS`.
         cell_filter: an ASE cell filter, one of :data:`CELL_FILTERS` (used when ``relax_cell``).
         relax_cell: relax the cell as well as the positions (needs a 3-D periodic cell).
-        pressure: external pressure for the cell relaxation, GPa.
+        pressure: external pressure for the cell relaxation, GPa; with ``relax_cell=False``
+            (or the StrainFilter) a nonzero pressure is an error, since it would have no effect.
         model: a :class:`MatRIS`, a :class:`MatRISCalculator`, a checkpoint path, or None
             for the bundled model. device ("cpu", "cuda", "auto") and dtype ("float32",
-            "float64"): default to a :class:`MatRIS`'s own, else "cpu" and float32.
+            "float64"): default to a :class:`MatRIS`'s own, else "auto" and float32.
         trajectory: also write every step to this file (.extxyz or .traj), atomically.
         logfile: ASE optimizer log ("-" for stdout; None for none).
         callback: called as ``callback(atoms, step)`` after every step.
@@ -103,6 +119,7 @@ def relax(
         raise MatRISInputError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     if relax_cell and cell_filter not in CELL_FILTERS:
         raise MatRISInputError(f"unknown cell filter {cell_filter!r}; choose one of {', '.join(CELL_FILTERS)}")
+    check_pressure(pressure, relax_cell, cell_filter)
     atoms = prepare(structure, model, device, dtype, compute_stress=relax_cell)
     if relax_cell:
         require_periodic(atoms, "relaxing the cell", "pass relax_cell=False (--fixed-cell) to relax positions only")

@@ -13,8 +13,8 @@ from typing import Iterable
 
 import numpy as np
 
-from ..errors import MatRISInputError
 from ..atomic import atomic_path
+from ..errors import MatRISInputError
 
 FORMATS = {".traj": "traj", ".extxyz": "extxyz", ".xyz": "extxyz"}
 

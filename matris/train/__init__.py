@@ -9,20 +9,23 @@
 from typing import TYPE_CHECKING
 
 from .config import TrainConfig
-from .loss import compute_loss
-from .reference import fit_reference_energies
 
 if TYPE_CHECKING:  # for type checkers and the API docs; at run time see __getattr__
+    from .loss import compute_loss
+    from .reference import fit_reference_energies
     from .run import TrainResult, fit
 
 __all__ = ["TrainConfig", "fit", "TrainResult", "compute_loss", "fit_reference_energies"]
 
 
-def __getattr__(name: str):
-    # Lightning is imported with the training loop, not with the config: `matris --help` and
-    # `matris train --help` read the config's keys and should not wait seconds for Lightning.
-    if name in ("fit", "TrainResult"):
-        from . import run
+_LAZY = {"fit": ".run", "TrainResult": ".run", "compute_loss": ".loss", "fit_reference_energies": ".reference"}
 
-        return getattr(run, name)
+
+def __getattr__(name: str):
+    # Lightning (and torch) are imported with the training loop, not with the config: `matris
+    # train --help` reads the config's keys and should not wait seconds for them.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

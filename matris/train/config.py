@@ -127,12 +127,14 @@ class DataConfig:
     energy_key: typing.Optional[str] = _f(None, "ASE files: info key of the total energy (eV); default: stored results")
     forces_key: typing.Optional[str] = _f(None, "ASE files: arrays key of the forces (eV/Å); default: stored results")
     stress_key: typing.Optional[str] = _f(None, "ASE files: info key of the stress; default: stored results")
-    magmoms_key: typing.Optional[str] = _f(None, "ASE files: arrays key of magnetic moments (μB); default: stored results")
+    magmoms_key: typing.Optional[str] = _f(None, "ASE files: arrays key of magnetic moments (μB); "
+                                           "default: stored results")
     material_id_key: typing.Optional[str] = _f(None, "ASE files/db: info key of a material id (for split_by=material)")
     stress_unit: str = _f("eV/A3", "unit of stress read from ASE files (ASE sign convention)",
                           choices=("eV/A3", "GPa", "kbar"))
     mptrj_energy_key: str = _f("corrected_total_energy", "MPtrj files: which energy to train on")
-    cache_dir: typing.Optional[str] = _f(None, "graph cache directory; default $MATRIS_CACHE/graphs or ~/.cache/matris/graphs")
+    cache_dir: typing.Optional[str] = _f(None, "graph cache directory; "
+                                         "default $MATRIS_CACHE/graphs or ~/.cache/matris/graphs")
     cache_angles: bool = _f(True, "store the line graph in the cache too (fastest); false stores bonds only and "
                             "rebuilds angles per batch (about 3x smaller cache, for MPtrj-sized data)")
     max_structures: typing.Optional[int] = _f(32, "batch budget: structures per batch (per device)")
@@ -174,7 +176,8 @@ class OptimConfig:
     lr: float = _f(3e-4, "peak learning rate")
     weight_decay: float = _f(1e-2, "AdamW weight decay (not applied to biases, norms and embeddings)")
     betas: list = _f([0.9, 0.999], "AdamW betas")
-    warmup_steps: typing.Optional[int] = _f(None, "optimizer steps of linear warm-up; default: warmup_fraction of all steps")
+    warmup_steps: typing.Optional[int] = _f(None, "optimizer steps of linear warm-up; "
+                                            "default: warmup_fraction of all steps")
     warmup_fraction: float = _f(0.05, "warm-up as a fraction of all optimizer steps (when warmup_steps is not set)")
     schedule: str = _f("cosine", "after warm-up: 'cosine' decay to min_lr_ratio·lr, or 'constant'",
                        choices=("cosine", "constant"))
@@ -335,11 +338,12 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "TrainConfig":
-        import yaml
+        """A config from a YAML file, or from a published recipe by name (``tiny``,
+        ``matris-10m-oam``: :mod:`matris.recipes`); data paths in it are relative to the file."""
+        from ..recipes import find
 
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no config file {path}; see examples/configs/ for examples")
+        path = find(path)
+        yaml = _yaml("reading a training config")
         try:
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
@@ -360,8 +364,7 @@ class TrainConfig:
         return config
 
     def to_yaml(self) -> str:
-        import yaml
-
+        yaml = _yaml("writing a training config")
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def override(self, key: str, value: Any) -> None:
@@ -441,12 +444,18 @@ def _suggest(word: str, options) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _yaml(feature: str):
+    """The yaml module (PyYAML, installed with the train and data extras)."""
+    from ..extras import require
+
+    return require("yaml", "train", feature, package="pyyaml")
+
+
 def _parse_cli(value: Any, f: dataclasses.Field) -> Any:
     """Command-line strings are read as YAML scalars/lists: 1e-3, true, null, [1, 2]."""
     if not isinstance(value, str):
         return value
-    import yaml
-
+    yaml = _yaml("reading command-line overrides")
     try:
         parsed = yaml.safe_load(value)
     except yaml.YAMLError:
@@ -501,8 +510,8 @@ def _coerce(value: Any, f: dataclasses.Field, key: str, source: str) -> Any:
     return value
 
 
-__all__ = ["TrainConfig", "DataConfig", "DatasetConfig", "LossConfig", "OptimConfig", "ReferenceConfig", "FinetuneConfig",
-           "TrainerConfig", "iter_keys"]
+__all__ = ["TrainConfig", "DataConfig", "DatasetConfig", "LossConfig", "OptimConfig", "ReferenceConfig",
+           "FinetuneConfig", "TrainerConfig", "iter_keys"]
 
 
 def parse_memory(value) -> int | None:

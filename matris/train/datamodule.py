@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -16,9 +15,10 @@ from ..data import BudgetBatchSampler, MultiPacked, build_or_load
 from ..data.cache import PackedDataset
 from ..data.readers import expand_data_paths
 from ..errors import MatRISInputError
+from ._lightning import L
 from .config import DataConfig, DatasetConfig
-from .reference import fit_reference_energies_chunked, read_reference_energies
 from .module import TrainBatch
+from .reference import fit_reference_energies_chunked, read_reference_energies
 
 
 def reader_options(config: Any, defaults: DataConfig | None = None) -> dict[str, Any]:

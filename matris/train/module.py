@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import lightning as L
 import torch
 
 from ..model import MatRIS
+from ._lightning import L
 from .config import TrainConfig
 from .loss import ErrorSums, compute_loss
 

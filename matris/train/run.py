@@ -20,16 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from ..atomic import atomic_path, write_text
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, MissingExtraError
 from ..model import MatRIS
+from ._lightning import (
+    Callback,
+    L,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    TorchCheckpointIO,
+    TQDMProgressBar,
+    rank_zero_info,
+    rank_zero_only,
+)
 from .config import TrainConfig
 from .datamodule import MatRISDataModule
 from .module import MatRISModule
@@ -287,7 +293,10 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
             subset = data.val_set if has_val else data.train_set
             pred = evaluate(module.eval_model, subset, data)
             metrics.update(parity_errors(pred))
-            parity_plot(pred, out_dir / "parity.png", title="validation set" if has_val else "training set")
+            try:
+                parity_plot(pred, out_dir / "parity.png", title="validation set" if has_val else "training set")
+            except MissingExtraError as exc:  # the model is trained and saved: say why there is no plot, go on
+                rank_zero_info(f"matris: no parity.png: {exc}")
         write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
     return TrainResult(out_dir, best_model if best_model.is_file() else None, last_model, metrics, module)
 
@@ -324,8 +333,9 @@ def parity_errors(pred: dict[str, np.ndarray]) -> dict[str, float]:
 
 def parity_plot(pred: dict[str, np.ndarray], path: Path, title: str = "validation set") -> Path:
     """Predicted vs reference energies per atom and force components, as a PNG."""
-    import matplotlib
+    from ..extras import require
 
+    matplotlib = require("matplotlib", "plot", "the parity plot (trainer.parity_plot)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

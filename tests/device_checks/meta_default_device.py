@@ -1,6 +1,7 @@
 """The model's Triton path (interpreted on CPU tensors) and its PyTorch path with
-``torch.set_default_device("meta")`` in force: any tensor the code creates without an explicit device lands on "meta" and the run
-fails, which is how a tensor created on the wrong device (a CUDA bug) shows on a CPU.
+``torch.set_default_device("meta")`` in force: any tensor the code creates without an explicit
+device lands on "meta" and the run fails, which is how a tensor created on the wrong device (a
+CUDA bug) shows on a CPU.
 
 Run as a script with TRITON_INTERPRET=1 MATRIS_KERNELS=triton (tests/test_device_hygiene.py
 does); prints one line per case and exits non-zero on any failure.
@@ -59,7 +60,8 @@ def main() -> int:
     failed = 0
     cases = [(f, d, "triton") for f in ("small_sh_float64", "small_fourier_float64")
              for d in (torch.float32, torch.float64)]
-    cases += [(f, torch.float64, "torch") for f in ("small_sh_float64", "small_fourier_float64", "mixed_widths_float64")]
+    cases += [(f, torch.float64, "torch")
+              for f in ("small_sh_float64", "small_fourier_float64", "mixed_widths_float64")]
     for folder, dtype, backend in cases:
         name = f"{backend:6s} {folder} {str(dtype).removeprefix('torch.')}"
         try:

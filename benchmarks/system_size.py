@@ -1,0 +1,128 @@
+"""How the published architecture's memory grows with the system: one energy + forces + stress
+call of the MatRIS-10M architecture on diamond Si cells of growing size, on the CPU.
+
+    python benchmarks/system_size.py --json benchmarks/results/system_size_cpu.json
+
+Model: ``MatRISConfig.published_10m()`` (the architecture of matris-10m-oam, -mp and -omat:
+10 blocks of width 128, r_c 6 Å, r_3 4.5 Å) with random weights, float32, through the ASE
+calculator (``MatRISCalculator``) with the default CPU kernels. Speed and memory depend on the
+architecture and the graph, not on the weights. Structures: the standard rattled diamond Si
+cells of ``matris bench`` (``matris.bench.standard_structure``).
+
+Each (size, memory level) runs in a fresh process, so its peak memory is its own: the
+process's peak resident set size (``ru_maxrss``), which includes Python, torch and the model
+(what a user's process needs). Per size it runs the memory level the model picks by itself on
+this machine (``auto``) and level 2, the level that keeps the least (see docs/memory.md). One
+warm-up call on Si8 first (the fused operators' first call), then one timed call.
+
+From the level-2 rows, a straight line through peak memory against the number of angles
+(the line graph sets the cost) tells how many atoms fit in a given memory; the documentation's
+table renders it from this file (``benchmarks/tables.py``). Each row also records the time of
+its call and the load average, but peak memory does not depend on other work on the machine
+while time does: the documentation's speed tables come from ``benchmarks/cpu_speed.py``, which
+times its variants side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def child(atoms_count: int, level: str, threads: int | None) -> dict:
+    """One timed E+F+S call in this (fresh) process."""
+    import resource
+
+    import torch
+
+    from matris import MatRIS, MatRISCalculator, MatRISConfig
+    from matris.bench import standard_structure
+    from matris.graph import GraphBatch
+    from matris.structures import to_system
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = MatRIS(MatRISConfig.published_10m()).eval()
+    if level != "auto":
+        model.checkpointing = int(level)
+    calc = MatRISCalculator(model, device="cpu", dtype=torch.float32)
+    warm = standard_structure("si", 8).atoms
+    calc.calculate(warm, ["energy", "forces", "stress"])
+    atoms = standard_structure("si", atoms_count).atoms
+    c = model.config
+    graph = GraphBatch.from_systems([to_system(atoms)], c.pairwise_cutoff, c.three_body_cutoff)
+    chosen = model.checkpoint_level(graph, torch.float32, kernels=model.kernels_for(torch.device("cpu")))
+    calc.reset()
+    t0 = time.perf_counter()
+    calc.calculate(atoms, ["energy", "forces", "stress"])
+    seconds = time.perf_counter() - t0
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"atoms": len(atoms), "bonds": int(graph.num_bonds), "angles": int(graph.num_angles),
+            "requested_level": level, "level": int(chosen), "efs_s": seconds, "peak_rss_GB": peak_kib * 1024 / 1e9,
+            "threads": torch.get_num_threads()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[64, 216, 512], help="Si atoms (multiples of 8)")
+    p.add_argument("--levels", nargs="+", default=["auto", "2"], help="memory levels: auto, 0, 1, 2")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("--child", nargs=2, metavar=("ATOMS", "LEVEL"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), args.child[1], args.threads)))
+        return 0
+
+    import os
+
+    load_start = os.getloadavg()[0]
+    rows = []
+    for n in args.sizes:
+        for level in args.levels:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), level]
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"Si{n}, level {level}: the child process failed")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(f"Si{row['atoms']:<5} {row['angles']:>9,} angles  level {row['level']} ({level:>4})  "
+                  f"E+F+S {row['efs_s']:7.2f} s  peak RSS {row['peak_rss_GB']:5.2f} GB", flush=True)
+    result: dict = {"rows": rows, "load_average_start": load_start, "load_average_end": os.getloadavg()[0]}
+    import numpy as np
+
+    least = [r for r in rows if r["requested_level"] == "2"]
+    if len(least) >= 2:
+        slope, intercept = np.polyfit([r["angles"] for r in least], [r["peak_rss_GB"] for r in least], 1)
+        result["level2_fit"] = {"GB_per_angle": float(slope), "GB_fixed": float(intercept)}
+    if args.json:
+        import torch
+
+        from benchmarks.provenance import provenance
+        from matris import MatRIS, MatRISConfig
+
+        result["parameters"] = sum(q.numel() for q in MatRIS(MatRISConfig.published_10m()).parameters())
+        result["dtype"] = "float32"
+        result["device"] = "cpu"
+        result["meta"] = provenance(argv, "MatRIS published 10M architecture (MatRISConfig.published_10m()), "
+                                          "random weights")
+        result["meta"]["torch_threads"] = torch.get_num_threads() if not args.threads else args.threads
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
