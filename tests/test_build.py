@@ -138,6 +138,7 @@ def _config(tmp_path: Path, data: Path, cache: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_redoes_only_unfinished_shards(tmp_path):
     """A real SIGKILL of ``matris data build`` with 2 workers, then a rerun: finished shards are
     kept (same inodes), the rest is built, and the entry equals an uninterrupted build byte for byte."""

@@ -158,6 +158,7 @@ def test_bad_device_and_dtype_are_clear():
         MatRISCalculator(device="gpu0")
 
 
+@pytest.mark.slow
 def test_quickstart_example_runs():
     import subprocess
     import sys

@@ -32,6 +32,7 @@ def rattled_si(k: int, rng):
 
 
 @pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.slow
 def test_compiled_model_recompiles_at_most_twice_and_matches_eager(dtype, rtol):
     import torch._dynamo
 
@@ -55,6 +56,7 @@ def test_compiled_model_recompiles_at_most_twice_and_matches_eager(dtype, rtol):
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU kernels are off")
+@pytest.mark.slow
 def test_compiled_cpu_model_runs_the_fused_operators_without_graph_breaks():
     """On a CPU the compiled graph calls the registered fused operators (matris::gated_phi,
     attention_pair, refine_edges, the bases bessel and fourier, and their backwards), as many times as
@@ -103,6 +105,7 @@ def test_compiled_model_trains_eagerly_and_copies():
     assert model.uncompile().compiled is False
 
 
+@pytest.mark.slow
 def test_triton_kernels_are_custom_ops_without_graph_breaks():
     """Under TRITON_INTERPRET=1 the model on the Triton path compiles with fullgraph=True: the
     kernels are torch.library custom ops (opcheck'd) with registered autograd formulas."""

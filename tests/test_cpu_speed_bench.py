@@ -5,6 +5,7 @@ back), and one round of the whole benchmark."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from matris import MatRIS, MatRISCalculator, MatRISConfig
@@ -30,6 +31,7 @@ def test_profile_and_gemm_floor_count_the_gemms():
     assert floor["call_seconds"] > 0 and calc.model.kernel_backend is None  # the backend is put back
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_end_to_end_on_the_published_architecture(tmp_path):
     """One round of the smallest run writes a JSON with the published architecture, the CPU's
     instruction set, the native paths that ran and the opt-in heap setting's measured gain; and

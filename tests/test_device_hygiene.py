@@ -39,6 +39,7 @@ def _interpreted(script: str):
 
 
 # ---------------------------------------------------------------------------- device hygiene
+@pytest.mark.slow
 def test_triton_path_creates_no_tensor_on_the_default_device():
     """The model's Triton path (interpreted) with torch.set_default_device("meta"): SH and
     Fourier, float32 and float64, forces, stress and a training double backward."""
@@ -161,6 +162,7 @@ def test_segments_are_built_once_per_graph_and_source_order_needs_no_sort(monkey
 
 
 # ---------------------------------------------------------------------------- inference
+@pytest.mark.slow
 def test_triton_path_reuses_layouts_and_skips_weight_gradients_in_inference():
     """tests/device_checks/triton_path_reuse.py: two calls on one graph sort nothing; inference
     launches the fused backwards without weight or frequency sums and restores requires_grad;

@@ -133,6 +133,7 @@ DRIVER = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=_where)
+@pytest.mark.slow
 def test_runnable_examples_run(page, tmp_path):
     """The page's marked blocks in order (Python in one interpreter, bash in a shell), offline,
     in a fresh directory with the repository's examples/ beside them, as a user would run them."""
@@ -147,6 +148,7 @@ def test_runnable_examples_run(page, tmp_path):
     assert proc.returncode == 0, f"{page.name}: an example failed\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
 
 
+@pytest.mark.slow
 def test_site_builds_strict(tmp_path):
     """mkdocs build --strict: broken links and anchors, missing API objects, pages left out of
     the nav, unknown placeholders and missing result files all fail."""

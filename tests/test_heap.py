@@ -44,6 +44,7 @@ def _faults(mode: str) -> tuple[int, str]:
 
 
 @glibc
+@pytest.mark.slow
 def test_freed_memory_is_reused_without_page_faults():
     kept, active = _faults("keep")
     default, inactive = _faults("default")
@@ -71,6 +72,7 @@ MODEL_CALL = textwrap.dedent("""
 
 
 @glibc
+@pytest.mark.slow
 def test_a_cpu_model_call_changes_malloc_only_when_asked():
     for value, expected in (("1", "True True True"), ("0", "False False True"), (None, "False False True")):
         env = {k: v for k, v in os.environ.items() if k != "MATRIS_CPU_HEAP"}

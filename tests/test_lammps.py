@@ -127,6 +127,7 @@ def assert_close(a, b, rel=1e-10):
     assert np.abs(a - b).max() <= rel * scale, (np.abs(a - b).max(), scale)
 
 
+@pytest.mark.slow
 def test_triclinic_multi_element_cell_equals_the_ase_calculator(lmp_env, reference, tmp_path):
     env, model = lmp_env
     atoms = bulk("NaCl", "rocksalt", a=5.5) * (2, 1, 1)
@@ -141,6 +142,7 @@ def test_triclinic_multi_element_cell_equals_the_ase_calculator(lmp_env, referen
     assert_close(virial, -w, rel=1e-7)
 
 
+@pytest.mark.slow
 def test_slab_and_a_box_smaller_than_the_cutoff(lmp_env, reference, tmp_path):
     env, model = lmp_env
     slab = fcc100("Cu", size=(2, 2, 3), vacuum=6.0)
@@ -159,6 +161,7 @@ def test_slab_and_a_box_smaller_than_the_cutoff(lmp_env, reference, tmp_path):
     assert_close(virial, -w, rel=1e-7)
 
 
+@pytest.mark.slow
 def test_thousand_atom_cell_equals_the_ase_calculator(lmp_env, reference, tmp_path):
     env, model = lmp_env
     atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (5, 5, 5)
@@ -171,6 +174,7 @@ def test_thousand_atom_cell_equals_the_ase_calculator(lmp_env, reference, tmp_pa
     assert_close(forces, f)
 
 
+@pytest.mark.slow
 def test_one_two_and_four_ranks_agree_including_a_short_nve_run(lmp_env, tmp_path):
     env, model = lmp_env
     atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (2, 2, 2)
@@ -237,6 +241,7 @@ def test_bad_pair_coeff_is_a_clear_lammps_error(lmp_env, tmp_path, coeff, messag
     assert "Segmentation" not in text and "Traceback" not in text
 
 
+@pytest.mark.slow
 def test_bad_model_file_and_units_are_clear_lammps_errors(lmp_env, tmp_path):
     env, model = lmp_env
     atoms = bulk("Si", "diamond", a=5.43)

@@ -91,6 +91,7 @@ def test_results_do_not_depend_on_the_thread_count(dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_build_is_cached_atomic_and_keyed_by_its_sources(tmp_path, monkeypatch):
     """The library is built once per sources (and compiler, flags, torch, CPU): the same sources
     give the cached file, any edit a new build in a folder of its own, never a stale library."""

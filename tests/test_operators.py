@@ -156,6 +156,7 @@ def _every_output(seed=3):
 
 
 @pytest.mark.skipif(interpreting() or not triton_available(), reason="compares with the interpreted Triton kernels")
+@pytest.mark.slow
 def test_triton_kernels_return_what_the_cpu_kernels_return(tmp_path):
     """The same operator, its two kernels: every tensor of the forward (what the backward reads
     included) and of the backward, C++ here against Triton (interpreted) in a subprocess, float64."""

@@ -168,7 +168,9 @@ def test_train_config_reads_a_recipe_by_name():
 
 # --------------------------------------------------------------------------- missing extras
 def test_require_names_the_extra_in_one_line(monkeypatch):
+    # both names: earlier tests of the suite may have imported lightning.pytorch already
     monkeypatch.setitem(sys.modules, "lightning", None)
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
     with pytest.raises(MissingExtraError) as info:
         require("lightning.pytorch", "train", "training")
     assert str(info.value) == ("training needs the lightning package, which is not installed: "
@@ -208,6 +210,7 @@ def test_missing_extra_is_one_line(module, extra, call):
     assert last.endswith(f"pip install 'matris-mlip[{extra}]'")
 
 
+@pytest.mark.slow
 def test_core_runs_without_the_extras():  # 10-20 s: torch, the model and three simulations
     """The calculator, a relaxation and MD with none of the optional packages importable."""
     out = run_python(block_imports(OPTIONAL) + textwrap.dedent("""

@@ -443,6 +443,7 @@ def write_scaled_mptrj(path, frames, target_bytes):
     return 3 * n
 
 
+@pytest.mark.slow
 def test_mptrj_streams_at_constant_memory(tmp_path, frames):
     path = tmp_path / "MPtrj_scaled.json"
     n_frames = write_scaled_mptrj(path, frames, 80 * 2**20)

@@ -142,6 +142,7 @@ def test_matris_model_follows_the_torch_sim_interface(model64):
     validate_model_outputs(MatRISModel(model64, dtype="float64"), torch.device("cpu"), torch.float64)
 
 
+@pytest.mark.slow
 def test_batched_relaxation_matches_the_ase_path():
     """Same final energies as relax() one by one, within 1 meV/atom (float32, bundled model).
 

@@ -28,6 +28,7 @@ def si8(a=5.43):
     return bulk("Si", "diamond", a=a, cubic=True)
 
 
+@pytest.mark.slow
 def test_nve_conserves_energy_where_no_pair_crosses_a_cutoff(model64):
     """Velocity Verlet on a smooth stretch of the potential: drift < 1 meV/atom/ps outright.
 
@@ -44,6 +45,7 @@ def test_nve_conserves_energy_where_no_pair_crosses_a_cutoff(model64):
     assert r.span < 0.05, r
 
 
+@pytest.mark.slow
 def test_nve_energy_changes_only_where_a_pair_crosses_a_cutoff(model64):
     """At 300 K the total energy still changes only through the architecture's cutoff steps.
 
@@ -70,6 +72,7 @@ def test_nve_energy_changes_only_where_a_pair_crosses_a_cutoff(model64):
     assert abs(r.smooth_drift) < 1.0, r
 
 
+@pytest.mark.slow
 def test_nvt_langevin_holds_the_target_temperature():
     """Langevin at 300 K: the mean temperature over the run is within ±10% of the target.
 
@@ -87,6 +90,7 @@ def test_nvt_langevin_holds_the_target_temperature():
     assert abs(temps.mean() / 300.0 - 1) < 0.10, temps.mean()
 
 
+@pytest.mark.slow
 def test_relaxing_a_strained_cell_lowers_the_energy_and_reaches_fmax():
     """FIRE + FrechetCellFilter (the defaults) on rattled Si8 strained by 3% (float64); the measured
     energy drop and step count are in benchmarks/results/physics_checks_cpu.json."""

@@ -174,6 +174,7 @@ def test_tiny_model_overfits_small_set(emt, tmp_path):
     assert metrics["parity/energy_mae_meV_atom"] == pytest.approx(e_mae, rel=1e-3, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_training_with_missing_labels(emt, tmp_path):
     """Structures without forces, stress or energy still train; nothing becomes NaN."""
     from ase.calculators.singlepoint import SinglePointCalculator
@@ -305,6 +306,7 @@ def test_finetune_freezing(emt, tmp_path):
         build_model(c)
 
 
+@pytest.mark.slow
 def test_cli_finetune_from_bundled_model(emt, tmp_path):
     """`matris finetune --from demo`: the architecture is the checkpoint's, references kept, models exported."""
     cfg = micro_config(tmp_path / "ft", [emt["small"]], emt["cache"], trainer={"max_steps": 2})

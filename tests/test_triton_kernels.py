@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -15,6 +17,7 @@ def _env(**extra):
     return env
 
 
+@pytest.mark.slow
 def test_kernel_checks_pass():
     """benchmarks/kernels.py --check: every kernel vs its reference (forward, backward, second
     order, gradcheck) in the interpreter, and every kernel compiled for sm_80 and sm_90."""
@@ -25,6 +28,7 @@ def test_kernel_checks_pass():
     assert res.stdout.count("sm_90") == res.stdout.count("sm_80") >= 33
 
 
+@pytest.mark.slow
 def test_model_parity_through_triton_kernels():
     """Fixture parity with the fused attention and basis kernels (interpreted on CPU)."""
     selection = "small_sh_float64-H2O or small_fourier_float64-H2O or mixed_widths_float64-NaCl"
@@ -36,6 +40,7 @@ def test_model_parity_through_triton_kernels():
     assert "3 passed" in res.stdout
 
 
+@pytest.mark.slow
 def test_published_family_through_triton_kernels_equals_the_official_1_0_code():
     """The published family (Fourier, LayerNorm, no biases) on the Triton path (interpreted on CPU)
     gives the official MatRIS 1.0.0's float64 numbers (tests/fixtures/official-v1.0)."""
@@ -47,6 +52,7 @@ def test_published_family_through_triton_kernels_equals_the_official_1_0_code():
     assert "1 passed" in res.stdout
 
 
+@pytest.mark.slow
 def test_phi_fusions_write_and_save_less():
     """The fused gathers and epilogue of one gated Φ write < 1/2.5 of the reference's edge-sized
     bytes and save < 1/1.4 of its activations for the backward (counted, not timed)."""
@@ -60,6 +66,7 @@ def test_phi_fusions_write_and_save_less():
     assert float(saved[0]) / float(saved[1]) > 1.4, res.stdout
 
 
+@pytest.mark.slow
 def test_operators_cuda_kernels_pass_opcheck_and_match_their_references():
     """The CUDA (Triton) kernels of matris::gated_phi, attention_pair and refine_edges, interpreted
     on CPU tensors: opcheck, and values and gradients against the references in float64
