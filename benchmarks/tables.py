@@ -411,11 +411,29 @@ def _s(seconds: float) -> str:
 PUBLISHED_ARCH = "MatRIS-10M architecture (that of matris-10m-oam, -mp and -omat), random weights, float32"
 
 
+def _cpu_caption(name: str, d: dict, model: str = PUBLISHED_ARCH, isa: bool = False) -> str:
+    """The line above a CPU table: model, machine (with the fused kernels' instruction set), rounds."""
+    built = (d.get("native") or {}).get("instruction_set") if isa else None
+    return (f"**Model:** {model}. **Machine:** {_cpu_line(name)}{f'; fused kernels built for {built}' if built else ''}"
+            f". Median of {d['rounds']} interleaved rounds.")
+
+
+def _cpu_pair(name: str, model: str, header: str, other: str, ratio) -> str:
+    """Rows of the default (fused) time against ``seconds[other]`` with ``ratio(fused, other)``."""
+    d = load(name)
+    lines = [_cpu_caption(name, d, model, isa=True), "", header, "|---|---|---:|---:|---:|"]
+    for r in d["rows"]:
+        t = r["seconds"]
+        if t.get(other) is not None:
+            lines.append(f"| {r['structure']} | {r['kind']} | {_s(t['fused'])} | {_s(t[other])} | "
+                         f"{ratio(t['fused'], t[other])} |")
+    return "\n".join(lines)
+
+
 def cpu_plain(name: str = "cpu_speed") -> str:
     """The published architecture alone: time per call and per MD step with the default kernels."""
     d = load(name)
-    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}. Median of {d['rounds']} "
-             "interleaved rounds.", "",
+    lines = [_cpu_caption(name, d), "",
              "| structure | call | time | atoms per second |", "|---|---|---:|---:|"]
     for r in d["rows"]:
         t = r["seconds"].get("fused")
@@ -427,8 +445,7 @@ def cpu_plain(name: str = "cpu_speed") -> str:
 def cpu_official(name: str = "cpu_speed") -> str:
     """The published architecture: this package against the official MatRIS code, same weights."""
     d = load(name)
-    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}. Median of {d['rounds']} "
-             "interleaved rounds.", "",
+    lines = [_cpu_caption(name, d), "",
              "| structure | this package | official, fastest setting | slower by | official, default | slower by |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in _rows(name):
@@ -446,42 +463,21 @@ def cpu_official(name: str = "cpu_speed") -> str:
 
 def cpu_chgnet(name: str = "cpu_speed") -> str:
     """The published architecture against CHGNet 0.3.0, per call and per MD step."""
-    d = load(name)
-    isa = (d.get("native") or {}).get("instruction_set")
-    lines = [f"**Model:** {PUBLISHED_ARCH}; CHGNet 0.3.0 with its own weights. **Machine:** {_cpu_line(name)}"
-             f"{f'; fused kernels built for {isa}' if isa else ''}. Median of {d['rounds']} interleaved rounds.", "",
-             "| structure | call | MatRIS-10M | CHGNet 0.3.0 | MatRIS-10M ÷ CHGNet |", "|---|---|---:|---:|---:|"]
-    for r in d["rows"]:
-        t = r["seconds"]
-        if t.get("CHGNet") is None:
-            continue
-        lines.append(f"| {r['structure']} | {r['kind']} | {_s(t['fused'])} | {_s(t['CHGNet'])} | "
-                     f"{_x(t['fused'], t['CHGNet'])} |")
-    return "\n".join(lines)
+    return _cpu_pair(name, f"{PUBLISHED_ARCH}; CHGNet 0.3.0 with its own weights",
+                     "| structure | call | MatRIS-10M | CHGNet 0.3.0 | MatRIS-10M ÷ CHGNet |", "CHGNet", _x)
 
 
 def cpu_fallback(name: str = "cpu_speed") -> str:
     """The fused C++ kernels against the PyTorch reference ops (what runs without a compiler)."""
-    d = load(name)
-    isa = (d.get("native") or {}).get("instruction_set")
-    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}"
-             f"{f'; fused kernels built for {isa}' if isa else ''}. Median of {d['rounds']} interleaved rounds.", "",
-             "| structure | call | fused C++ kernels (default) | PyTorch ops (no compiler) | speed-up |",
-             "|---|---|---:|---:|---:|"]
-    for r in d["rows"]:
-        t = r["seconds"]
-        if t.get("torch") is None:
-            continue
-        lines.append(f"| {r['structure']} | {r['kind']} | {_s(t['fused'])} | {_s(t['torch'])} | "
-                     f"{_x(t['torch'], t['fused'])} |")
-    return "\n".join(lines)
+    return _cpu_pair(name, PUBLISHED_ARCH,
+                     "| structure | call | fused C++ kernels (default) | PyTorch ops (no compiler) | speed-up |",
+                     "torch", lambda fused, torch_ops: _x(torch_ops, fused))
 
 
 def cpu_compiled(name: str = "cpu_speed_compiled") -> str:
     """Eager against ``model.compile()``, and what the compilation costs."""
     d = load(name)
-    lines = [f"**Model:** {PUBLISHED_ARCH}. **Machine:** {_cpu_line(name)}. Median of {d['rounds']} "
-             "interleaved rounds.", "",
+    lines = [_cpu_caption(name, d), "",
              "| structure | eager (default) | `model.compile()` | speed-up |", "|---|---:|---:|---:|"]
     for r in _rows(name):
         t = r["seconds"]
