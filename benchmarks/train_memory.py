@@ -18,10 +18,10 @@ Cases: rocksalt MgO (a = 4.21 Å, rattled 0.05 Å) of 8, 16 and 64 atoms (``mgo8
 example config's ``max_structures``) largest structures (``emt2``, ``emt16``).
 
 Modes (``MatRIS.training_recompute``): ``blocks`` (blocks recomputed in the backward passes,
-each Φ by row chunks inside them, the fused CPU operators where no weight gradient is wanted),
-``steps`` (each step of a block recomputed on its own too: least memory), ``blocks-composed``
-(``blocks`` with the composed ops everywhere, ``MATRIS_KERNELS=torch``) and ``none`` (every
-block's graph kept; composed ops). A mode whose memory model predicts more than this machine has free is
+the line-graph steps' work per angle and the atom graph's Φ by row chunks inside them, the fused
+CPU operators where no weight gradient is wanted), ``blocks-composed`` (``blocks`` with the
+composed ops everywhere, ``MATRIS_KERNELS=torch``) and ``none`` (every block's graph kept;
+composed ops). A mode whose memory model predicts more than this machine has free is
 skipped, with the prediction recorded. Every row also gives the memory model's prediction
 (``MatRIS.training_fixed_bytes + estimated_training_bytes``) against the measured peak.
 """
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CASES = ("mgo8", "mgo16", "mgo64", "emt2", "emt16")
-MODES = ("blocks", "steps", "blocks-composed", "none")
+MODES = ("blocks", "blocks-composed", "none")
 
 
 def recompute_mode(mode: str) -> str:
@@ -159,7 +159,7 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     out = []
     for size in sizes:
         row = {"gpu_gb": size}
-        for name in ("steps", "blocks", "none"):
+        for name in ("blocks", "none"):
             per_angle = model.estimated_training_bytes(n_atoms, n_bonds, n_angles, recompute=name) / n_angles
             row[f"{name}_angles"] = max(0, int((size * GB - fixed) / per_angle))
         out.append(row)
@@ -167,11 +167,11 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
 
 
 def gpu_table(rows: list[dict]) -> str:
-    lines = ["| GPU memory | MgO64 cells per batch, recompute steps | blocks | none (whole graph) |",
-             "|---:|---:|---:|---:|"]
+    lines = ["| GPU memory | MgO64 cells per batch, recompute blocks | none (whole graph) |",
+             "|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['gpu_gb']} GB | " + " | ".join(
-            f"{r[f'{m}_angles'] // 63488} ({r[f'{m}_angles']:,} angles)" for m in ("steps", "blocks", "none")) + " |")
+            f"{r[f'{m}_angles'] // 63488} ({r[f'{m}_angles']:,} angles)" for m in ("blocks", "none")) + " |")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import OperatorLog, random_system
-from matris import GraphBatch, MatRIS, MatRISConfig
+from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig
 from matris.errors import MatRISInputError
 from matris.kernels import native
 from matris.model import recompute
@@ -26,9 +26,14 @@ def _model(norm="layer", basis="Fourier", layers=3, seed=0):
     return model
 
 
-def _graph(model, seed=0):
+def _graph(model, seed=0, dimer=False):
+    """Two random cells (bonds with many angles, and bonds longer than the three-body cutoff that
+    have none); ``dimer``: and a structure without angles (two atoms in a large cell)."""
     rng = np.random.default_rng(seed)
     systems = [random_system(rng, n=6), random_system(rng, n=5, z=(3, 8))]
+    if dimer:
+        systems.append(AtomicSystem(np.array([[0.0, 0.0, 0.0], [1.3, 0.2, 0.1]]), np.eye(3) * 20.0, True,
+                                    np.array([8, 14]), "dimer"))
     return GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff, dtype=torch.float64)
 
 
@@ -48,21 +53,22 @@ def _loss_grads(model, g, terms=("energy", "forces", "stress")):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Φ recomputed 3,000 rows at a time: the test graph's 9,236 angles make four chunks, the last
+    """Rows recomputed 3,000 at a time: the test graph's 9,236 angles make four chunks, the last
     a partial one (its 786 directed bonds, one)."""
-    monkeypatch.setattr(recompute, "PHI_CHUNK_ROWS", 3000)
+    monkeypatch.setattr(recompute, "CHUNK_ROWS", 3000)
 
 
 @pytest.mark.parametrize("terms", [("energy", "forces", "stress"), ("forces",), ("energy",)],
                          ids=["efs", "forces", "energy"])
-@pytest.mark.parametrize("norm,basis,mode", [("layer", "Fourier", "blocks"), ("rms", "SH", "blocks"),
-                                             ("layer", "Fourier", "steps"), ("rms", "SH", "steps")])
-def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, mode, terms, small_chunks):
+@pytest.mark.parametrize("norm,basis,dimer", [("layer", "Fourier", False), ("rms", "SH", True)])
+def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, dimer, terms, small_chunks):
     model = _model(norm, basis)
-    g = _graph(model)
+    g = _graph(model, dimer=dimer)
+    # the split softmax meets bonds without angles (N = D = 0) in every graph
+    assert g.angle_target_edge.remainder(g.num_bonds).unique().numel() < g.num_bonds
     model.training_recompute = "none"
     want, out_want = _loss_grads(model, g, terms)
-    model.training_recompute = mode
+    model.training_recompute = "blocks"
     got, out_got = _loss_grads(model, g, terms)
     assert set(got) == set(want)
     for name in want:
@@ -98,18 +104,18 @@ def test_recompute_by_default_the_least_that_fits_for_a_deep_model():
     assert deep.training_recompute_mode() == "blocks"  # planning, without a graph
     assert deep.training_recompute_mode(create_graph=False) == "none"  # inference keeps its own levels
     sizes = (int(g.n_atoms.sum()), g.num_bonds, g.num_angles)
-    need = {mode: deep.estimated_training_bytes(*sizes, recompute=mode) for mode in ("none", "blocks", "steps")}
-    assert need["none"] > need["blocks"] >= need["steps"]
+    need = {mode: deep.estimated_training_bytes(*sizes, recompute=mode) for mode in ("none", "blocks")}
+    assert need["none"] > need["blocks"]
     deep.training_memory_limit = need["none"]  # fits: the whole graph (fastest)
     assert deep.training_recompute_mode(graph=g) == "none"
     deep.training_memory_limit = need["none"] - 1  # does not: recomputed blocks
     assert deep.training_recompute_mode(graph=g) == "blocks"
-    deep.training_memory_limit = need["steps"] // 2  # nothing fits: the least memory
-    assert deep.training_recompute_mode(graph=g) == "steps"
+    deep.training_memory_limit = need["blocks"] // 2  # nothing fits: the least memory
+    assert deep.training_recompute_mode(graph=g) == "blocks"
     deep.training_recompute = "none"
     assert deep.training_recompute_mode(graph=g) == "none"
     deep.training_recompute = "layers"
-    with pytest.raises(MatRISInputError, match="unknown training recompute mode 'layers'.*none, blocks, steps"):
+    with pytest.raises(MatRISInputError, match="unknown training recompute mode 'layers'.*none, blocks"):
         deep.training_recompute_mode(graph=g)
 
 
@@ -119,7 +125,7 @@ def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph():
     graphs = [_graph(model, seed=1), _graph(model, seed=2)]
     result = {}
     for ckpt in (False, True):
-        model.training_recompute = "steps" if ckpt else "none"
+        model.training_recompute = "blocks" if ckpt else "none"
         model.zero_grad(set_to_none=True)
         for g in graphs:
             out = model(g, compute_forces=True, compute_stress=False, create_graph=True)

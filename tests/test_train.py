@@ -250,7 +250,7 @@ def test_resume_after_kill_gives_the_same_model(emt, tmp_path):
 def test_ddp_two_processes_disjoint_data_identical_weights(emt, tmp_path):
     cfg = micro_config(tmp_path / "ddp", [emt["train"]], emt["cache"],
                        data={"max_structures": 3},
-                       trainer={"max_steps": 4, "devices": "2", "strategy": "ddp", "recompute": "steps"})
+                       trainer={"max_steps": 4, "devices": "2", "strategy": "ddp", "recompute": "blocks"})
     path = write_config(tmp_path / "ddp.yaml", cfg)
     res = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_train.py"), str(path)], capture_output=True,
                          text=True, env=_env(), timeout=300)

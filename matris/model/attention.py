@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import Segments, attention_pair, softmax_aggregate_reference
-from .layers import apply_phi, call_phi, phi
+from ..kernels import Segments, attention_pair, scatter_sum, softmax_aggregate_reference
+from .layers import RowRecompute, apply_phi, call_phi, phi
 
 
 def pool_directed(m: torch.Tensor) -> torch.Tensor:
@@ -56,6 +56,8 @@ class SeparableAttention(nn.Module):
         made once per graph."""
         n = x.shape[0]
         directed = d2u is not None
+        if isinstance(recompute_phi, RowRecompute) and not directed:
+            return self._line_by_rows(x, y, tgt, src, recompute_phi)
         if rewrite:
             m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi, fused)
         else:
@@ -63,7 +65,7 @@ class SeparableAttention(nn.Module):
             m = apply_phi(self.edge_nonlinear_update,
                           torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1), fused)
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
-        w_st = torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
+        w_st = self._logit_weight()
         if fused:
             if directed:
                 t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
@@ -80,6 +82,37 @@ class SeparableAttention(nn.Module):
         s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
         return self._update(x, y, m, t_agg, s_agg, directed, fused)
 
+    def _line_by_rows(self, x, y, tgt, src, rows: RowRecompute):
+        """The line-graph step inside training's block recomputation: everything per angle (Φ_edge,
+        the logits, the softmax weights and their sums into bonds, the angles' residual update) is
+        one node recomputed ``rows.chunk`` angles at a time in the backward passes
+        (:func:`matris.model.recompute.recomputed`), so only one chunk of angle rows is alive.
+        The softmax is split into its sums, ``t_agg = N/D`` with ``N = Σ w·m``, ``D = Σ w`` and
+        ``w = exp(α − s)``: ``s`` (each bond's largest logit, per channel) is a constant that
+        cancels in N/D, so the sums are row-wise and the gradients exact."""
+        from .recompute import recomputed  # recompute imports the blocks, which import this module
+
+        n, d = x.shape[0], y.shape[-1]
+        with torch.no_grad():
+            alpha = y @ self._logit_weight().T
+            shift = [_segment_max(alpha[:, k * d : (k + 1) * d], index, n) for k, index in ((1, tgt), (0, src))]
+
+        def arguments(inputs, use_fast, cut):
+            t, s = (tgt, src) if cut is None else (tgt[cut], src[cut])
+            return (*inputs, t, s, *shift, n), {"fused": use_fast and rows.fast}
+
+        n_t, d_t, n_s, d_s, y_new = recomputed(_AttentionRows(self), arguments, [y, x], rows.chunk,
+                                               row_inputs=(True, False), n_rows=y.shape[0],
+                                               row_outputs=(False, False, False, False, True))
+        # a bond without angles has N = D = 0: its sums are 0, as the softmax's
+        t_agg = n_t / torch.where(d_t > 0, d_t, torch.ones_like(d_t))
+        s_agg = n_s / torch.where(d_s > 0, d_s, torch.ones_like(d_s))
+        return self._node_update(x, t_agg, s_agg, False), y_new
+
+    def _logit_weight(self) -> torch.Tensor:
+        """``[2·d_y, d_y]``: the source and target logit projections, stacked."""
+        return torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
+
     def _update(self, x, y, m, t_agg, s_agg, directed, fused):
         y_new = torch.addcmul(pool_directed(m) if directed else m, self.edge_res_weight, y)
         return self._node_update(x, t_agg, s_agg, fused), y_new
@@ -88,3 +121,30 @@ class SeparableAttention(nn.Module):
         # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
         return torch.addcmul(apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused),
                              self.node_res_weight, x)
+
+
+def _segment_max(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """``[n, C]``: the largest of ``values`` ``[E, C]`` per node of ``index`` (0 for a node without edges)."""
+    out = values.new_full((n, values.shape[1]), float("-inf"))
+    out = out.scatter_reduce(0, index.unsqueeze(1).expand_as(values), values, "amax", include_self=True)
+    return out.nan_to_num(neginf=0.0)
+
+
+class _AttentionRows(nn.Module):
+    """The per-angle part of a line-graph attention step, row-wise in the angles ``y`` (see
+    :meth:`SeparableAttention._line_by_rows`): ``(y [A, d_y], x [B, d_x]) → (N_t, D_t, N_s, D_s)``
+    ``[B, d_y]`` (sums over the rows) and ``y' = m + w ⊙ y`` ``[A, d_y]``."""
+
+    def __init__(self, attention: SeparableAttention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, y, x, tgt, src, shift_t, shift_s, n: int, fused: bool = False):
+        att = self.attention
+        m = att.edge_nonlinear_update.forward_terms([(y, None), (x, tgt), (x, src)], fused)
+        alpha_s, alpha_t = (y @ att._logit_weight().T).split(y.shape[-1], dim=-1)
+        sums = []
+        for alpha, shift, index in ((alpha_t, shift_t, tgt), (alpha_s, shift_s, src)):
+            w = torch.exp(alpha - shift.index_select(0, index))
+            sums += [scatter_sum(w * m, index, n), scatter_sum(w, index, n)]
+        return (*sums, torch.addcmul(m, att.edge_res_weight, y))

@@ -30,9 +30,9 @@ class BlockGraph:
     (:mod:`matris.kernels`: the C++ kernels on a CPU, Triton on CUDA).
     atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`, the
     CSR order the CUDA kernels walk (made once per graph); None on a CPU.
-    phi_rows: training's block recomputation (:mod:`matris.model.recompute`) recomputes each Φ
-    by row chunks inside it (None: Φ as the rest of the block); ``nested``: it also recomputes each
-    step on its own, with this graph's kernels where no weight gradient is wanted.
+    row_chunks: training's block recomputation (:mod:`matris.model.recompute`) recomputes, inside
+    it, the per-angle work of each line-graph step and the atom graph's Φ by row chunks (None:
+    as the rest of the block).
     """
 
     edge_target: torch.Tensor
@@ -49,8 +49,7 @@ class BlockGraph:
     fused: bool = False
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
-    phi_rows: RowRecompute | None = None
-    nested: "BlockGraph | None" = None
+    row_chunks: RowRecompute | None = None
 
     @property
     def has_angles(self) -> bool:
@@ -98,18 +97,13 @@ class _Steps:
 
     @staticmethod
     def options(g: BlockGraph, module, kind: str) -> dict:
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.phi_rows or g.checkpoint >= 2, fused=g.fused)
+        opts = dict(rewrite=g.rewrite, recompute_phi=g.row_chunks or g.checkpoint >= 2, fused=g.fused)
         if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
             opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
         return opts
 
     def __call__(self, module, kind, *args, **kwargs):
         g = self.g
-        if g.nested is not None:
-            from .recompute import recomputed_step  # recompute imports this module
-
-            return recomputed_step(module, args, kwargs, self.options(g.nested, module, kind),
-                                   self.options(g, module, kind))
         kwargs.update(self.options(g, module, kind))
         if g.checkpoint:
             return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)

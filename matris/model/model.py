@@ -30,9 +30,8 @@ EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).
 ANGLE_SHRINK = 1 - 1e-6
 # what a training step on forces recomputes in its backward passes (MatRIS.training_recompute):
-# nothing (the whole graph kept), each block (and each Φ by row chunks inside it), or also each
-# step of a block on its own; least memory last, most time last
-RECOMPUTE_MODES = ("none", "blocks", "steps")
+# nothing (the whole graph kept) or each block (and, inside it, everything per angle by row chunks)
+RECOMPUTE_MODES = ("none", "blocks")
 # models this deep or deeper recompute by default where their whole graph would not fit
 RECOMPUTE_MIN_BLOCKS = 4
 # the memory model of a training step (MatRIS.estimated_training_bytes): rows of the block width
@@ -187,15 +186,15 @@ class MatRIS(nn.Module):
                                 dtype: torch.dtype | None = None) -> str:
         """What a call with ``create_graph`` (training on forces) recomputes in the backward passes
         (:data:`RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to float
-        rounding): ``"none"`` keeps the whole graph; ``"blocks"`` recomputes each interaction block
-        (each Φ by row chunks inside it); ``"steps"`` also each step of a block on its own (least
-        memory, slowest). ``"none"`` without ``create_graph``.
+        rounding): ``"none"`` keeps the whole graph (fastest); ``"blocks"`` recomputes each
+        interaction block (inside it, the line-graph steps' per-angle work and the atom-graph Φ by
+        row chunks: least memory). ``"none"`` without ``create_graph``.
 
         ``self.training_recompute`` decides if set. By default (None): ``"none"`` for models of
-        fewer than :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on ``graph``, the first
-        mode whose memory model (:meth:`estimated_training_bytes`) fits in
+        fewer than :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on ``graph``, ``"none"``
+        where its memory model (:meth:`estimated_training_bytes`) fits in
         ``self.training_memory_limit`` bytes (default: 60 % of the memory available on the
-        model's device; a run with ``data.max_memory`` sets its batch budget), else ``"steps"``;
+        model's device; a run with ``data.max_memory`` sets its batch budget), else ``"blocks"``;
         without a graph (planning), ``"blocks"``."""
         if not create_graph:
             return "none"
@@ -208,11 +207,9 @@ class MatRIS(nn.Module):
         limit = self.training_memory_limit
         if limit is None:
             limit = int(0.6 * available_memory(self.device))
-        for mode in RECOMPUTE_MODES[:-1]:
-            if self.estimated_training_bytes(int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles, dtype,
-                                             recompute=mode) <= limit:
-                return mode
-        return RECOMPUTE_MODES[-1]
+        need = self.estimated_training_bytes(int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles, dtype,
+                                             recompute="none")
+        return "none" if need <= limit else "blocks"
 
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
@@ -311,8 +308,7 @@ class MatRIS(nn.Module):
         else:
             energy_fn = self._energy
         e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features,
-                                                            block_kernels=block_kernels,
-                                                            recompute_steps=recompute_mode == "steps")
+                                                            block_kernels=block_kernels)
         n_atoms = g.n_atoms.to(e_model.dtype)
         ref = self._reference_term(g, e_model)
         if self.config.is_intensive:
@@ -367,7 +363,7 @@ class MatRIS(nn.Module):
 
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
                 return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
-                block_kernels: str | None = None, recompute_steps: bool = False):
+                block_kernels: str | None = None):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
@@ -376,9 +372,8 @@ class MatRIS(nn.Module):
         (``[B, 3]``, x_target − x_source − image shift) replaces the ones made from ``positions``
         and ``strain``, so that the energy's gradient with respect to each bond is available
         (per-bond forces, per-atom virials). ``block_kernels`` (training on forces): recompute each
-        block in the backward passes (:mod:`matris.model.recompute`; ``recompute_steps``: each of its
-        steps too), running these kernels where
-        no weight gradient is wanted and ``kernels`` elsewhere."""
+        block in the backward passes (:mod:`matris.model.recompute`), running these kernels where no
+        weight gradient is wanted and ``kernels`` elsewhere."""
         cell = g.cell
         if strain is not None:
             eps = (strain + strain.transpose(1, 2)) / 2
@@ -427,10 +422,11 @@ class MatRIS(nn.Module):
         bg = _with_kernels(exact, kernels, segments)
         fast = _with_kernels(exact, block_kernels, segments) if block_kernels else None
         if fast is not None:
-            # training's block recomputation with weight gradients: each Φ by row chunks inside it
-            # and, recompute_steps, each step on its own (the fast kernels where none is wanted)
-            exact = dataclasses.replace(exact, nested=fast if recompute_steps else None, phi_rows=RowRecompute(
-                recompute.PHI_CHUNK_ROWS, block_kernels in ("fused", "triton")))
+            # training's block recomputation with weight gradients: the per-angle work of the
+            # line-graph steps and the atom graph's Φ by row chunks inside it (the fast kernels
+            # where no weight gradient is wanted)
+            exact = dataclasses.replace(exact, row_chunks=RowRecompute(recompute.CHUNK_ROWS,
+                                                                       block_kernels in ("fused", "triton")))
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         for k, block in enumerate(self.interaction_block):

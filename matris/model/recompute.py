@@ -1,5 +1,5 @@
-"""Activation recomputation for training on forces, exact to second order: per block, per step, per
-row chunk of Φ.
+"""Activation recomputation for training on forces, exact to second order: per block, and per
+chunk of rows inside it.
 
 Training on forces differentiates twice: the forces are ``−∂E/∂x`` with ``create_graph``, and the
 loss on them is differentiated again. Kept whole, that graph holds every intermediate of every
@@ -22,23 +22,26 @@ Here a block is one autograd node whose backward is itself one differentiable no
 - :class:`_Block`'s backward without a graph (the energy terms of the loss): the block recomputed
   with autograd, first-order gradients of inputs and parameters.
 
-The same node nests (``model.training_recompute``, :data:`matris.model.model.RECOMPUTE_MODES`):
+The same node nests (``model.training_recompute = "blocks"``, :data:`matris.model.model.RECOMPUTE_MODES`):
+inside a block's recomputation with autograd, the widest work of the block is such a node too,
+recomputed :data:`CHUNK_ROWS` rows at a time in its backward passes (the gradients of row-wise
+tensors written at their rows, the others summed over the chunks):
 
-- ``"blocks"``: inside a block's recomputation with autograd, each Φ on angles or directed bonds
-  (the widest intermediates of a block) is such a node too (:func:`recomputed_phi`), and since Φ
-  is row-wise its backward passes recompute it :data:`PHI_CHUNK_ROWS` rows at a time (the row
-  gradients written at their rows, the others summed);
-- ``"steps"``: each of the block's four steps (the attentions, the Refines) is a node as well
-  (:func:`recomputed_step`), so one step's intermediates are alive at a time.
+- each line-graph step's work per angle (:meth:`matris.model.attention.SeparableAttention._line_by_rows`,
+  :meth:`matris.model.refine.Refine._line_by_rows`): Φ, the logits and softmax weights or the
+  envelope and FFN_edge, the angles' update, and the sums into bonds. The softmax is row-wise in
+  that form: ``N/D`` with ``N = Σ exp(α − s)·m``, ``D = Σ exp(α − s)`` and a constant shift ``s``
+  per bond, which cancels;
+- the atom graph's Φ on the directed bonds (:func:`recomputed_phi`).
 
-So at any moment the intermediates of one block (one step) are alive, with one chunk of Φ's,
-next to the inputs and upstream gradients of all blocks (a few per-angle rows each): the numbers
-are in ``benchmarks/results/train_memory.json``. Each level of nesting adds a forward and an
+So at any moment the intermediates of one block are alive, those per angle for one chunk of
+rows only, next to the inputs and upstream gradients of all blocks (a few per-angle rows each):
+the numbers are in ``benchmarks/results/train_memory.json``. The nesting adds a forward and an
 input-gradient pass of the fast kernels to the backward. The recomputations in which no
 parameter gradient is wanted run the call's fast kernels (the fused CPU operators or the Triton
 kernels); the others the composed ops, the references of the same formulas: the gradients equal
 the un-checkpointed ones to float rounding (``tests/test_recompute.py`` checks 1e-12 in float64,
-with the second-order terms, for both modes and Φ in several chunks).
+with the second-order terms, with the rows in several chunks).
 """
 
 from __future__ import annotations
@@ -49,13 +52,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .block import BlockGraph
 
-# rows of one Φ recomputation in a block's backward passes (recomputed_phi): its composed second
-# order keeps ≈ 60 floats per row and feature, so 8192 rows of width 128 ≈ 0.25 GB (float32)
-PHI_CHUNK_ROWS = 8192
+# rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
+# the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 8192
+# rows of width 128 ≈ 0.25 GB (float32)
+CHUNK_ROWS = 8192
 
 
 @dataclass(eq=False)
@@ -66,7 +69,9 @@ class _Spec:
     slice, or None: all); ``names``: the module's parameter names, in the order the parameters are
     passed. ``chunk`` > 0: the module is row-wise (row k of each output depends on row k of the
     inputs marked in ``row_inputs`` and on whole other inputs only), and the backward passes
-    recompute it ``chunk`` rows at a time, so only one chunk's intermediates are alive."""
+    recompute it ``chunk`` rows at a time, so only one chunk's intermediates are alive.
+    ``row_outputs``: which outputs are row-wise (None: all); the others are sums over the rows
+    (``scatter_sum`` into nodes), whose upstream gradient every chunk reads whole."""
 
     module: nn.Module
     arguments: object
@@ -75,6 +80,7 @@ class _Spec:
     chunk: int = 0
     row_inputs: tuple[bool, ...] = ()
     n_rows: int = 0
+    row_outputs: tuple[bool, ...] | None = None
 
     def run(self, fast: bool, inputs, params=None, rows: slice | None = None):
         """The module on ``inputs`` (sliced to ``rows`` already where row-wise); ``params`` (tensors
@@ -90,6 +96,17 @@ class _Spec:
         if not self.chunk or self.n_rows <= self.chunk:
             return [None]
         return [slice(lo, min(lo + self.chunk, self.n_rows)) for lo in range(0, self.n_rows, self.chunk)]
+
+    def output_rows(self, n_out: int) -> tuple[bool, ...]:
+        """Which of the ``n_out`` outputs are row-wise."""
+        return (True,) * n_out if self.row_outputs is None else self.row_outputs
+
+    def cut(self, grads, rows: slice | None):
+        """The upstream gradients of the outputs for the rows ``rows``: a row-wise output's cut, a
+        summed output's whole."""
+        if rows is None:
+            return list(grads)
+        return [g[rows] if (g is not None and r) else g for g, r in zip(grads, self.output_rows(len(grads)))]
 
     def take(self, tensors, rows: slice | None):
         """``tensors`` (one per input) with the row-wise ones cut to ``rows``."""
@@ -118,16 +135,17 @@ class _Gathered:
                 self.out[k] = g if self.out[k] is None else self.out[k] + g
 
 
-def recomputed(module: nn.Module, arguments, inputs: list, chunk: int = 0, row_inputs=(), n_rows: int = 0
-               ) -> tuple[torch.Tensor, ...]:
+def recomputed(module: nn.Module, arguments, inputs: list, chunk: int = 0, row_inputs=(), n_rows: int = 0,
+               row_outputs=None) -> tuple[torch.Tensor, ...]:
     """``module(*args, **kwargs)`` (a tuple of tensors), ``args, kwargs = arguments(inputs, True, None)``,
     as one autograd node that keeps only ``inputs`` and recomputes the rest in the backward passes
     (see the module docstring); ``arguments(inputs, False, rows)`` must give the same call with the
-    composed ops. ``chunk``, ``row_inputs``, ``n_rows``: a row-wise module recomputed ``chunk`` of its
-    ``n_rows`` rows at a time (see :class:`_Spec`)."""
+    composed ops. ``chunk``, ``row_inputs``, ``n_rows``, ``row_outputs``: a row-wise module
+    recomputed ``chunk`` of its ``n_rows`` rows at a time (see :class:`_Spec`)."""
     named = list(module.named_parameters())
     names, params = tuple(n for n, _ in named), [p for _, p in named]
-    spec = _Spec(module, arguments, names, len(inputs), chunk, tuple(row_inputs), n_rows)
+    spec = _Spec(module, arguments, names, len(inputs), chunk, tuple(row_inputs), n_rows,
+                 None if row_outputs is None else tuple(row_outputs))
     return _Block.apply(spec, *inputs, *params)
 
 
@@ -135,7 +153,7 @@ def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: to
                        exact: BlockGraph, last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``block(h, e, a, graph, last)`` with its activations recomputed in the backward passes (see
     the module docstring). ``fast`` and ``exact``: the same graph with the call's fast kernels and
-    with the composed ops (and the nested recomputations); their ``rbf_pair`` and ``rbf_3b`` are
+    with the composed ops (and the nested row recomputations); their ``rbf_pair`` and ``rbf_3b`` are
     the bases the block reads."""
 
     def arguments(inputs, use_fast, rows):
@@ -144,25 +162,6 @@ def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: to
         return (h_, e_, a_, g), {"last": last}
 
     return recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b])
-
-
-def recomputed_step(module: nn.Module, args: tuple, kwargs: dict, fast_options: dict, exact_options: dict):
-    """``module(*args, **kwargs, **options)`` (one step of a block: an attention or a Refine) as a
-    node recomputed in the backward passes, inside a block's second-order recomputation: only one
-    step's intermediates are then alive. Its floating-point tensors (in ``args`` and ``kwargs``) are
-    the node's inputs; ``fast_options`` and ``exact_options``: the step's kernel options for the
-    recomputations without and with weight gradients."""
-    leaves, tree = tree_flatten((args, kwargs))
-    where = [k for k, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-    def arguments(inputs, use_fast, rows):
-        filled = list(leaves)
-        for k, t in zip(where, inputs):
-            filled[k] = t
-        a, kw = tree_unflatten(filled, tree)
-        return a, {**kw, **(fast_options if use_fast else exact_options)}
-
-    return recomputed(module, arguments, [leaves[k] for k in where])
 
 
 def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
@@ -213,11 +212,6 @@ def _grads(outputs, inputs, grad_outputs, create_graph=False):
     return result
 
 
-def _cut(tensors, rows: slice | None):
-    """Every tensor (None kept) cut to ``rows``: the upstream gradients of a row-wise module's outputs."""
-    return list(tensors) if rows is None else [t[rows] if t is not None else None for t in tensors]
-
-
 class _Block(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: _Spec, *tensors):
@@ -245,7 +239,7 @@ class _Block(torch.autograd.Function):
             with torch.enable_grad():
                 xs = _detached(spec.take(inputs, rows), needs[:k])
                 out = spec.run(False, xs, rows=rows)
-                total.add(_grads(out, xs + wanted, _cut(grads, rows)), rows)
+                total.add(_grads(out, xs + wanted, spec.cut(grads, rows)), rows)
         return (None, *total.out)
 
 
@@ -265,7 +259,7 @@ class _BlockVJP(torch.autograd.Function):
                 xs = _detached(spec.take(inputs, rows), needs[:k])
                 # detached parameters: input gradients only, so the fast kernels run their own backwards
                 out = spec.run(True, xs, frozen, rows)
-                total.add(_grads(out, xs, _cut(grads, rows)), rows)
+                total.add(_grads(out, xs, spec.cut(grads, rows)), rows)
         ctx.spec, ctx.needs, ctx.n_out = spec, needs, n_out
         ctx.save_for_backward(*grads, *tensors)
         return tuple(total.out)
@@ -279,11 +273,11 @@ class _BlockVJP(torch.autograd.Function):
         inputs, params = tensors[:k], list(tensors[k:])
         wanted = [p if w else None for p, w in zip(params, needs[k:])]
         total = _Gathered(list(grads) + list(inputs) + params,
-                          (True,) * n_out + spec.row_inputs + (False,) * len(params))
+                          spec.output_rows(n_out) + spec.row_inputs + (False,) * len(params))
         for rows in spec.slices():
             with torch.enable_grad():
                 xs = _detached(spec.take(inputs, rows), needs[:k])
-                gs = _detached(_cut(grads, rows), ctx.needs_input_grad[3 : 3 + n_out])
+                gs = _detached(spec.cut(grads, rows), ctx.needs_input_grad[3 : 3 + n_out])
                 # the module and its input gradients with a graph (composed ops: weight gradients wanted)
                 out = spec.run(False, xs, rows=rows)
                 g_in = _grads(out, xs, [g if g is not None else torch.zeros_like(o) for g, o in zip(gs, out)],

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import refine_edges, scatter_sum
+from ..kernels import refine_edges, refine_edges_reference, scatter_sum
 from .attention import pool_directed
-from .layers import apply_phi, call_phi, ffn, phi
+from .layers import RowRecompute, apply_phi, call_phi, ffn, phi
 
 
 class Refine(nn.Module):
@@ -51,6 +51,8 @@ class Refine(nn.Module):
         (:func:`matris.kernels.refine_edges`), on CPU and CUDA. ``update_edges=False`` returns ``y`` unchanged
         without computing FFN_edge: the last block's edge update reaches no output."""
         directed = d2u is not None
+        if isinstance(recompute_phi, RowRecompute) and not directed:
+            return self._line_by_rows(x, y, tgt, src, basis, extra, update_edges, recompute_phi)
         q = self.learnable_envelope(basis)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
         if rewrite:
@@ -74,3 +76,44 @@ class Refine(nn.Module):
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
         y_new = torch.addcmul(pool_directed(delta) if directed else delta, self.edge_res_weight, y)
         return x_new, y_new
+
+    def _line_by_rows(self, x, y, tgt, src, basis, extra, update_edges: bool, rows: RowRecompute):
+        """The line-graph step inside training's block recomputation: everything per angle (Φ, the
+        envelope, the sum into bonds, FFN_edge and the residual) is one node recomputed
+        ``rows.chunk`` angles at a time in the backward passes (:func:`matris.model.recompute.recomputed`),
+        so only one chunk of angle rows is alive; the bonds' FFN_node runs on the sums."""
+        from .recompute import recomputed  # recompute imports the blocks, which import this module
+
+        h, atom = extra
+        n = x.shape[0]
+
+        def arguments(inputs, use_fast, cut):
+            idx = (tgt, src, atom) if cut is None else (tgt[cut], src[cut], atom[cut])
+            return (*inputs, *idx, n), {"fused": use_fast and rows.fast, "update_edges": update_edges}
+
+        out = recomputed(_RefineRows(self), arguments, [y, x, h, basis], rows.chunk,
+                         row_inputs=(True, False, False, False), n_rows=y.shape[0],
+                         row_outputs=(False, True) if update_edges else (False,))
+        x_new = torch.addcmul(self.node_FFN(out[0]), self.node_res_weight, x)
+        return x_new, (out[1] if update_edges else y)
+
+
+class _RefineRows(nn.Module):
+    """The per-angle part of a line-graph Refine, row-wise in the angles ``y`` (see
+    :meth:`Refine._line_by_rows`): ``(y [A, d_y], x [B, d_x], h [N, d_n], basis [B, K])`` →
+    ``R = Σ_{tgt} u ⊙ g`` ``[B, d_y]`` (a sum over the rows) and, ``update_edges``, ``y'`` ``[A, d_y]``."""
+
+    def __init__(self, refine: Refine):
+        super().__init__()
+        self.refine = refine
+
+    def forward(self, y, x, h, basis, tgt, src, atom, n: int, fused: bool = False, update_edges: bool = True):
+        r = self.refine
+        u = r.edge_nonlinear_update.forward_terms([(y, None), (h, atom), (x, tgt), (x, src)], fused)
+        q = r.learnable_envelope(basis)
+        ffn = r.edge_FFN.layers
+        if not update_edges:
+            return (refine_edges(u, q, src, tgt, n) if fused else refine_edges_reference(u, q, src, tgt, n),)
+        call = refine_edges if fused else refine_edges_reference
+        return tuple(call(u, q, src, tgt, n, y, r.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight,
+                          ffn[3].bias, r.smooth_delta_edge))

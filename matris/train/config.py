@@ -234,10 +234,10 @@ class TrainerConfig:
     deterministic: bool = _f(False, "use deterministic algorithms (slower on GPU)")
     recompute: typing.Optional[str] = _f(None, "what the backward passes of a step on forces recompute instead of "
                                                "keeping (exact either way): 'none' (fastest), 'blocks' (each "
-                                               "interaction block, and each Φ by row chunks: a fifth of the memory "
-                                               "for the published 10M models), 'steps' (also each step of a block: "
-                                               "least memory, slowest); null: for models of 4 blocks or more, the "
-                                               "first of these whose memory fits the batch's budget")
+                                               "interaction block, and inside it the work per angle by row chunks: "
+                                               "about a twentieth of the memory for the published 10M models, "
+                                               "slower); null: for models of 4 blocks or more, 'none' where its "
+                                               "memory fits the batch's budget, else 'blocks'")
 
 
 @dataclass
@@ -323,8 +323,11 @@ class TrainConfig:
                 parse_memory(d.max_memory)
             except ValueError as exc:
                 problems.append(str(exc))
-        if self.trainer.recompute not in (None, "none", "blocks", "steps"):
-            problems.append(f"trainer.recompute must be 'none', 'blocks', 'steps' or null (automatic), "
+        if self.trainer.recompute == "steps":
+            problems.append("trainer.recompute 'steps' was removed in matris-mlip 0.3: 'blocks' now needs less "
+                            "memory than it did; set trainer.recompute: blocks (or null)")
+        elif self.trainer.recompute not in (None, "none", "blocks"):
+            problems.append(f"trainer.recompute must be 'none', 'blocks' or null (automatic), "
                             f"got {self.trainer.recompute!r}")
         for k in ("energy_weight", "force_weight", "stress_weight", "magmom_weight"):
             if getattr(self.loss, k) < 0:

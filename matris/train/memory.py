@@ -54,8 +54,7 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     """The memory plan of a run: ``max_memory`` (default ``config.data.max_memory``; ``'auto'``:
     :data:`AUTO_SHARE` of what ``device`` has free), the fixed part, the activation budget and the
     cost of each structure of ``sizes`` (atoms, bonds, angles), in the recompute mode the model plans
-    (:meth:`MatRIS.training_recompute_mode`), or, automatic, ``"steps"`` where the largest structure
-    needs it to fit."""
+    (:meth:`MatRIS.training_recompute_mode`)."""
     device = device or training_device(config)
     value = config.data.max_memory if max_memory is None else max_memory
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
@@ -69,9 +68,6 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     atoms, bonds, angles = (np.asarray(a, dtype=np.int64) for a in sizes)
     mode = model.training_recompute_mode()
     costs = np.asarray(model.estimated_training_bytes(atoms, bonds, angles, dtype, recompute=mode), dtype=np.int64)
-    if model.training_recompute is None and mode == "blocks" and costs.size and costs.max() > total - fixed:
-        mode = "steps"  # least memory: what automatic recompute falls back to where blocks do not fit
-        costs = np.asarray(model.estimated_training_bytes(atoms, bonds, angles, dtype, recompute=mode), dtype=np.int64)
     return MemoryPlan(total=total, fixed=fixed, budget=total - fixed, costs=costs, source=source, recompute=mode)
 
 
@@ -91,7 +87,7 @@ def check_fits(plan: MemoryPlan, sizes: tuple[np.ndarray, np.ndarray, np.ndarray
             f"{(plan.costs[k] + plan.fixed) / GB:.1f} GB for one training step of this model, more than the "
             f"{plan.total / GB:.1f} GB allowed ({plan.source}; recompute {plan.recompute}); structures of up to about "
             f"{fits} angles fit. Raise data.max_memory, use a device with more memory, "
-            + ("set trainer.recompute: steps (least memory), " if plan.recompute != "steps" else "")
+            + ("set trainer.recompute: blocks (least memory), " if plan.recompute != "blocks" else "")
             + "or remove the largest structures from the data")
 
 
