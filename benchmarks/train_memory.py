@@ -155,12 +155,12 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     model = MatRIS(MatRISConfig.published_10m())
     g = GraphBatch.from_systems([to_system(a) for a in structures("mgo64")], model.cutoff, model.three_body_cutoff)
     n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
-    fixed = model.training_fixed_bytes()
     out = []
     for size in sizes:
         row = {"gpu_gb": size}
         for name in ("blocks", "none"):
             per_angle = model.estimated_training_bytes(n_atoms, n_bonds, n_angles, recompute=name) / n_angles
+            fixed = model.training_fixed_bytes(recompute=name)
             row[f"{name}_angles"] = max(0, int((size * GB - fixed) / per_angle))
         out.append(row)
     return out
@@ -185,7 +185,7 @@ def model_prediction(row: dict) -> int:
     torch.manual_seed(0)
     model = MatRIS(MatRISConfig.published_10m())
     mode = recompute_mode(row["mode"])
-    return model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(
+    return model.training_fixed_bytes(ema=False, recompute=mode) + int(model.estimated_training_bytes(
         row["atoms"], row["bonds"], row["angles"], recompute=mode))
 
 
@@ -266,7 +266,8 @@ def main(argv=None) -> int:
         if args.update and Path(args.json).is_file():
             old = json.loads(Path(args.json).read_text())
             new = {(r["case"], r["mode"]): r for r in rows}
-            result = dict(old, rows=[new.pop((r["case"], r["mode"]), r) for r in old["rows"]] + list(new.values()))
+            result = dict(old, rows=[new.pop((r["case"], r["mode"]), r) for r in old["rows"]] + list(new.values()),
+                          gpu_sizes=sizes)  # from the memory model of the code at hand
             result["updates"] = old.get("updates", []) + [{"rows": [f"{c}/{m}" for c, m in
                                                                       ((r["case"], r["mode"]) for r in rows)],
                                                              "meta": meta}]

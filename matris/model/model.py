@@ -24,7 +24,7 @@ from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import RowRecompute, norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
-from .recompute import checkpointed_block
+from .recompute import CHUNK_ROWS, checkpointed_block
 
 EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).
@@ -38,9 +38,13 @@ RECOMPUTE_MIN_BLOCKS = 4
 # per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py):
 # (rows alive while one block is recomputed, rows kept per block), per mode. The published 10-block
 # model fixes only their sum (peak + 10·kept); the split follows the live tensors' count at the peak
-# (kept ≈ 1.4 rows per block, the rest the recomputation's), scaled to RSS (×1.8: the heap's free
-# blocks between live ones)
-TRAIN_ROWS = {"none": (0, 180), "blocks": (148, 2.5), "steps": (122, 2.4)}
+# (kept: a block's inputs and upstream gradients), scaled to RSS (the heap's free blocks between
+# live ones)
+TRAIN_ROWS = {"none": (0, 180), "blocks": (40, 2.5)}
+# recomputing blocks, one chunk of rows (recompute.CHUNK_ROWS) is alive at a time, whatever the
+# batch: this many floats per row and feature of the three-body width (fitted with TRAIN_ROWS;
+# part of MatRIS.training_fixed_bytes)
+TRAIN_CHUNK_FLOATS = 145
 FRAMEWORK_BYTES = 512 * 2**20
 
 
@@ -536,7 +540,8 @@ class MatRIS(nn.Module):
         (7,936 to 63,488 angles; ``benchmarks/train_memory.py`` checks it): per mode of
         :data:`RECOMPUTE_MODES` (``recompute``; None: as planned for this model without a graph,
         :meth:`training_recompute_mode`) the rows alive while one block is recomputed plus the rows
-        kept per block (:data:`TRAIN_ROWS`).
+        kept per block (:data:`TRAIN_ROWS`). Recomputing blocks, the chunk of rows alive at a time
+        is the same for any batch, so it is part of :meth:`training_fixed_bytes`.
         """
         c = self.config
         itemsize = torch.finfo(dtype or self.dtype).bits // 8
@@ -546,13 +551,18 @@ class MatRIS(nn.Module):
         out = rows * (peak + kept * c.num_layers) * itemsize
         return int(out) if isinstance(out, float) else out  # arrays (per structure) stay arrays
 
-    def training_fixed_bytes(self, dtype: torch.dtype | None = None, ema: bool = True) -> int:
+    def training_fixed_bytes(self, dtype: torch.dtype | None = None, ema: bool = True,
+                             recompute: str | None = None) -> int:
         """Memory of a training run besides the activations (:meth:`estimated_training_bytes`): the
-        parameters, their gradients, AdamW's two moments and the EMA copy, plus the framework's
-        own (:data:`FRAMEWORK_BYTES`: torch's libraries on CPU, the CUDA context on a GPU)."""
+        parameters, their gradients, AdamW's two moments and the EMA copy, the framework's own
+        (:data:`FRAMEWORK_BYTES`: torch's libraries on CPU, the CUDA context on a GPU) and, where
+        blocks are recomputed (``recompute``; None: as planned, :meth:`training_recompute_mode`),
+        the one chunk of rows recomputed at a time (:data:`TRAIN_CHUNK_FLOATS`), whatever the batch."""
         itemsize = torch.finfo(dtype or self.dtype).bits // 8
         copies = 5 if ema else 4
-        return sum(p.numel() for p in self.parameters()) * itemsize * copies + FRAMEWORK_BYTES
+        mode = self.training_recompute_mode() if recompute is None else check_recompute(recompute)
+        chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * self.config.three_body_feat_dim * itemsize if mode == "blocks" else 0
+        return sum(p.numel() for p in self.parameters()) * itemsize * copies + FRAMEWORK_BYTES + chunk
 
     def checkpoint_level(self, graph: GraphBatch, dtype: torch.dtype | None = None, create_graph: bool = False,
                          kernels: str | None = None) -> int:

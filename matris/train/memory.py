@@ -58,7 +58,8 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     device = device or training_device(config)
     value = config.data.max_memory if max_memory is None else max_memory
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
-    fixed = model.training_fixed_bytes(dtype, ema=bool(config.optim.ema_decay))
+    mode = model.training_recompute_mode()
+    fixed = model.training_fixed_bytes(dtype, ema=bool(config.optim.ema_decay), recompute=mode)
     parsed = parse_memory(value) if value is not None else None
     if parsed is None:
         total = int(AUTO_SHARE * (available_memory(device) + (fixed if device.type == "cuda" else 0)))
@@ -66,7 +67,6 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     else:
         total, source = parsed, f"data.max_memory = {value}"
     atoms, bonds, angles = (np.asarray(a, dtype=np.int64) for a in sizes)
-    mode = model.training_recompute_mode()
     costs = np.asarray(model.estimated_training_bytes(atoms, bonds, angles, dtype, recompute=mode), dtype=np.int64)
     return MemoryPlan(total=total, fixed=fixed, budget=total - fixed, costs=costs, source=source, recompute=mode)
 
