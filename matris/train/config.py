@@ -235,7 +235,7 @@ class TrainerConfig:
     recompute: typing.Optional[str] = _f(None, "what the backward passes of a step on forces recompute instead of "
                                                "keeping (exact either way): 'none' (fastest), 'blocks' (each "
                                                "interaction block, and inside it the work per angle by row chunks: "
-                                               "about a twentieth of the memory for the published 10M models, "
+                                               "a tenth to a twentieth of the memory for the published 10M models, "
                                                "slower); null: for models of 4 blocks or more, 'none' where its "
                                                "memory fits the batch's budget, else 'blocks'")
 
