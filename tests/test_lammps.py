@@ -263,3 +263,64 @@ def test_build_errors_name_what_is_missing(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(b.BuildError, match="no C\\+\\+ compiler"):
         b._compiler()
+
+
+def test_every_spelling_of_the_interpreter_shares_one_build(tmp_path, monkeypatch):
+    """``python``, ``python3`` and ``python3.X`` of one environment key the same build folder (the
+    plugin is not compiled again for each); another environment keys its own."""
+    spellings = [p for p in (BIN / "python", BIN / "python3", BIN / f"python3.{sys.version_info.minor}") if p.exists()]
+    assert len(spellings) >= 2
+    monkeypatch.setenv("MATRIS_CACHE", str(tmp_path / "cache"))
+    code = "from matris.lammps.build import build_dir; print(build_dir())"
+    folders = {subprocess.run([str(p), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+               for p in spellings}
+    from matris.lammps import build as b
+
+    assert folders == {str(b.build_dir())}
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "another-venv"))  # its own site-packages
+    assert str(b.build_dir()) not in folders
+
+
+def test_the_model_uses_the_cores_of_its_rank_unless_threads_is_given(lmp_env, tmp_path):
+    """LAMMPS gives OpenMP one thread when OMP_NUM_THREADS is unset; the model takes the cores the
+    rank may run on, or ``threads N``, and the log says which."""
+    from matris.lammps.runtime import rank_cores
+
+    env, model = lmp_env
+    env = {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}
+    write(tmp_path / "s.data", bulk("Si", "diamond", a=5.43), format="lammps-data", specorder=["Si"], masses=True)
+    n = rank_cores()
+    text = run_lmp(env, tmp_path, header("s.data", model, "Si") + ["run 0"])
+    assert f", cpu, {n} CPU thread{'s' if n != 1 else ''}, float64, cutoff" in text.split("pair_style matris: model")[1]
+    lines = header("s.data", model, "Si")
+    lines[4] += " threads 1"
+    assert ", 1 CPU thread, float64" in run_lmp(env, tmp_path, lines + ["run 0"])
+
+
+def test_lammps_driven_from_python_runs_the_pair_style(lmp_env, reference, tmp_path):
+    """``from lammps import lammps; L.file(...)``: the plugin takes Python's GIL (the lammps module
+    calls LAMMPS through ctypes, which releases it), so the model runs in the host interpreter."""
+    env, model = lmp_env
+    atoms = bulk("Si", "diamond", a=5.43) * (2, 1, 1)
+    atoms.rattle(0.05, seed=3)
+    write(tmp_path / "s.data", atoms, format="lammps-data", specorder=["Si"], masses=True)
+    (tmp_path / "in.lmp").write_text("\n".join(header("s.data", model, "Si") + ["run 0"]) + "\n")
+    script = ("from lammps import lammps\n"
+              "L = lammps(cmdargs=['-nocite', '-log', 'none', '-screen', 'none'])\n"
+              "L.file('in.lmp')\n"
+              "print('PE', repr(L.get_thermo('pe')))\n"
+              "L.command('run 2')\n"
+              "print('PE2', repr(L.get_thermo('pe')))\n"
+              "L.close()\n")
+    # as the docs say: eval "$(matris lammps env)", then Python
+    shell = f'eval "$({BIN / "matris"} lammps env)" && {sys.executable} -c "$SCRIPT"'
+    proc = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env=dict(env, SCRIPT=script), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    values = dict(line.split() for line in proc.stdout.splitlines() if line.startswith("PE"))
+    from ase.io import read
+
+    framed = read(tmp_path / "s.data", format="lammps-data", atom_style="atomic", Z_of_type={1: 14})
+    framed.pbc = True
+    assert_close(float(values["PE"]), ase_reference(reference, framed)[0])
+    assert float(values["PE2"]) == float(values["PE"])  # no integrator: the same structure twice

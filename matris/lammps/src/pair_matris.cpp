@@ -75,6 +75,20 @@ std::string start_python()
   return "";
 }
 
+// Holds Python's GIL for a scope. When Python drives LAMMPS (the lammps module, through ctypes,
+// which releases the GIL around the call), the plugin runs without it; in lmp the main thread
+// holds it from Py_Initialize on, and taking it again is a no-op.
+class GIL {
+ public:
+  GIL() : state_(PyGILState_Ensure()) {}
+  ~GIL() { PyGILState_Release(state_); }
+  GIL(const GIL &) = delete;
+  GIL &operator=(const GIL &) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
 // Rank 0's value reaches every rank. The others wait by polling with short sleeps instead
 // of MPI's busy wait, so that the cores they share with rank 0 run its model evaluation.
 void bcast_int_sleeping(int *value, MPI_Comm world, int me)
@@ -122,7 +136,8 @@ PairMatris::PairMatris(LAMMPS *lmp) : Pair(lmp)
 
 PairMatris::~PairMatris()
 {
-  if (evaluator_) {
+  if (evaluator_ && Py_IsInitialized()) {
+    GIL gil;
     Py_DECREF((PyObject *) evaluator_);    // the interpreter stays up: torch does not finalize cleanly
   }
   if (allocated) {
@@ -190,6 +205,7 @@ void PairMatris::load_model()
   if (comm->me == 0) {
     message = start_python();
     if (message.empty()) {
+      GIL gil;
       PyObject *module = PyImport_ImportModule("matris.lammps.runtime");
       PyObject *elements = PyList_New(0);
       for (auto &e : type_elements_) {
@@ -209,6 +225,9 @@ void PairMatris::load_model()
         PyObject *cut = PyObject_GetAttrString(made, "cutoff");
         cutoff_ = cut ? PyFloat_AsDouble(cut) : 0.0;
         Py_XDECREF(cut);
+        PyObject *line = PyErr_Occurred() ? nullptr : PyObject_CallMethod(made, "describe", nullptr);
+        if (line && PyUnicode_Check(line)) utils::logmesg(lmp, std::string(PyUnicode_AsUTF8(line)) + "\n");
+        Py_XDECREF(line);
         if (PyErr_Occurred()) message = python_error();
       }
       Py_XDECREF(module);
@@ -272,6 +291,7 @@ void PairMatris::compute(int eflag, int vflag)
     // box rows a, b, c of LAMMPS's (restricted) triclinic or orthogonal box
     double cell[9] = {domain->xprd, 0.0, 0.0, domain->xy, domain->yprd, 0.0, domain->xz, domain->yz, domain->zprd};
     if (!domain->triclinic) cell[3] = cell[6] = cell[7] = 0.0;
+    GIL gil;
     PyObject *pos = PyBytes_FromStringAndSize((const char *) all_x_.data(), all_x_.size() * sizeof(double));
     PyObject *types = PyBytes_FromStringAndSize((const char *) all_type_.data(), all_type_.size() * sizeof(int));
     PyObject *box = PyBytes_FromStringAndSize((const char *) cell, sizeof(cell));

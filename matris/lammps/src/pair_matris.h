@@ -29,7 +29,7 @@ class PairMatris : public Pair {
   std::string model_, device_ = "auto", dtype_ = "float32";  // matris's defaults everywhere
   std::vector<std::string> type_elements_;
   double cutoff_ = 0.0;
-  int threads_ = 0;    // rank 0's model threads; 0: PyTorch's default
+  int threads_ = 0;    // rank 0's model threads; 0: the cores rank 0 may run on
   void *evaluator_ = nullptr;    // PyObject* of matris.lammps.runtime.LammpsEvaluator, rank 0 only
   std::vector<double> all_x_, all_f_, all_e_, all_v_;
   std::vector<int> all_type_;
