@@ -324,3 +324,59 @@ def test_lammps_driven_from_python_runs_the_pair_style(lmp_env, reference, tmp_p
     framed.pbc = True
     assert_close(float(values["PE"]), ase_reference(reference, framed)[0])
     assert float(values["PE2"]) == float(values["PE"])  # no integrator: the same structure twice
+
+
+def test_hybrid_overlay_adds_another_style_on_top(lmp_env, reference, tmp_path):
+    """``pair_style hybrid/overlay matris ... zbl``: the energy is MatRIS's plus ZBL's, and MatRIS's
+    share (``compute pair matris``) is the ASE calculator's energy."""
+    env, model = lmp_env
+    atoms = bulk("SiO", "zincblende", a=4.6) * (2, 1, 1)
+    atoms.rattle(0.05, seed=4)
+    write(tmp_path / "s.data", atoms, format="lammps-data", specorder=["Si", "O"], masses=True)
+    lines = ["units metal", "atom_style atomic", "boundary p p p", "read_data s.data",
+             f"pair_style hybrid/overlay matris {model} device cpu dtype float64 zbl 1.5 2.5",
+             "pair_coeff * * matris Si O", "pair_coeff 1 1 zbl 14 14", "pair_coeff 1 2 zbl 14 8",
+             "pair_coeff 2 2 zbl 8 8", "compute pm all pair matris", "compute pz all pair zbl",
+             "thermo_style custom step pe c_pm c_pz", "thermo_modify format float %24.17g", "run 0"]
+    run_lmp(env, tmp_path, lines)
+    log = (tmp_path / "log.lammps").read_text().splitlines()
+    pe, pm, pz = (float(v) for v in log[next(i for i, ln in enumerate(log) if ln.split()[:2] == ["Step", "PotEng"])
+                                        + 1].split()[1:4])
+    from ase.io import read
+
+    framed = read(tmp_path / "s.data", format="lammps-data", atom_style="atomic", Z_of_type={1: 14, 2: 8})
+    framed.pbc = True
+    assert pz != 0.0 and abs(pe - (pm + pz)) <= 1e-9 * abs(pe)
+    assert_close(pm, ase_reference(reference, framed)[0])
+
+
+def test_out_of_memory_stops_the_run_with_a_clear_error(lmp_env, tmp_path):
+    """The model running out of memory in the middle of a run (here PyTorch's CPU allocator
+    failing from the third evaluation on, injected through sitecustomize) stops LAMMPS with an
+    error that says so: no step is integrated on the forces of an earlier one."""
+    env, model = lmp_env
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "from matris.lammps import runtime\n"
+        "calls = [0]\n"
+        "original = runtime.LammpsEvaluator.compute\n"
+        "def compute(self, *args):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] >= 3:\n"
+        "        raise RuntimeError('DefaultCPUAllocator: can\\'t allocate memory: '\n"
+        "                           'you tried to allocate 123456789 bytes')\n"
+        "    return original(self, *args)\n"
+        "runtime.LammpsEvaluator.compute = compute\n")
+    write(tmp_path / "s.data", bulk("Si", "diamond", a=5.43) * (2, 1, 1), format="lammps-data", specorder=["Si"],
+          masses=True)
+    lines = header("s.data", model, "Si") + ["velocity all create 300 1", "fix nve all nve", "thermo 1",
+                                             "run 5"]
+    text = run_lmp(dict(env, PYTHONPATH=str(hook)), tmp_path, lines, expect_ok=False)
+    assert "ERROR" in text and "out of memory evaluating 4 atoms on cpu (float64)" in text, text[-2000:]
+    assert "Segmentation" not in text and "Traceback" not in text
+    log = (tmp_path / "log.lammps").read_text().splitlines()
+    head = next(i for i, ln in enumerate(log) if ln.split()[:1] == ["Step"])
+    steps = [int(ln.split()[0]) for ln in log[head + 1:] if ln.split() and ln.split()[0].isdigit()]
+    # evaluations 1 and 2 give steps 0 and 1; the third, of step 2, fails: no step 2 in the log
+    assert steps == [0, 1]

@@ -36,6 +36,14 @@ def rank_cores() -> int:
         return os.cpu_count() or 1
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: Python's, PyTorch's CPU allocator's or CUDA's."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
+
+
 def atomic_numbers_of(elements: list[str]) -> list[int]:
     """``pair_coeff * * Si O`` → ``[14, 8]``; an unknown symbol raises with the valid ones."""
     out = []
@@ -94,10 +102,21 @@ class LammpsEvaluator:
                     ) -> tuple[float, bytes, bytes, bytes]:
         """:meth:`compute` on raw buffers, as the pair style calls it: float64 positions
         ``[N, 3]``, int32 types ``[N]``, float64 cell ``[3, 3]`` and the three periodic flags;
-        returns the energy and the per-atom energies, forces and virials as float64 bytes."""
-        e, atomic, forces, virial = self.compute(
-            np.frombuffer(positions, dtype=np.float64).reshape(-1, 3), np.frombuffer(types, dtype=np.int32),
-            np.frombuffer(cell, dtype=np.float64).reshape(3, 3), np.array([px, py, pz], dtype=bool))
+        returns the energy and the per-atom energies, forces and virials as float64 bytes. Out
+        of memory is an error that says so (LAMMPS then stops: no step runs on old forces)."""
+        n = len(types) // 4
+        try:
+            e, atomic, forces, virial = self.compute(
+                np.frombuffer(positions, dtype=np.float64).reshape(-1, 3), np.frombuffer(types, dtype=np.int32),
+                np.frombuffer(cell, dtype=np.float64).reshape(3, 3), np.array([px, py, pz], dtype=bool))
+        except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_out_of_memory(exc):
+                raise
+            m = self.model
+            raise MemoryError(
+                f"out of memory evaluating {n} atoms on {m.device} ({str(m.dtype).removeprefix('torch.')}): rank 0 "
+                f"evaluates the whole system; use fewer atoms, dtype float32, or a device with more memory "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
         return e, atomic.tobytes(), forces.tobytes(), virial.tobytes()
 
     def compute(self, positions: np.ndarray, types: np.ndarray, cell: np.ndarray, pbc: np.ndarray

@@ -9,6 +9,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <new>
+
 #include "pair_matris.h"
 
 #include "atom.h"
@@ -191,7 +193,8 @@ void PairMatris::coeff(int narg, char **arg)
   for (int i = 0; i < ntypes; i++) {
     if (strcmp(arg[2 + i], "NULL") == 0)
       error->all(FLERR, "pair_style matris: atom type " + std::to_string(i + 1) +
-                            " is mapped to NULL; every type needs an element (pair_style hybrid is not supported)");
+                            " is mapped to NULL; every type needs an element (MatRIS describes the whole system: "
+                            "pair_style hybrid/overlay adds other styles on top of it, hybrid cannot give it a part)");
     type_elements_.emplace_back(arg[2 + i]);
   }
   for (int i = 1; i <= ntypes; i++)
@@ -279,8 +282,13 @@ void PairMatris::compute(int eflag, int vflag)
     displs3[p] = 3 * displs[p];
   }
   if (me == 0) {
-    all_x_.resize(3 * (size_t) ntotal);
-    all_type_.resize(ntotal);
+    try {
+      all_x_.resize(3 * (size_t) ntotal);
+      all_type_.resize(ntotal);
+    } catch (const std::bad_alloc &) {
+      error->one(FLERR, "pair_style matris: out of memory on rank 0 gathering the " + std::to_string(ntotal) +
+                            " atoms it evaluates; use fewer atoms or a node with more memory");
+    }
   }
   MPI_Gatherv(x.data(), 3 * nlocal, MPI_DOUBLE, all_x_.data(), counts3.data(), displs3.data(), MPI_DOUBLE, 0, world);
   MPI_Gatherv(atom->type, nlocal, MPI_INT, all_type_.data(), counts.data(), displs.data(), MPI_INT, 0, world);
@@ -303,10 +311,12 @@ void PairMatris::compute(int eflag, int vflag)
     PyObject *e_all = nullptr, *f_all = nullptr, *v_all = nullptr;
     if (!out || !PyArg_ParseTuple(out, "dSSS", &energy, &e_all, &f_all, &v_all)) {
       message = python_error();
-    } else {
+    } else try {
       all_e_.assign((double *) PyBytes_AsString(e_all), (double *) PyBytes_AsString(e_all) + ntotal);
       all_f_.assign((double *) PyBytes_AsString(f_all), (double *) PyBytes_AsString(f_all) + 3 * (size_t) ntotal);
       all_v_.assign((double *) PyBytes_AsString(v_all), (double *) PyBytes_AsString(v_all) + 6 * (size_t) ntotal);
+    } catch (const std::bad_alloc &) {
+      message = "out of memory on rank 0 receiving the results of " + std::to_string(ntotal) + " atoms";
     }
     Py_XDECREF(out);
   }
