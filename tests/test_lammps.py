@@ -380,3 +380,30 @@ def test_out_of_memory_stops_the_run_with_a_clear_error(lmp_env, tmp_path):
     steps = [int(ln.split()[0]) for ln in log[head + 1:] if ln.split() and ln.split()[0].isdigit()]
     # evaluations 1 and 2 give steps 0 and 1; the third, of step 2, fails: no step 2 in the log
     assert steps == [0, 1]
+
+
+def test_float64_gemms_run_pytorchs_blas_inside_lammps(lmp_env, tmp_path):
+    """LAMMPS exports a reference dgemm_; without deep-binding libtorch_cpu.so (matris.lammps.blas)
+    PyTorch's float64 GEMMs inside lmp ran that routine (4× slower here for 800 × 800). Inside
+    lmp the product now takes about as long as in plain Python."""
+    env, model = lmp_env
+    probe = ("import time, torch\n"
+             "torch.set_num_threads(1)\n"
+             "a = torch.rand(800, 800, dtype=torch.float64)\n"
+             "a @ a\n"
+             "times = []\n"
+             "for _ in range(5):\n"
+             "    t = time.perf_counter(); a @ a; times.append(time.perf_counter() - t)\n"
+             "print('GEMM', min(times), flush=True)\n")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "from matris.lammps import runtime\n"  # as the pair style imports it: before torch
+        "print('BLAS', runtime.BLAS, flush=True)\n" + probe)
+    write(tmp_path / "s.data", bulk("Si", "diamond", a=5.43), format="lammps-data", specorder=["Si"], masses=True)
+    text = run_lmp(dict(env, PYTHONPATH=str(hook)), tmp_path, header("s.data", model, "Si") + ["run 0"])
+    assert "BLAS deep-bound" in text, text[-2000:]
+    inside = float(text.split("GEMM ")[1].split()[0])
+    plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    outside = float(plain.split("GEMM ")[1].split()[0])
+    assert inside < 2 * outside, (inside, outside)

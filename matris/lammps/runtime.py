@@ -13,6 +13,12 @@ xy xz yz as LAMMPS stores them).
 
 from __future__ import annotations
 
+# first, before torch is imported: PyTorch's own dgemm_, not LAMMPS's (matris.lammps.blas);
+# BLAS says what was done, for diagnostics
+from .blas import STATUS as BLAS  # noqa: F401
+
+# isort: split
+
 import os
 
 import numpy as np
