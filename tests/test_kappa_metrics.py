@@ -1,0 +1,112 @@
+"""Matbench-Discovery's κ metrics and combined score (matris.discovery.kappa_metrics), against
+values computed by hand from the benchmark's definitions (matbench-discovery @ 023dca9a,
+metrics/phonons.py, phonons/thermal_conductivity.py, site/src/lib/combined_perf_score.ts)."""
+
+import numpy as np
+import pytest
+
+from matris.discovery.kappa_metrics import (
+    KappaRecord,
+    combined_score,
+    has_imaginary_modes,
+    kappa_average,
+    kappa_metrics,
+    mode_kappa_total,
+    srd,
+    srme,
+)
+
+
+def voigt(xx, yy, zz, off=0.0):
+    return [xx, yy, zz, off, off, off]
+
+
+def test_the_average_is_the_mean_of_the_diagonal_and_nan_poisons_it():
+    assert kappa_average(voigt(1.0, 2.0, 6.0, off=100.0)) == pytest.approx(3.0, abs=1e-15)
+    assert kappa_average([voigt(1, 1, 1), voigt(3, 3, 3)]).tolist() == [1.0, 3.0]
+    assert np.isnan(kappa_average(voigt(1.0, np.nan, 1.0))).all()
+
+
+def test_mode_kappa_splits_the_coherence_term_by_heat_capacity():
+    p = np.zeros((1, 1, 2, 6))
+    p[0, 0, :, 0] = [1.0, 2.0]
+    c = np.array([[[1.0, 3.0]]])
+    kc = np.zeros((1, 1, 2, 2, 6))
+    kc[0, 0, :, :, 0] = [[0.4, 0.8], [0.2, 0.6]]
+    out = mode_kappa_total(p, kc, c)
+    # κ(0) = 1 + 2·1/2·0.4 + 2·1/4·0.8 = 1.8;  κ(1) = 2 + 2·3/4·0.2 + 2·3/6·0.6 = 2.9
+    assert out[0, 0, :, 0] == pytest.approx([1.8, 2.9], abs=1e-15)
+    assert (out[..., 1:] == 0).all()
+    zero = mode_kappa_total(p, kc, np.zeros_like(c))  # 0/0 heat-capacity shares count as 0
+    assert zero[0, 0, :, 0].tolist() == [1.0, 2.0]
+
+
+def test_imaginary_modes_allow_only_a_little_noise_on_the_acoustic_modes_at_gamma():
+    f = np.array([[-0.005, 0.0, 0.001, 5.0, 6.0, 7.0], [1.0, 2.0, 3.0, 5.0, 6.0, 7.0]])
+    assert not has_imaginary_modes(f)
+    for q, b, value in [(0, 0, -0.02), (0, 3, -1e-6), (1, 0, -1e-6)]:
+        g = f.copy()
+        g[q, b] = value
+        assert has_imaginary_modes(g), (q, b, value)
+    assert has_imaginary_modes(np.full_like(f, np.nan))
+
+
+def test_srd_and_sre():
+    assert srd([voigt(3, 3, 3)], [voigt(1, 1, 1)]) == pytest.approx(1.0, abs=1e-15)  # 2·(3−1)/(3+1)
+    assert srd(voigt(1, 2, 3), voigt(2, 2, 2)) == 0.0
+    assert srd(voigt(np.nan, 1, 1), voigt(2, 2, 2)) == -2.0  # a missing prediction counts as κ = 0
+
+
+def _record(modes, weights, **kw):
+    """A one-temperature record from per-(q, b) isotropic mode κ ``modes`` [q, b] (weighted)."""
+    modes = np.asarray(modes, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    mode_kappa = np.zeros((1, *modes.shape, 6))
+    mode_kappa[0, ..., :3] = modes[..., None]
+    kappa = mode_kappa.sum(axis=(1, 2)) / w.sum()
+    return KappaRecord(kappa=kappa, mode_kappa=mode_kappa, weights=w, **kw)
+
+
+def test_srme_by_hand_and_its_failure_cases():
+    w = [1.0, 3.0]
+    true = _record([[2.0, 1.0], [6.0, 3.0]], w)  # κ̄ = 12/4 = 3
+    pred = _record([[1.0, 1.0], [9.0, 1.0]], w, spg_initial=227, spg_final=227)  # κ̄ = 12/4 = 3
+    # Σ|Δ| = 1 + 0 + 3 + 2 = 6, / Σw = 1.5; SRME = 2·1.5/(3 + 3) = 0.5
+    assert srme(pred, true) == pytest.approx(0.5, abs=1e-15)
+    assert srme(true, true) == 0.0
+    for bad in (dict(has_imaginary=True), dict(spg_initial=227, spg_final=141)):
+        assert srme(_record([[1.0, 1.0], [9.0, 1.0]], w, **bad), true) == 2.0
+    # without its own initial space group the prediction is compared with the reference's
+    assert srme(_record([[1.0, 1.0], [9.0, 1.0]], w, spg_final=141), true, true_spg=227) == 2.0
+    nan = _record([[1.0, np.nan], [9.0, 1.0]], w)
+    assert srme(nan, true) == 2.0
+    assert srme(KappaRecord(kappa=true.kappa), true) == 2.0  # no mode resolution: failed
+    with pytest.raises(ValueError, match="reference has NaN"):
+        srme(pred, _record([[np.nan, 1.0], [1.0, 1.0]], w))
+    with pytest.raises(ValueError, match="q-point mesh"):
+        srme(_record([[1.0, 1.0, 1.0]], [4.0]), true)
+
+
+def test_model_metrics_average_over_the_reference_and_count_missing_predictions_as_failures():
+    w = [1.0, 3.0]
+    trues = {"a": _record([[2.0, 1.0], [6.0, 3.0]], w), "b": _record([[1.0, 1.0], [1.0, 1.0]], w)}
+    preds = {"a": _record([[1.0, 1.0], [9.0, 1.0]], w)}
+    m = kappa_metrics(preds, trues)
+    assert m["materials"] == 2
+    assert m["per_material"]["a"] == {"SRD": 0.0, "SRE": 0.0, "SRME": pytest.approx(0.5, abs=1e-15)}
+    assert m["per_material"]["b"] == {"SRD": -2.0, "SRE": 2.0, "SRME": 2.0}
+    assert m["kappa_SRME"] == pytest.approx(1.25, abs=1e-15) and m["kappa_SRE"] == 1.0 and m["kappa_SRD"] == -1.0
+
+
+def test_combined_score_by_hand():
+    # 0.5·F1 + 0.4·(1 − SRME/2) + 0.1·(1 − RMSD/0.15)
+    assert combined_score(0.9, 0.2, 0.06) == pytest.approx(0.45 + 0.36 + 0.06, abs=1e-15)
+    # the published MatRIS-10M-OAM figures
+    assert combined_score(0.921, 0.218, 0.0601) == pytest.approx(0.4605 + 0.4 * 0.891 + 0.1 * (0.0899 / 0.15),
+                                                                 abs=1e-12)
+    assert combined_score(1.0, 0.0, 0.0) == 1.0 and combined_score(0.0, 2.0, 0.2) == 0.0
+    assert combined_score(0.8, 3.0, -0.1) == pytest.approx(0.5 * 0.8 + 0.1, abs=1e-15)  # clamped parts
+    assert combined_score(0.9, None, 0.06) is None and combined_score(np.nan, 0.2, 0.06) is None
+    # a metric of weight 0 may be missing; the weights are renormalised
+    assert combined_score(0.9, None, 0.06, weights={"kappa_SRME": 0.0}) == pytest.approx(
+        (0.5 * 0.9 + 0.1 * 0.6) / 0.6, abs=1e-15)
