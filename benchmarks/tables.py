@@ -165,6 +165,15 @@ def cpu_speed(name: str = "cpu_speed") -> str:
     return markdown(str(result_path(name)), command=False)  # the provenance line gives command and commit
 
 
+def kappa_small(name: str = "kappa_small_cpu") -> str:
+    from benchmarks.kappa_small import table as kappa_table
+
+    d = load(name)
+    diffs = ", ".join(f"{case} {100 * v:+.3f} %" for case, v in d["float32_relative_difference"].items())
+    return (kappa_table(d["rows"]) + f"\n\nq-mesh {d['mesh']}³, supercells {d['supercells']}; "
+            f"float32 − float64, relative to κ: {diffs}.")
+
+
 def train_memory(name: str = "train_memory") -> str:
     from benchmarks.train_memory import gpu_sizes, gpu_table
     from benchmarks.train_memory import table as memory_table
