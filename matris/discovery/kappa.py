@@ -66,8 +66,9 @@ class KappaResult:
 
 def spacegroup_number(atoms, symprec: float = 1e-5) -> int:
     """The international space group number of ``atoms`` (spglib)."""
-    spglib = require("spglib", "kappa", "the κ task's space groups")
-    data = spglib.get_symmetry_dataset((atoms.cell[:], atoms.get_scaled_positions(), atoms.numbers), symprec=symprec)
+    from .geometry import symmetry_dataset
+
+    data = symmetry_dataset((atoms.cell[:], atoms.get_scaled_positions(), atoms.numbers), symprec)
     if data is None:
         raise ValueError(f"spglib found no symmetry for {atoms.get_chemical_formula()} at symprec {symprec}")
     return int(data.number)
