@@ -20,6 +20,10 @@ The Matbench-Discovery benchmark in two steps (plus an optional download step):
       table (metrics.json, metrics.csv) and figure (discovery.png)
   matris discovery download
       fetch the published data files into the cache (e.g. on a login node before a SLURM run)
+  matris discovery kappa --model NAME --structures FILE --out DIR [--shard I/N]
+      lattice thermal conductivity at 300 K (phono3py, Wigner RTA), sharded and resumable
+  matris discovery kappa-metrics --pred DIR --true DIR
+      κ_SRME, κ_SRE, κ_SRD of one κ run against a reference run
 
 Run 'matris discovery <step> --help' for the options of a step.
 """
@@ -69,6 +73,61 @@ structures), metrics.json, metrics.csv, discovery.png.
   matris discovery metrics --relaxed wbm-relax
   matris discovery metrics --relaxed quick --only-predicted     # score a partial run on what it relaxed
 """
+
+
+KAPPA_DESCRIPTION = """\
+The κ task of Matbench Discovery (matris.discovery.kappa): for each unit cell of --structures
+(info: material_id, fc2_supercell, fc3_supercell, q_mesh, as in the benchmark's PhononDB file),
+a symmetry-constrained relaxation, force constants from 0.03 Å displacements (the displaced
+supercells go through the model --batch-size at a time), the phonons (imaginary modes recorded)
+and κ at 300 K from phono3py's Wigner transport equation. float64 by default.
+
+Results: DIR/shard-I-of-N.jsonl, one line per structure, written as each finishes; a rerun skips
+what is done (a killed run loses at most the structure in progress), a failed structure is
+recorded with its reason. --shard I/N as for 'matris discovery relax' (SLURM arrays too).
+
+  matris discovery kappa --model matris-10m-oam --structures phononDB-PBE-103.extxyz --out kappa
+  matris discovery kappa-metrics --pred kappa --true kappa-dft
+"""
+
+
+def run_kappa(args: argparse.Namespace) -> int:
+    from .common import check_inputs
+
+    model_name = args.model
+    check_inputs([args.structures], None if model_name in ("demo", "bundled") else model_name)
+    from ..discovery.kappa import KappaProtocol
+    from ..discovery.kappa_run import run_shard
+    from ..discovery.shards import resolve_shard
+    from ..model import MatRIS
+
+    model = MatRIS.load("matris-demo" if model_name in ("demo", "bundled") else model_name, device=args.device,
+                        dtype=args.dtype)
+    report = run_shard(args.structures, args.out, model, model_name, resolve_shard(args.shard),
+                       KappaProtocol(batch_size=args.batch_size, fmax=args.fmax, max_steps=args.max_steps),
+                       dtype=args.dtype, limit=args.limit,
+                       retry_failed=args.retry_failed)
+    print(f"shard {report['shard']}: {report['computed']} computed, {report['failed']} failed, {report['skipped']} "
+          f"done before; results in {report['path']}", file=sys.stderr)
+    return 0
+
+
+def run_kappa_metrics(args: argparse.Namespace) -> int:
+    import json
+
+    from ..discovery.kappa_run import compare
+
+    m = compare(args.pred, args.true)
+    print(f"| metric | value |\n|---|---:|\n| κ_SRME | {m['kappa_SRME']:.4f} |\n| κ_SRE | {m['kappa_SRE']:.4f} |\n"
+          f"| κ_SRD | {m['kappa_SRD']:+.4f} |\n| materials | {m['materials']} |")
+    if args.json:
+        from ..atomic import write_json
+
+        write_json(args.json, m)
+        print(f"wrote {args.json}", file=sys.stderr)
+    else:
+        print(json.dumps({k: v for k, v in m.items() if k != "per_material"}), file=sys.stderr)
+    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -132,6 +191,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                   "--list shows all")
     download.add_argument("--list", action="store_true", help="list the known data files")
     download.set_defaults(discovery_run=run_download)
+
+    kappa = steps.add_parser("kappa", help="lattice thermal conductivity, the κ task (sharded, resumable)",
+                             description=KAPPA_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kappa.add_argument("--model", required=True, help="model name (see 'matris models'), checkpoint path, or 'demo'")
+    kappa.add_argument("--structures", required=True,
+                       help="unit cells with info material_id, fc2_supercell, fc3_supercell, q_mesh (extxyz, ...)")
+    kappa.add_argument("--out", required=True, help="results folder (shared by all shards of a run)")
+    kappa.add_argument("--shard", default=None, help="I/N: shard I (0-based) of N (default: the SLURM array task's)")
+    kappa.add_argument("--device", default="auto", help=DEVICE_HELP)
+    kappa.add_argument("--dtype", default="float64", choices=["float32", "float64"],
+                       help="model precision (default: float64: force constants are differences of forces)")
+    kappa.add_argument("--batch-size", type=int, default=8, help="displaced supercells per model call (default: 8)")
+    kappa.add_argument("--fmax", type=float, default=1e-4,
+                       help="force threshold of the symmetry-constrained relaxation, eV/Å (default: 1e-4, the "
+                            "benchmark's)")
+    kappa.add_argument("--max-steps", type=int, default=300, help="most relaxation steps (default: 300)")
+    kappa.add_argument("--limit", type=int, default=None, help="only the first N structures of the file")
+    kappa.add_argument("--retry-failed", action="store_true", help="compute again structures that failed before")
+    kappa.set_defaults(discovery_run=run_kappa)
+
+    km = steps.add_parser("kappa-metrics", help="κ_SRME, κ_SRE and κ_SRD of a κ run against a reference run",
+                          description="Score the κ run in --pred against the reference run in --true (same format: "
+                                      "the DFT set, or another model or precision) with the benchmark's definitions "
+                                      "(matris.discovery.kappa_metrics): failed and missing materials count as 2.")
+    km.add_argument("--pred", required=True, help="the --out folder of 'matris discovery kappa'")
+    km.add_argument("--true", required=True, help="the reference's folder (same format)")
+    km.add_argument("--json", default=None, help="write the metrics and the per-material values to this file")
+    km.set_defaults(discovery_run=run_kappa_metrics)
     p.set_defaults(discovery_parser=p)
 
 

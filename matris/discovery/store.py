@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from .shards import Shard
 MANIFEST = "manifest.json"
 # manifest keys that must agree between shards of one run (the rest are informational)
 PROTOCOL_KEYS = ("model", "dtype", "fmax", "steps", "optimizer", "cell_filter", "shards", "structures", "limit",
-                 "n_structures")
+                 "n_structures", "protocol")
 
 try:  # POSIX; elsewhere a second process on the same shard is not detected
     import fcntl
@@ -48,6 +48,7 @@ class RelaxRecord:
     by atom count).
     """
 
+    KIND: ClassVar[str] = "relaxation"
     material_id: str
     energy: float | None
     cell: list
@@ -111,8 +112,9 @@ def shard_path(out_dir: str | os.PathLike, shard: Shard) -> Path:
     return Path(out_dir) / f"{shard.name}.jsonl"
 
 
-def read_records(path: str | os.PathLike, repair: bool = False) -> list[RelaxRecord]:
-    """Every complete record of a shard file ([] if it does not exist).
+def read_records(path: str | os.PathLike, repair: bool = False, record_type: type = RelaxRecord) -> list:
+    """Every complete record (``record_type``: :class:`RelaxRecord`, or another with ``from_dict``,
+    ``to_json``, ``material_id`` and ``ok``) of a shard file ([] if it does not exist).
 
     A last line without its newline (the process was killed while writing it) is ignored, and
     with ``repair`` cut from the file so that later appends start on a fresh line. A damaged
@@ -128,11 +130,12 @@ def read_records(path: str | os.PathLike, repair: bool = False) -> list[RelaxRec
         if not line.strip():
             continue
         try:
-            records.append(RelaxRecord.from_dict(json.loads(line)))
+            records.append(record_type.from_dict(json.loads(line)))
         except (ValueError, TypeError) as exc:
             raise MatRISInputError(
-                f"{path}, line {number}, is not a relaxation record ({exc}); the file was edited or damaged. "
-                "Delete that line (its structure is then relaxed again on the next run) and rerun."
+                f"{path}, line {number}, is not a {getattr(record_type, 'KIND', 'result')} record ({exc}); the file "
+                "was edited or damaged. Delete that line (its structure is then computed again on the next run) "
+                "and rerun."
             ) from None
     if repair and complete < len(data):
         with open(path, "r+b") as fh:
@@ -148,11 +151,13 @@ class ShardLog:
     :attr:`done`); :meth:`append` writes one record and fsyncs it.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, shard: Shard, retry_failed: bool = False):
+    def __init__(self, out_dir: str | os.PathLike, shard: Shard, retry_failed: bool = False,
+                 record_type: type = RelaxRecord):
         self.path = shard_path(out_dir, shard)
         self.shard = shard
         self.retry_failed = retry_failed
-        self.records: list[RelaxRecord] = []
+        self.record_type = record_type
+        self.records: list = []
         self._fh = None
         self._lock = None
 
@@ -169,7 +174,7 @@ class ShardLog:
                     "run each --shard I/N once at a time, or wait for the other process to finish"
                 ) from None
         try:
-            self.records = read_records(self.path, repair=True)
+            self.records = read_records(self.path, repair=True, record_type=self.record_type)
             self._fh = open(self.path, "a", encoding="utf-8")
         except BaseException:
             self._lock.close()
@@ -187,7 +192,7 @@ class ShardLog:
         """Material ids that need no relaxation: all recorded ones (successful ones only with ``retry_failed``)."""
         return {r.material_id for r in self.records if r.ok or not self.retry_failed}
 
-    def append(self, record: RelaxRecord) -> None:
+    def append(self, record) -> None:
         self._fh.write(record.to_json() + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())

@@ -1,0 +1,155 @@
+"""``matris discovery kappa``: the κ task over a structure file, sharded and resumable.
+
+The input is the benchmark's format: unit cells (any ASE-readable file, e.g. the PhononDB
+extxyz) whose ``info`` holds ``material_id``, ``fc2_supercell``, ``fc3_supercell`` (3 or 9
+integers) and ``q_mesh`` (3 integers). Each structure of the shard runs
+:func:`matris.discovery.kappa.thermal_conductivity`; its result (or the reason it failed) is
+one line of ``DIR/shard-I-of-N.jsonl``, written and fsynced as soon as it is done, so a killed
+run loses at most the structure in progress and a rerun continues (:mod:`.store`). A failure of
+one structure (phono3py, out of memory, a broken relaxation) is recorded with its reason and
+the run goes on; κ_SRME counts it as 2.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import MatRISInputError
+from .kappa import KappaProtocol, thermal_conductivity
+from .kappa_metrics import KappaRecord, kappa_metrics
+from .shards import Shard, shard_positions
+from .store import ShardLog, check_manifest, read_records
+
+INFO_KEYS = ("material_id", "fc2_supercell", "fc3_supercell", "q_mesh")
+
+
+@dataclass
+class KappaLine:
+    """One material's line in a κ shard file. kappa ``[T, 6]`` W/(m·K); mode_kappa
+    ``[T, q, b, 3]`` (the diagonal components, all κ_SRME reads); weights ``[q]``."""
+
+    KIND: ClassVar[str] = "κ"
+    material_id: str
+    kappa: list | None = None
+    mode_kappa: list | None = None
+    weights: list | None = None
+    has_imaginary: bool | None = None
+    spg_initial: int | None = None
+    spg_final: int | None = None
+    relax_steps: int | None = None
+    n_displacements: int | None = None
+    seconds: dict = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KappaLine":
+        if "material_id" not in data:
+            raise ValueError("no material_id")
+        return cls(**{k: data[k] for k in data if k in cls.__dataclass_fields__})
+
+    def record(self) -> KappaRecord | None:
+        """The metrics' view of this line (None for a failed material)."""
+        if not self.ok:
+            return None
+        return KappaRecord(kappa=np.asarray(self.kappa), mode_kappa=np.asarray(self.mode_kappa),
+                           weights=np.asarray(self.weights), has_imaginary=bool(self.has_imaginary),
+                           spg_initial=self.spg_initial, spg_final=self.spg_final)
+
+
+def read_structures(path: str | Path) -> list:
+    """The unit cells of ``path`` with the κ task's ``info`` keys, or an error naming what is missing."""
+    from ase.io import read
+
+    path = Path(path)
+    if not path.is_file():
+        raise MatRISInputError(f"{path} does not exist: give the κ task's structures (e.g. the PhononDB extxyz)")
+    frames = read(path, ":")
+    for k, atoms in enumerate(frames):
+        missing = [key for key in INFO_KEYS if key not in atoms.info]
+        if missing:
+            raise MatRISInputError(f"{path}, structure {k} ({atoms.get_chemical_formula()}): info lacks "
+                                   f"{', '.join(missing)}; each unit cell needs {', '.join(INFO_KEYS)}")
+    ids = [str(a.info["material_id"]) for a in frames]
+    if len(set(ids)) != len(ids):
+        raise MatRISInputError(f"{path}: material ids repeat; each structure needs its own")
+    return frames
+
+
+def run_shard(structures: str | Path, out_dir: str | Path, model, model_name: str, shard: Shard,
+              protocol: KappaProtocol | None = None, dtype: str = "float64", limit: int | None = None,
+              retry_failed: bool = False) -> dict:
+    """κ of the shard's structures into ``out_dir`` (module docstring); returns counts."""
+    protocol = protocol or KappaProtocol()
+    frames = read_structures(structures)[:limit]
+    ids = [str(a.info["material_id"]) for a in frames]
+    check_manifest(out_dir, {"task": "kappa", "model": model_name, "dtype": dtype, "shards": shard.count,
+                             "structures": str(Path(structures).name), "limit": limit, "n_structures": len(ids),
+                             "protocol": {k: list(v) if isinstance(v, tuple) else v
+                                          for k, v in asdict(protocol).items() if k != "batch_size"},
+                             "material_ids": ids})
+    mine = shard_positions(ids, [len(a) for a in frames], shard)
+    done = failed = skipped = 0
+    with ShardLog(out_dir, shard, retry_failed=retry_failed, record_type=KappaLine) as log:
+        for k in mine:
+            atoms, mid = frames[k], ids[k]
+            if mid in log.done:
+                skipped += 1
+                continue
+            t0 = time.perf_counter()
+            try:
+                r = thermal_conductivity(atoms, model, np.asarray(atoms.info["fc2_supercell"]).reshape(-1),
+                                         np.asarray(atoms.info["fc3_supercell"]).reshape(-1),
+                                         tuple(int(n) for n in np.asarray(atoms.info["q_mesh"]).reshape(-1)),
+                                         protocol)
+                rec = r.record
+                line = KappaLine(mid, kappa=np.asarray(rec.kappa).tolist(),
+                                 mode_kappa=np.asarray(rec.mode_kappa)[..., :3].tolist(),
+                                 weights=np.asarray(rec.weights).tolist(), has_imaginary=rec.has_imaginary,
+                                 spg_initial=rec.spg_initial, spg_final=rec.spg_final, relax_steps=r.relax_steps,
+                                 n_displacements=r.n_displacements,
+                                 seconds={**r.seconds, "total": time.perf_counter() - t0})
+                done += 1
+            except Exception as exc:  # noqa: BLE001  one structure's failure is recorded, the run goes on
+                line = KappaLine(mid, error=f"{type(exc).__name__}: {exc}"[:500],
+                                 seconds={"total": time.perf_counter() - t0})
+                failed += 1
+            log.append(line)
+    return {"computed": done, "failed": failed, "skipped": skipped, "shard": str(shard), "path": str(log.path)}
+
+
+def read_results(folder: str | Path) -> dict[str, KappaLine]:
+    """Every line of every shard file of a κ run folder (material id → line)."""
+    folder = Path(folder)
+    files = sorted(folder.glob("shard-*.jsonl"))
+    if not files:
+        raise MatRISInputError(f"{folder} has no shard-*.jsonl files: it is not the --out folder of "
+                               "'matris discovery kappa'")
+    return {line.material_id: line for f in files for line in read_records(f, record_type=KappaLine)}
+
+
+def compare(pred_dir: str | Path, true_dir: str | Path) -> dict:
+    """κ_SRME, κ_SRE and κ_SRD of the run in ``pred_dir`` against the reference run in
+    ``true_dir`` (a DFT set in this format, or another model or precision), over the reference's
+    materials; failed or missing predictions count as failures."""
+    preds, trues = read_results(pred_dir), read_results(true_dir)
+    bad = [k for k, line in trues.items() if not line.ok]
+    if bad:
+        raise MatRISInputError(f"the reference {true_dir} has failed materials ({', '.join(bad[:5])}); a reference "
+                               "must be complete")
+    return kappa_metrics({k: line.record() for k, line in preds.items() if line.ok},
+                         {k: line.record() for k, line in trues.items()},
+                         {k: line.spg_initial for k, line in trues.items()})
