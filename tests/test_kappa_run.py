@@ -86,3 +86,13 @@ def test_sigkill_mid_run_then_rerun_gives_the_same_results(tmp_path):
     assert set(whole) == set(resumed) == {"si", "c"}
     for key in whole:
         assert resumed[key].kappa == whole[key].kappa and resumed[key].mode_kappa == whole[key].mode_kappa, key
+
+
+def test_the_published_structures_offline_are_one_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MATRIS_OFFLINE", "1")
+    monkeypatch.setenv("MATRIS_CACHE", str(tmp_path / "cache"))
+    assert cli_main(["discovery", "kappa", "--model", "demo", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "phonondb_pbe_103_structures" in err and "https://figshare.com/files/52179965" in err
+    assert "2024-11-09-phononDB-PBE-103-structures.extxyz" in err

@@ -92,10 +92,13 @@ recorded with its reason. --shard I/N as for 'matris discovery relax' (SLURM arr
 
 
 def run_kappa(args: argparse.Namespace) -> int:
+    from ..discovery.datafiles import DATA_FILES, resolve_data_file
     from .common import check_inputs
 
     model_name = args.model
-    check_inputs([args.structures], None if model_name in ("demo", "bundled") else model_name)
+    key = args.structures if args.structures in DATA_FILES else None
+    check_inputs([] if key else [args.structures], None if model_name in ("demo", "bundled") else model_name)
+    structures = resolve_data_file(None, key) if key else args.structures
     from ..discovery.kappa import KappaProtocol
     from ..discovery.kappa_run import run_shard
     from ..discovery.shards import resolve_shard
@@ -103,7 +106,7 @@ def run_kappa(args: argparse.Namespace) -> int:
 
     model = MatRIS.load("matris-demo" if model_name in ("demo", "bundled") else model_name, device=args.device,
                         dtype=args.dtype)
-    report = run_shard(args.structures, args.out, model, model_name, resolve_shard(args.shard),
+    report = run_shard(structures, args.out, model, model_name, resolve_shard(args.shard),
                        KappaProtocol(batch_size=args.batch_size, fmax=args.fmax, max_steps=args.max_steps),
                        dtype=args.dtype, limit=args.limit,
                        retry_failed=args.retry_failed)
@@ -195,8 +198,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     kappa = steps.add_parser("kappa", help="lattice thermal conductivity, the κ task (sharded, resumable)",
                              description=KAPPA_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     kappa.add_argument("--model", required=True, help="model name (see 'matris models'), checkpoint path, or 'demo'")
-    kappa.add_argument("--structures", required=True,
-                       help="unit cells with info material_id, fc2_supercell, fc3_supercell, q_mesh (extxyz, ...)")
+    kappa.add_argument("--structures", default="phonondb_pbe_103_structures",
+                       help="unit cells with info material_id, fc2_supercell, fc3_supercell, q_mesh (extxyz, ...; "
+                            "default: the benchmark's 103 PhononDB structures, downloaded to the cache)")
     kappa.add_argument("--out", required=True, help="results folder (shared by all shards of a run)")
     kappa.add_argument("--shard", default=None, help="I/N: shard I (0-based) of N (default: the SLURM array task's)")
     kappa.add_argument("--device", default="auto", help=DEVICE_HELP)

@@ -64,6 +64,17 @@ DATA_FILES: dict[str, DataFile] = {f.key: f for f in (
     DataFile("mp_computed_structure_entries", "https://figshare.com/files/40344436",
              "mp/2023-02-07-mp-computed-structure-entries.json.gz", "76fc748db6b175bb80de4c276d27c235",
              "every MP ComputedStructureEntry (2023-02-07): the entries of the MP convex hull"),
+    DataFile("wbm_relaxed_atoms", "https://figshare.com/files/48169600", "wbm/2024-08-04-wbm-relaxed-atoms.extxyz.zip",
+             "4726643ac0dfbab69a4284454c891e68", "WBM DFT-relaxed structures: the references of the RMSD metric"),
+    DataFile("wbm_dft_geo_opt_symprec_1e_2", "https://figshare.com/files/52066799",
+             "data/wbm/dft-geo-opt-symprec=1e-2-moyo=0.3.1.csv.gz", "df60953f55755cea62e6df880ece07d9",
+             "symmetry of the WBM DFT-relaxed structures (moyopy 0.3.1, symprec 1e-2)"),
+    DataFile("phonondb_pbe_103_structures", "https://figshare.com/files/52179965",
+             "phonons/2024-11-09-phononDB-PBE-103-structures.extxyz", "0b149802835e260aa3ab0c7e3c88625b",
+             "the κ task's 103 PhononDB PBE unit cells with their supercells and q-meshes"),
+    DataFile("phonondb_pbe_103_kappa_no_nac", "https://figshare.com/files/59988539",
+             "phonons/2024-11-09-kappas-phononDB-PBE-noNAC.json.gz", "70c7a8b0df4cbb4d98f12aea5f61aeee",
+             "the κ task's DFT conductivities (PBE, no non-analytical correction)"),
 )}
 
 
