@@ -649,3 +649,37 @@ def test_structure_file_formats(tmp_path):
                                  AseAtomsAdaptor.get_structure(a).as_dict()}) + "\n")
     source = read_structures(tmp_path / "init.jsonl.gz", limit=2)
     assert source.material_ids == ["m0", "m1"] and len(source.load([0, 1])[1]) == 4
+
+
+def test_metrics_add_the_geometry_metric_over_relaxed_unique_prototypes(synthetic, tmp_path):
+    """``dft_relaxed``: RMSD and symmetry of the relaxed unique prototypes against DFT; here the
+    designed relaxation returns the structures it got, so against those RMSD is 0 and every
+    symmetry matches, and a DFT structure with an atom moved gives that material its RMSD."""
+    from ase.io import read, write
+
+    from matris.discovery.geometry import structure_rmsd
+
+    run = run_metrics(synthetic / "run", tmp_path / "out", summary=synthetic / "summary.csv",
+                      elemental_refs=synthetic / "refs.json", dft_relaxed=synthetic / "structures.extxyz")
+    geo = run.geometry
+    unique = set(run.results.records) & {m for m, r in run.results.records.items() if r.ok}
+    assert 0 < geo["n_structures"] <= len(unique)
+    assert geo["RMSD"] == pytest.approx(0.0, abs=1e-8) and geo["symmetry_match"] == 1.0
+    assert (tmp_path / "out" / "geo_opt.json").is_file()
+    frames = read(synthetic / "structures.extxyz", ":")
+    moved_id = next(iter(geo["per_material"]))
+    for a in frames:
+        if a.info["material_id"] == moved_id:
+            a.positions[0] += [0.08, 0.0, 0.0]
+            moved = a.copy()
+    write(tmp_path / "dft.extxyz", frames, format="extxyz")
+    run = run_metrics(synthetic / "run", tmp_path / "out2", summary=synthetic / "summary.csv",
+                      elemental_refs=synthetic / "refs.json", dft_relaxed=tmp_path / "dft.extxyz")
+    rmsd = run.geometry["per_material"][moved_id]["rmsd"]
+    expected = structure_rmsd(run.results.records[moved_id].structure(), moved)
+    assert rmsd > 0 and rmsd == pytest.approx(expected, abs=1e-12)
+    assert run.geometry["RMSD"] == pytest.approx(rmsd / run.geometry["n_structures"])
+    with pytest.raises(MatRISInputError, match="lacks"):
+        write(tmp_path / "few.extxyz", frames[:1], format="extxyz")
+        run_metrics(synthetic / "run", tmp_path / "out3", summary=synthetic / "summary.csv",
+                    elemental_refs=synthetic / "refs.json", dft_relaxed=tmp_path / "few.extxyz")

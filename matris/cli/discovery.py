@@ -182,6 +182,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     metrics.add_argument("--threshold", type=float, default=0.0, help="stability threshold, eV/atom (default: 0)")
     metrics.add_argument("--top-k", type=int, default=10_000, help="size of the most-stable subset (default: 10000)")
     metrics.add_argument("--no-round", action="store_true", help="do not round to 3 decimals first")
+    metrics.add_argument("--dft-relaxed", default=None,
+                         help="WBM DFT-relaxed structures (a file, or 'published' for wbm_relaxed_atoms): adds the "
+                              "geometry metric (RMSD, symmetry match) over the relaxed unique prototypes, geo_opt.json")
+    metrics.add_argument("--symprec", type=float, default=1e-2,
+                         help="spglib tolerance of the symmetry comparison (default: 1e-2, the leaderboard's)")
     metrics.add_argument("--max-error", type=float, default=5.0,
                          help="predictions further than this from DFT (eV/atom) count as missing (default: 5)")
     metrics.set_defaults(discovery_run=run_metrics)
@@ -268,12 +273,22 @@ def run_metrics(args: argparse.Namespace) -> int:
     refs = None
     if args.hull_entries is None or args.elemental_refs is not None:
         refs = resolve_data_file(args.elemental_refs, "mp_elemental_ref_entries")
+    dft_relaxed = None
+    if args.dft_relaxed is not None:
+        dft_relaxed = resolve_data_file(None if args.dft_relaxed == "published" else args.dft_relaxed,
+                                        "wbm_relaxed_atoms")
     out = compute(args.relaxed, args.out, summary=summary, entries=entries, elemental_refs=refs,
                   hull_entries=args.hull_entries, key=args.model_key, only_predicted=args.only_predicted,
                   stability_threshold=args.threshold, top_k=args.top_k, decimals=None if args.no_round else 3,
-                  max_error=args.max_error, progress=sys.stderr.isatty())
+                  max_error=args.max_error, progress=sys.stderr.isatty(), dft_relaxed=dft_relaxed,
+                  symprec=args.symprec)
     results = out.results
     print(out.metrics.table())
+    if out.geometry is not None:
+        g = out.geometry
+        print(f"\ngeometry ({g['n_structures']} unique prototypes, symprec {g['symprec']:g}): RMSD {g['RMSD']:.4f}, "
+              f"symmetry match {g['symmetry_match']:.3f}, decrease {g['symmetry_decrease']:.3f}, increase "
+              f"{g['symmetry_increase']:.3f}, n_sym_ops MAE {g['n_sym_ops_mae']:.3f}")
     if results.missing:
         print(f"warning: {len(results.missing)} of {len(results.missing) + len(results)} structures of the run have "
               f"no result yet (e.g. {results.missing[:3]}); they count as missing predictions. Run the missing "

@@ -70,6 +70,7 @@ class MetricsRun:
     predictions: Predictions
     results: MergedResults
     files: dict[str, Path] = field(default_factory=dict)
+    geometry: dict | None = None  # geo_opt metrics (RMSD, symmetry) where DFT-relaxed structures were given
 
 
 def run_metrics(relaxed: str | os.PathLike, out_dir: str | os.PathLike | None = None, *,
@@ -77,13 +78,17 @@ def run_metrics(relaxed: str | os.PathLike, out_dir: str | os.PathLike | None = 
                 elemental_refs: str | os.PathLike | None = None, hull_entries: str | os.PathLike | None = None,
                 key: str = "matris", only_predicted: bool = False, stability_threshold: float = STABILITY_THRESHOLD,
                 top_k: int = TOP_K, decimals: int | None = 3, max_error: float | None = 5.0,
-                progress: bool = False) -> MetricsRun:
+                progress: bool = False, dft_relaxed: str | os.PathLike | None = None,
+                symprec: float = 1e-2) -> MetricsRun:
     """Read the shards in ``relaxed``, predict, evaluate, and write to ``out_dir`` (default
     ``relaxed``): the submission files, ``metrics.json``, ``metrics.csv`` and ``discovery.png``.
 
     ``entries`` (WBM computed structure entries) switch the MP2020 corrections on;
     ``elemental_refs`` give the formation-energy references; ``hull_entries`` measure
-    formation energies and hull distances on that hull instead.
+    formation energies and hull distances on that hull instead. ``dft_relaxed`` (the WBM
+    DFT-relaxed structures) adds the geometry metrics over the unique prototypes that were
+    relaxed (:func:`matris.discovery.geometry.geo_opt_metrics`, spglib at ``symprec``):
+    ``geo_opt.json``.
     """
     results = merge_results(relaxed)
     if not results.records:
@@ -106,7 +111,33 @@ def run_metrics(relaxed: str | os.PathLike, out_dir: str | os.PathLike | None = 
              "metrics_csv": write_text(out / "metrics.csv", metrics.to_csv())}
     files["figure"] = save_discovery_figure(metrics, out / "discovery.png",
                                             title=f"{results.manifest.get('model', key)} on WBM")
-    return MetricsRun(metrics=metrics, predictions=predictions, results=results, files=files)
+    geometry = None
+    if dft_relaxed is not None:
+        geometry = relaxed_geometry(results, table, dft_relaxed, symprec)
+        from ..atomic import write_json
+
+        files["geo_opt"] = write_json(out / "geo_opt.json", geometry)
+    return MetricsRun(metrics=metrics, predictions=predictions, results=results, files=files, geometry=geometry)
+
+
+def relaxed_geometry(results: MergedResults, summary, dft_relaxed: str | os.PathLike, symprec: float = 1e-2) -> dict:
+    """RMSD and symmetry metrics of the relaxed unique prototypes against their DFT-relaxed
+    structures in ``dft_relaxed`` (any file :func:`.readers.read_structures` reads)."""
+    from .geometry import geo_opt_metrics
+    from .readers import read_structures
+
+    source = read_structures(dft_relaxed)
+    unique = set(summary.index[summary[UNIQUE_PROTOTYPE].astype(bool)])
+    ids = [m for m, r in results.records.items() if r.ok and m in unique]
+    where = {m: k for k, m in enumerate(source.material_ids)}
+    missing = [m for m in ids if m not in where]
+    if missing:
+        raise MatRISInputError(f"{dft_relaxed} lacks {len(missing)} relaxed material(s) ({missing[:3]}): give the "
+                               "WBM DFT-relaxed structures of the same data set")
+    refs = dict(zip(ids, source.load([where[m] for m in ids])))
+    out = geo_opt_metrics({m: results.records[m].structure() for m in ids}, refs, symprec)
+    out["subset"] = "unique prototypes relaxed"
+    return out
 
 
 __all__ = ["evaluate", "run_metrics", "MetricsRun"]
