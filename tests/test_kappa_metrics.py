@@ -110,3 +110,27 @@ def test_combined_score_by_hand():
     # a metric of weight 0 may be missing; the weights are renormalised
     assert combined_score(0.9, None, 0.06, weights={"kappa_SRME": 0.0}) == pytest.approx(
         (0.5 * 0.9 + 0.1 * 0.6) / 0.6, abs=1e-15)
+
+
+def test_report_rows_and_the_published_reference(tmp_path, capsys):
+    import json
+
+    from matris.cli import main as cli_main
+    from matris.discovery.report import build, gather, reference_rows, table
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "metrics.json").write_text(json.dumps({"unique_prototypes": {"F1": 0.9}}))
+    assert gather(tmp_path / "m") == {"F1": 0.9, "kappa_SRME": None, "RMSD": None}
+    (tmp_path / "m" / "geo_opt.json").write_text(json.dumps({"RMSD": 0.06}))
+    report = build("mine", gather(tmp_path / "m", {"kappa_SRME": 0.2}))
+    mine, published = report["rows"]
+    assert mine["CPS"] == pytest.approx(0.45 + 0.36 + 0.06, abs=1e-12)
+    assert published == dict(reference_rows()["rows"][0], CPS=pytest.approx(0.8768, abs=1e-4))
+    assert "| mine | 0.900 | 0.200 | 0.0600 | 0.870 |" in table(report) and "080d540a" in table(report)
+    # from the command line: the report files; a missing metric leaves the combined score out
+    assert cli_main(["discovery", "report", "--metrics", str(tmp_path / "m"), "--name", "mine",
+                     "--out", str(tmp_path / "r")]) == 0
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["rows"][0]["CPS"] is None
+    assert "| mine | 0.900 | – | 0.0600 | – |" in capsys.readouterr().out
+    assert cli_main(["discovery", "report", "--kappa-pred", str(tmp_path)]) == 2
+    assert cli_main(["discovery", "report", "--metrics", str(tmp_path / "nothing")]) == 2

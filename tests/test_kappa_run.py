@@ -60,6 +60,10 @@ def test_a_run_records_failures_resumes_and_scores(tmp_path, capsys):
     m = json.loads((tmp_path / "m.json").read_text())
     assert m["per_material"]["mgo"]["SRME"] == 2.0 and m["per_material"]["si"]["SRME"] == 0.0
     assert m["kappa_SRME"] == pytest.approx(2 / 3)
+    assert cli_main(["discovery", "report", "--kappa-pred", str(out), "--kappa-true", str(ref), "--name", "demo",
+                     "--out", str(tmp_path / "report")]) == 0
+    assert "| demo | – | 0.667 | – | – |" in capsys.readouterr().out
+    assert (tmp_path / "report" / "kappa.png").stat().st_size > 10_000
     # a failed reference cannot be scored against
     assert cli_main(["discovery", "kappa-metrics", "--pred", str(ref), "--true", str(out)]) == 2
     assert "reference" in capsys.readouterr().err

@@ -24,6 +24,8 @@ The Matbench-Discovery benchmark in two steps (plus an optional download step):
       lattice thermal conductivity at 300 K (phono3py, Wigner RTA), sharded and resumable
   matris discovery kappa-metrics --pred DIR --true DIR
       κ_SRME, κ_SRE, κ_SRD of one κ run against a reference run
+  matris discovery report --metrics DIR [--kappa-pred DIR --kappa-true DIR]
+      F1, κ_SRME, RMSD and the combined score next to the published MatRIS figures, and κ figures
 
 Run 'matris discovery <step> --help' for the options of a step.
 """
@@ -133,6 +135,32 @@ def run_kappa_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_report(args: argparse.Namespace) -> int:
+    from ..atomic import write_json, write_text
+    from ..discovery import report as rep
+
+    kappa = None
+    if (args.kappa_pred is None) != (args.kappa_true is None):
+        print("matris discovery report: error: give both --kappa-pred and --kappa-true, or neither", file=sys.stderr)
+        return 2
+    if args.kappa_pred is not None:
+        from ..discovery.kappa_run import compare, read_results
+
+        kappa = compare(args.kappa_pred, args.kappa_true)
+    report = rep.build(args.name, rep.gather(args.metrics, kappa))
+    out = Path(args.out)
+    text = rep.table(report)
+    print(text)
+    write_json(out / "report.json", report)
+    write_text(out / "report.md", text + "\n")
+    if kappa is not None:
+        rep.kappa_figure(read_results(args.kappa_pred), read_results(args.kappa_true), kappa["per_material"],
+                         out / "kappa.png", title=f"{args.name}: κ at 300 K")
+    print(f"wrote {out / 'report.json'}, {out / 'report.md'}" + (f", {out / 'kappa.png'}" if kappa else ""),
+          file=sys.stderr)
+    return 0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     steps = p.add_subparsers(dest="discovery_step", metavar="<step>")
     relax = steps.add_parser("relax", help="relax the WBM initial structures (sharded, resumable)",
@@ -228,6 +256,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     km.add_argument("--true", required=True, help="the reference's folder (same format)")
     km.add_argument("--json", default=None, help="write the metrics and the per-material values to this file")
     km.set_defaults(discovery_run=run_kappa_metrics)
+
+    rp = steps.add_parser("report", help="F1, κ_SRME, RMSD and the combined score next to the published figures",
+                          description="One table (report.md, report.json) of the leaderboard's headline metrics for "
+                                      "a model, F1 and RMSD from the output folder of 'matris discovery metrics' "
+                                      "(RMSD where it ran with --dft-relaxed) and κ_SRME from two κ runs, with the "
+                                      "combined performance score, next to the published MatRIS-10M-OAM figures; "
+                                      "with κ runs also kappa.png (κ predicted vs reference, SRME distribution).")
+    rp.add_argument("--metrics", default=None, help="output folder of 'matris discovery metrics'")
+    rp.add_argument("--kappa-pred", default=None, help="the model's 'matris discovery kappa' folder")
+    rp.add_argument("--kappa-true", default=None, help="the reference κ folder (same format)")
+    rp.add_argument("--name", default="this model", help="the model's name in the table")
+    rp.add_argument("--out", default=".", help="folder for report.json, report.md and kappa.png (default: .)")
+    rp.set_defaults(discovery_run=run_report)
     p.set_defaults(discovery_parser=p)
 
 
