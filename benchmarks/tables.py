@@ -648,6 +648,7 @@ TABLES = {
     "kernel_resources_sm90": kernel_resources,
     "train_throughput_cpu": train_throughput,
     "train_memory": train_memory,
+    "kappa_small_cpu": kappa_small,
     "data_throughput_cpu": data_throughput,
     "cache_build_cpu": cache_build,
     "compile_check_cpu": compile_check,
