@@ -134,3 +134,29 @@ def test_report_rows_and_the_published_reference(tmp_path, capsys):
     assert "| mine | 0.900 | – | 0.0600 | – |" in capsys.readouterr().out
     assert cli_main(["discovery", "report", "--kappa-pred", str(tmp_path)]) == 2
     assert cli_main(["discovery", "report", "--metrics", str(tmp_path / "nothing")]) == 2
+
+
+def test_the_benchmarks_dft_table_reads_as_reference_records(tmp_path):
+    """The DFT κ file's layout (a pandas JSON table with the benchmark's column names), both mode
+    resolutions it may hold, and a clear error for another table."""
+    pd = pytest.importorskip("pandas")
+    from matris.discovery.kappa_run import read_reference
+    from matris.errors import MatRISInputError
+
+    w = [1.0, 3.0]
+    full = _record([[2.0, 1.0], [6.0, 3.0]], w)
+    frame = pd.DataFrame({"material_id": ["mp-1", "mp-2"],
+                          "kappa_tot_rta": [full.kappa.tolist()] * 2,
+                          "mode_kappa_tot_rta": [full.mode_kappa.tolist()] * 2,
+                          "mode_weights": [w, w], "spg_num": [227, 225]})
+    frame.to_json(tmp_path / "dft.json.gz")
+    records, spg = read_reference(tmp_path / "dft.json.gz")
+    assert spg == {"mp-1": 227, "mp-2": 225}
+    assert srme(full, records["mp-1"]) == 0.0 and srd(full.kappa, records["mp-2"].kappa) == 0.0
+    averaged = frame.drop(columns="mode_kappa_tot_rta").assign(
+        mode_kappa_tot_avg=[kappa_average(full.mode_kappa).tolist()] * 2)
+    averaged.to_json(tmp_path / "avg.json")
+    assert srme(full, read_reference(tmp_path / "avg.json")[0]["mp-1"]) == 0.0
+    frame.drop(columns="mode_weights").to_json(tmp_path / "bad.json")
+    with pytest.raises(MatRISInputError, match="lacks mode_weights"):
+        read_reference(tmp_path / "bad.json")

@@ -120,9 +120,11 @@ def run_kappa(args: argparse.Namespace) -> int:
 def run_kappa_metrics(args: argparse.Namespace) -> int:
     import json
 
+    from ..discovery.datafiles import DATA_FILES, resolve_data_file
     from ..discovery.kappa_run import compare
 
-    m = compare(args.pred, args.true)
+    true = resolve_data_file(None, args.true) if args.true in DATA_FILES else args.true
+    m = compare(args.pred, true)
     print(f"| metric | value |\n|---|---:|\n| κ_SRME | {m['kappa_SRME']:.4f} |\n| κ_SRE | {m['kappa_SRE']:.4f} |\n"
           f"| κ_SRD | {m['kappa_SRD']:+.4f} |\n| materials | {m['materials']} |")
     if args.json:
@@ -253,7 +255,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "the DFT set, or another model or precision) with the benchmark's definitions "
                                       "(matris.discovery.kappa_metrics): failed and missing materials count as 2.")
     km.add_argument("--pred", required=True, help="the --out folder of 'matris discovery kappa'")
-    km.add_argument("--true", required=True, help="the reference's folder (same format)")
+    km.add_argument("--true", default="phonondb_pbe_103_kappa_no_nac",
+                    help="the reference: another run's folder, or the benchmark's DFT κ file (default: the published "
+                         "one, downloaded to the cache)")
     km.add_argument("--json", default=None, help="write the metrics and the per-material values to this file")
     km.set_defaults(discovery_run=run_kappa_metrics)
 

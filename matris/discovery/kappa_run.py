@@ -141,15 +141,48 @@ def read_results(folder: str | Path) -> dict[str, KappaLine]:
     return {line.material_id: line for f in files for line in read_records(f, record_type=KappaLine)}
 
 
-def compare(pred_dir: str | Path, true_dir: str | Path) -> dict:
-    """κ_SRME, κ_SRE and κ_SRD of the run in ``pred_dir`` against the reference run in
-    ``true_dir`` (a DFT set in this format, or another model or precision), over the reference's
-    materials; failed or missing predictions count as failures."""
-    preds, trues = read_results(pred_dir), read_results(true_dir)
-    bad = [k for k, line in trues.items() if not line.ok]
-    if bad:
-        raise MatRISInputError(f"the reference {true_dir} has failed materials ({', '.join(bad[:5])}); a reference "
-                               "must be complete")
-    return kappa_metrics({k: line.record() for k, line in preds.items() if line.ok},
-                         {k: line.record() for k, line in trues.items()},
-                         {k: line.spg_initial for k, line in trues.items()})
+def read_reference(path: str | Path) -> tuple[dict[str, KappaRecord], dict[str, int]]:
+    """The benchmark's DFT κ file (``phonondb_pbe_103_kappa_no_nac``: a pandas JSON table, one
+    row per ``material_id``) as records and space groups. Columns, as the benchmark names them:
+    ``kappa_tot_rta`` ``[T, 6]``; the mode resolution as ``mode_kappa_tot_rta`` ``[T, q, b, 6]`` or
+    ``mode_kappa_tot_avg`` ``[T, q, b]``; ``mode_weights`` ``[q]``; optionally ``spg_num``."""
+    from ..extras import require
+
+    pd = require("pandas", "discovery", "the DFT κ reference")
+    frame = pd.read_json(path)
+    if "material_id" in frame.columns:
+        frame = frame.set_index("material_id")
+    need = {"kappa_tot_rta", "mode_weights"}
+    modes = next((c for c in ("mode_kappa_tot_rta", "mode_kappa_tot_avg") if c in frame.columns), None)
+    missing = sorted(need - set(frame.columns)) + ([] if modes else ["mode_kappa_tot_rta or mode_kappa_tot_avg"])
+    if missing:
+        raise MatRISInputError(f"{path} is not a κ reference table: it lacks {', '.join(missing)} (columns: "
+                               f"{', '.join(map(str, frame.columns))})")
+    records, spg = {}, {}
+    for key, row in frame.iterrows():
+        mode = np.asarray(row[modes], dtype=float)
+        if modes == "mode_kappa_tot_avg":  # already the diagonal's mean: as three equal components
+            mode = np.repeat(mode[..., None], 3, axis=-1)
+        records[str(key)] = KappaRecord(kappa=np.atleast_2d(np.asarray(row["kappa_tot_rta"], dtype=float)),
+                                        mode_kappa=mode, weights=np.asarray(row["mode_weights"], dtype=float))
+        if "spg_num" in frame.columns and row["spg_num"] == row["spg_num"]:
+            spg[str(key)] = int(row["spg_num"])
+    return records, spg
+
+
+def compare(pred_dir: str | Path, true: str | Path) -> dict:
+    """κ_SRME, κ_SRE and κ_SRD of the run in ``pred_dir`` against a reference over its materials:
+    another run's folder (a model or precision), or the benchmark's DFT κ file
+    (:func:`read_reference`); failed or missing predictions count as failures."""
+    preds = read_results(pred_dir)
+    if Path(true).is_file():
+        trues, spg = read_reference(true)
+    else:
+        lines = read_results(true)
+        bad = [k for k, line in lines.items() if not line.ok]
+        if bad:
+            raise MatRISInputError(f"the reference {true} has failed materials ({', '.join(bad[:5])}); a reference "
+                                   "must be complete")
+        trues = {k: line.record() for k, line in lines.items()}
+        spg = {k: line.spg_initial for k, line in lines.items()}
+    return kappa_metrics({k: line.record() for k, line in preds.items() if line.ok}, trues, spg)
