@@ -176,6 +176,43 @@ def md_energy() -> bytes:
     return _svg(fig)
 
 
+def kappa_small() -> bytes:
+    """The κ task's small case: κ at 300 K per structure in float64 and float32, and where each
+    structure's time goes (relaxation, forces of the displaced supercells, phono3py)."""
+    plt = _pyplot()
+    d = tables.load("kappa_small_cpu")
+    cases = list(dict.fromkeys(r["case"] for r in d["rows"]))
+    row = {(r["case"], r["dtype"]): r for r in d["rows"]}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    width = 0.38
+    for k, (dtype, color) in enumerate((("float64", COLORS["matris"]), ("float32", COLORS["official"]))):
+        xs = [i + (k - 0.5) * width for i in range(len(cases))]
+        left.bar(xs, [row[(c, dtype)]["kappa_avg"] for c in cases], width, color=color, label=dtype)
+    for i, c in enumerate(cases):
+        diff = 100 * d["float32_relative_difference"][c]
+        left.annotate(f"{diff:+.3f} %", (i, row[(c, "float64")]["kappa_avg"]), ha="center", va="bottom", fontsize=8,
+                      xytext=(0, 3), textcoords="offset points")
+    left.set_ylim(0, 1.15 * max(r["kappa_avg"] for r in d["rows"]))  # room for the labels
+    left.set_xticks(range(len(cases)))
+    left.set_xticklabels(cases)
+    left.set_ylabel("κ at 300 K (W/m/K)")
+    left.set_title("κ (float32 − float64 above the bars)", fontsize=9)
+    left.legend(fontsize=8)
+    labels = [f"{c}\n{dtype}" for c in cases for dtype in ("float64", "float32")]
+    bottom = [0.0] * len(labels)
+    for phase, color in (("relax", COLORS["matris"]), ("forces", COLORS["official"]), ("kappa", COLORS["chgnet"])):
+        values = [row[(c, dtype)]["seconds"][phase] for c in cases for dtype in ("float64", "float32")]
+        right.bar(range(len(labels)), values, 0.6, bottom=bottom, color=color, label=phase)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    right.set_xticks(range(len(labels)))
+    right.set_xticklabels(labels, fontsize=8)
+    right.set_ylabel("seconds per structure")
+    right.set_title("time per structure on this CPU", fontsize=9)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    return _svg(fig)
+
+
 # name → (drawing function, result files it reads, caption)
 FIGURES = {
     "speed_vs_size": (speed_vs_size, ("cpu_speed", "bench_demo_cpu"),
@@ -193,6 +230,10 @@ FIGURES = {
                   "NVE molecular dynamics with `matris.simulate.md` and the bundled model matris-demo: the potential "
                   "energy swings as heat moves between kinetic and potential energy while the total stays flat; "
                   "right, the total energy alone in float64 and float32."),
+    "kappa_small": (kappa_small, ("kappa_small_cpu",),
+                    "The κ task's protocol (`matris.discovery.kappa`) on diamond Si and rocksalt MgO with the bundled "
+                    "model matris-demo: 2×2×2 primitive supercells, 11³ q-mesh, Wigner RTA at 300 K; left κ in "
+                    "float64 and float32, right the time per structure by phase."),
 }
 
 
