@@ -683,3 +683,32 @@ def test_metrics_add_the_geometry_metric_over_relaxed_unique_prototypes(syntheti
         write(tmp_path / "few.extxyz", frames[:1], format="extxyz")
         run_metrics(synthetic / "run", tmp_path / "out3", summary=synthetic / "summary.csv",
                     elemental_refs=synthetic / "refs.json", dft_relaxed=tmp_path / "few.extxyz")
+
+
+@pytest.mark.slow
+def test_the_three_metrics_and_the_combined_score_end_to_end_offline(synthetic, tmp_path, capsys):
+    """F1 and RMSD from the synthetic WBM run, κ_SRME from two κ runs of the bundled model (float32
+    against float64), one report with the combined score: the whole chain, offline."""
+    pytest.importorskip("phono3py")
+    from ase.build import bulk
+    from ase.io import write
+
+    from matris.cli import main as cli_main
+    from matris.discovery.kappa_metrics import combined_score
+
+    out = tmp_path / "metrics"
+    run_metrics(synthetic / "run", out, summary=synthetic / "summary.csv", elemental_refs=synthetic / "refs.json",
+                dft_relaxed=synthetic / "structures.extxyz")
+    si = bulk("Si", "diamond", a=5.43)
+    si.info.update(material_id="si", fc2_supercell=[1, 1, 1], fc3_supercell=[1, 1, 1], q_mesh=[3, 3, 3])
+    write(tmp_path / "cells.extxyz", [si])
+    for dtype in ("float64", "float32"):
+        assert cli_main(["discovery", "kappa", "--model", "demo", "--structures", str(tmp_path / "cells.extxyz"),
+                         "--out", str(tmp_path / dtype), "--dtype", dtype, "--fmax", "0.01"]) == 0
+    assert cli_main(["discovery", "report", "--metrics", str(out), "--kappa-pred", str(tmp_path / "float32"),
+                     "--kappa-true", str(tmp_path / "float64"), "--name", "demo", "--out", str(tmp_path / "r")]) == 0
+    row = json.loads((tmp_path / "r" / "report.json").read_text())["rows"][0]
+    assert row["F1"] == json.loads((out / "metrics.json").read_text())["unique_prototypes"]["F1"]
+    assert row["RMSD"] == pytest.approx(0.0, abs=1e-8) and 0 <= row["kappa_SRME"] < 0.1
+    assert row["CPS"] == pytest.approx(combined_score(row["F1"], row["kappa_SRME"], row["RMSD"]), abs=1e-15)
+    assert "| demo |" in capsys.readouterr().out and (tmp_path / "r" / "kappa.png").is_file()

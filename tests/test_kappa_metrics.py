@@ -123,7 +123,8 @@ def test_report_rows_and_the_published_reference(tmp_path, capsys):
     assert gather(tmp_path / "m") == {"F1": 0.9, "kappa_SRME": None, "RMSD": None}
     (tmp_path / "m" / "geo_opt.json").write_text(json.dumps({"RMSD": 0.06}))
     report = build("mine", gather(tmp_path / "m", {"kappa_SRME": 0.2}))
-    mine, published = report["rows"]
+    mine, published, esen = report["rows"]
+    assert esen["F1"] == 0.925 and esen["RMSD"] is None and esen["CPS"] is None  # see its note
     assert mine["CPS"] == pytest.approx(0.45 + 0.36 + 0.06, abs=1e-12)
     assert published == dict(reference_rows()["rows"][0], CPS=pytest.approx(0.8768, abs=1e-4))
     assert "| mine | 0.900 | 0.200 | 0.0600 | 0.870 |" in table(report) and "080d540a" in table(report)

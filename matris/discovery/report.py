@@ -59,7 +59,8 @@ def table(report: dict) -> str:
     for r in report["rows"]:
         lines.append(f"| {r['model']} | {fmt(r.get('F1'))} | {fmt(r.get('kappa_SRME'))} | {fmt(r.get('RMSD'), 4)} | "
                      f"{fmt(r.get('CPS'))} |")
-    return "\n".join(lines) + f"\n\nReference rows: {report['reference_source']}."
+    notes = "".join(f" {r['model']}: {r['note']}." for r in report["rows"] if r.get("note"))
+    return "\n".join(lines) + f"\n\nReference rows: {report['reference_source']}.{notes}"
 
 
 def kappa_figure(pred: dict, true: dict, per_material: dict, path: str | Path, title: str = "") -> Path:
