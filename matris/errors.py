@@ -46,3 +46,13 @@ class MissingExtraError(MatRISInputError, ImportError):
     """An optional dependency that is not installed. The message names the feature, the
     package and the extra that installs it (``pip install 'matris-mlip[train]'``). It is also an
     ``ImportError``, as the failed import always was."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` means the host or the device ran out of memory: ``MemoryError``, PyTorch's
+    ``OutOfMemoryError`` (CUDA) or a ``RuntimeError`` of its CPU allocator (no torch import here)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate" in text
+                                              or "failed to allocate" in text)

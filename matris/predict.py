@@ -8,7 +8,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from .errors import MatRISInputError
+from .errors import MatRISInputError, is_out_of_memory
 from .graph import AtomicSystem, GraphBatch
 from .structures import to_system
 
@@ -40,13 +40,6 @@ class Prediction:
             value = getattr(self, key)
             out[key if key != "stress" else "stress_GPa"] = None if value is None else value.tolist()
         return out
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, MemoryError)) and ("out of memory" in text or "can't allocate" in text)
 
 
 def predict(
@@ -106,7 +99,7 @@ def _run_splitting(model, systems: list[AtomicSystem], offset: int, options: dic
     try:
         return _run(model, systems, offset, options)
     except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are handled
-        if not _is_oom(exc):
+        if not is_out_of_memory(exc):
             raise
         if model.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -174,14 +174,5 @@ def _reset_vmhwm() -> bool:
         return False
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """An exception that means the device or host ran out of memory."""
-    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text
-                                              or "failed to allocate" in text)
-
-
-__all__ = ["MDSpeed", "PeakMemory", "Timing", "is_out_of_memory", "md_speed", "median_time", "ns_per_day",
+__all__ = ["MDSpeed", "PeakMemory", "Timing", "md_speed", "median_time", "ns_per_day",
            "peak_rss_gb", "synchronize"]

@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..errors import MatRISInputError
-from .measure import PeakMemory, is_out_of_memory, md_speed, median_time
+from ..errors import MatRISInputError, is_out_of_memory
+from .measure import PeakMemory, md_speed, median_time
 from .results import ERROR, OK, OUT_OF_MEMORY, SKIPPED, TOO_SLOW, BenchResult, BenchRow, ModelStatus
 from .runners import COMPARISONS, MatRISRunner, NotAvailable, Runner, comparison
 from .structures import DEFAULT_SIZES, BenchStructure, from_objects, read_structures, standard_structures

@@ -24,7 +24,7 @@ import os
 import numpy as np
 import torch
 
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, is_out_of_memory
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..model import MatRIS
@@ -40,14 +40,6 @@ def rank_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocation failure: Python's, PyTorch's CPU allocator's or CUDA's."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    text = str(exc)
-    return "can't allocate memory" in text or "out of memory" in text.lower()
 
 
 def atomic_numbers_of(elements: list[str]) -> list[int]:
