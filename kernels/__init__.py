@@ -16,10 +16,11 @@ from .epilogue import gated_epilogue, gated_epilogue_reference
 from .gather import gather_sum_activate, gather_sum_activate_reference
 from .phi import gated_phi, gated_phi_reference
 from .refine import refine_edges, refine_edges_reference
-from .segment import scatter_sum, segment_softmax
+from .segment import scatter_sum, segment_max, segment_softmax
 
 __all__ = [
     "scatter_sum",
+    "segment_max",
     "segment_softmax",
     "Segments",
     "softmax_aggregate",

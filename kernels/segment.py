@@ -18,6 +18,14 @@ def scatter_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> to
     return out.index_add(0, index, src)
 
 
+def segment_max(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """``out[n] = max_{index[k] = n} values[k]`` per channel → ``[num_segments, C]`` (0 for a
+    segment without rows), without a graph: the shift that keeps exponentials of ``values`` finite."""
+    out = values.new_full((num_segments, values.shape[1]), float("-inf"))
+    out = out.scatter_reduce(0, index.unsqueeze(1).expand_as(values), values.detach(), "amax", include_self=True)
+    return out.nan_to_num(neginf=0.0)
+
+
 def segment_softmax(logits: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Softmax over the edges that share ``index``, separately for every channel.
 
@@ -27,9 +35,6 @@ def segment_softmax(logits: torch.Tensor, index: torch.Tensor, num_segments: int
     """
     if logits.shape[0] == 0:
         return logits
-    seg_max = logits.new_full((num_segments, logits.shape[1]), float("-inf"))
-    seg_max = seg_max.scatter_reduce(0, index.unsqueeze(1).expand_as(logits), logits.detach(), "amax",
-                                     include_self=True)
-    w = torch.exp(logits - seg_max.index_select(0, index))
+    w = torch.exp(logits - segment_max(logits, index, num_segments).index_select(0, index))
     denom = scatter_sum(w, index, num_segments)
     return w / denom.index_select(0, index)

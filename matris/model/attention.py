@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import Segments, attention_pair, scatter_sum, softmax_aggregate_reference
+from ..kernels import Segments, attention_pair, scatter_sum, segment_max, softmax_aggregate_reference
 from .layers import RowRecompute, apply_phi, call_phi, phi
 
 
@@ -95,7 +95,7 @@ class SeparableAttention(nn.Module):
         n, d = x.shape[0], y.shape[-1]
         with torch.no_grad():
             alpha = y @ self._logit_weight().T
-            shift = [_segment_max(alpha[:, k * d : (k + 1) * d], index, n) for k, index in ((1, tgt), (0, src))]
+            shift = [segment_max(alpha[:, k * d : (k + 1) * d], index, n) for k, index in ((1, tgt), (0, src))]
 
         def arguments(inputs, use_fast, cut):
             t, s = (tgt, src) if cut is None else (tgt[cut], src[cut])
@@ -121,13 +121,6 @@ class SeparableAttention(nn.Module):
         # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
         return torch.addcmul(apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused),
                              self.node_res_weight, x)
-
-
-def _segment_max(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """``[n, C]``: the largest of ``values`` ``[E, C]`` per node of ``index`` (0 for a node without edges)."""
-    out = values.new_full((n, values.shape[1]), float("-inf"))
-    out = out.scatter_reduce(0, index.unsqueeze(1).expand_as(values), values, "amax", include_self=True)
-    return out.nan_to_num(neginf=0.0)
 
 
 class _AttentionRows(nn.Module):
