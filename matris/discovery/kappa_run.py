@@ -1,8 +1,8 @@
 """``matris discovery kappa``: the κ task over a structure file, sharded and resumable.
 
-The input is the benchmark's format: unit cells (any ASE-readable file, e.g. the PhononDB
-extxyz) whose ``info`` holds ``material_id``, ``fc2_supercell``, ``fc3_supercell`` (3 or 9
-integers) and ``q_mesh`` (3 integers). Each structure of the shard runs
+The input is the benchmark's format: unit cells (the files ``discovery relax`` reads, e.g. the
+PhononDB extxyz) whose ``info`` holds ``material_id``, ``fc2_supercell``, ``fc3_supercell`` (3 or
+9 integers) and ``q_mesh`` (3 integers). Each structure of the shard runs
 :func:`matris.discovery.kappa.thermal_conductivity`; its result (or the reason it failed) is
 one line of ``DIR/shard-I-of-N.jsonl``, written and fsynced as soon as it is done, so a killed
 run loses at most the structure in progress and a rerun continues (:mod:`.store`). A failure of
@@ -71,21 +71,18 @@ class KappaLine:
 
 
 def read_structures(path: str | Path) -> list:
-    """The unit cells of ``path`` with the κ task's ``info`` keys, or an error naming what is missing."""
-    from ase.io import read
+    """The unit cells of ``path`` (any file :func:`.readers.read_structures` reads, ids unique)
+    with the κ task's ``info`` keys, or an error naming what is missing."""
+    from .readers import read_structures as index
 
-    path = Path(path)
-    if not path.is_file():
-        raise MatRISInputError(f"{path} does not exist: give the κ task's structures (e.g. the PhononDB extxyz)")
-    frames = read(path, ":")
+    source = index(path)
+    frames = source.load(range(len(source)))
     for k, atoms in enumerate(frames):
-        missing = [key for key in INFO_KEYS if key not in atoms.info]
+        missing = [key for key in INFO_KEYS[1:] if key not in atoms.info]
         if missing:
             raise MatRISInputError(f"{path}, structure {k} ({atoms.get_chemical_formula()}): info lacks "
-                                   f"{', '.join(missing)}; each unit cell needs {', '.join(INFO_KEYS)}")
-    ids = [str(a.info["material_id"]) for a in frames]
-    if len(set(ids)) != len(ids):
-        raise MatRISInputError(f"{path}: material ids repeat; each structure needs its own")
+                                   f"{', '.join(missing)}; each unit cell needs {', '.join(INFO_KEYS[1:])} (and an id: "
+                                   "material_id, else its name)")
     return frames
 
 
@@ -146,26 +143,25 @@ def read_reference(path: str | Path) -> tuple[dict[str, KappaRecord], dict[str, 
     row per ``material_id``) as records and space groups. Columns, as the benchmark names them:
     ``kappa_tot_rta`` ``[T, 6]``; the mode resolution as ``mode_kappa_tot_rta`` ``[T, q, b, 6]`` or
     ``mode_kappa_tot_avg`` ``[T, q, b]``; ``mode_weights`` ``[q]``; optionally ``spg_num``."""
-    from ..extras import require
+    from .readers import iter_records
 
-    pd = require("pandas", "discovery", "the DFT κ reference")
-    frame = pd.read_json(path)
-    if "material_id" in frame.columns:
-        frame = frame.set_index("material_id")
-    need = {"kappa_tot_rta", "mode_weights"}
-    modes = next((c for c in ("mode_kappa_tot_rta", "mode_kappa_tot_avg") if c in frame.columns), None)
-    missing = sorted(need - set(frame.columns)) + ([] if modes else ["mode_kappa_tot_rta or mode_kappa_tot_avg"])
+    rows = list(iter_records(path))
+    columns = set(rows[0]) if rows else set()
+    modes = next((c for c in ("mode_kappa_tot_rta", "mode_kappa_tot_avg") if c in columns), None)
+    missing = sorted({"material_id", "kappa_tot_rta", "mode_weights"} - columns)
+    missing += [] if modes else ["mode_kappa_tot_rta or mode_kappa_tot_avg"]
     if missing:
         raise MatRISInputError(f"{path} is not a κ reference table: it lacks {', '.join(missing)} (columns: "
-                               f"{', '.join(map(str, frame.columns))})")
+                               f"{', '.join(sorted(map(str, columns)))})")
     records, spg = {}, {}
-    for key, row in frame.iterrows():
+    for row in rows:
+        key = row["material_id"]
         mode = np.asarray(row[modes], dtype=float)
         if modes == "mode_kappa_tot_avg":  # already the diagonal's mean: as three equal components
             mode = np.repeat(mode[..., None], 3, axis=-1)
         records[str(key)] = KappaRecord(kappa=np.atleast_2d(np.asarray(row["kappa_tot_rta"], dtype=float)),
                                         mode_kappa=mode, weights=np.asarray(row["mode_weights"], dtype=float))
-        if "spg_num" in frame.columns and row["spg_num"] == row["spg_num"]:
+        if row.get("spg_num") is not None:
             spg[str(key)] = int(row["spg_num"])
     return records, spg
 
