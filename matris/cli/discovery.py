@@ -146,9 +146,13 @@ def run_report(args: argparse.Namespace) -> int:
         print("matris discovery report: error: give both --kappa-pred and --kappa-true, or neither", file=sys.stderr)
         return 2
     if args.kappa_pred is not None:
-        from ..discovery.kappa_run import compare, read_results
+        from ..discovery.datafiles import DATA_FILES, resolve_data_file
+        from ..discovery.kappa_metrics import kappa_metrics
+        from ..discovery.kappa_run import load_pair
 
-        kappa = compare(args.kappa_pred, args.kappa_true)
+        true = resolve_data_file(None, args.kappa_true) if args.kappa_true in DATA_FILES else args.kappa_true
+        preds, trues, spg = load_pair(args.kappa_pred, true)  # read once: the metrics and the figure
+        kappa = kappa_metrics(preds, trues, spg)
     report = rep.build(args.name, rep.gather(args.metrics, kappa))
     out = Path(args.out)
     text = rep.table(report)
@@ -156,8 +160,7 @@ def run_report(args: argparse.Namespace) -> int:
     write_json(out / "report.json", report)
     write_text(out / "report.md", text + "\n")
     if kappa is not None:
-        rep.kappa_figure(read_results(args.kappa_pred), read_results(args.kappa_true), kappa["per_material"],
-                         out / "kappa.png", title=f"{args.name}: κ at 300 K")
+        rep.kappa_figure(preds, trues, kappa["per_material"], out / "kappa.png", title=f"{args.name}: κ at 300 K")
     print(f"wrote {out / 'report.json'}, {out / 'report.md'}" + (f", {out / 'kappa.png'}" if kappa else ""),
           file=sys.stderr)
     return 0
@@ -269,7 +272,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "with κ runs also kappa.png (κ predicted vs reference, SRME distribution).")
     rp.add_argument("--metrics", default=None, help="output folder of 'matris discovery metrics'")
     rp.add_argument("--kappa-pred", default=None, help="the model's 'matris discovery kappa' folder")
-    rp.add_argument("--kappa-true", default=None, help="the reference κ folder (same format)")
+    rp.add_argument("--kappa-true", default=None,
+                    help="the reference: another κ run's folder, a DFT κ file, or phonondb_pbe_103_kappa_no_nac "
+                         "(the published DFT κ, downloaded to the cache)")
     rp.add_argument("--name", default="this model", help="the model's name in the table")
     rp.add_argument("--out", default=".", help="folder for report.json, report.md and kappa.png (default: .)")
     rp.set_defaults(discovery_run=run_report)

@@ -166,10 +166,10 @@ def read_reference(path: str | Path) -> tuple[dict[str, KappaRecord], dict[str, 
     return records, spg
 
 
-def compare(pred_dir: str | Path, true: str | Path) -> dict:
-    """κ_SRME, κ_SRE and κ_SRD of the run in ``pred_dir`` against a reference over its materials:
-    another run's folder (a model or precision), or the benchmark's DFT κ file
-    (:func:`read_reference`); failed or missing predictions count as failures."""
+def load_pair(pred_dir: str | Path, true: str | Path) -> tuple[dict, dict, dict]:
+    """The records of the run in ``pred_dir`` (successful materials only), those of the reference
+    (another run's folder, or the benchmark's DFT κ file: :func:`read_reference`) and the
+    reference's space groups."""
     preds = read_results(pred_dir)
     if Path(true).is_file():
         trues, spg = read_reference(true)
@@ -181,4 +181,10 @@ def compare(pred_dir: str | Path, true: str | Path) -> dict:
                                    "must be complete")
         trues = {k: line.record() for k, line in lines.items()}
         spg = {k: line.spg_initial for k, line in lines.items()}
-    return kappa_metrics({k: line.record() for k, line in preds.items() if line.ok}, trues, spg)
+    return {k: line.record() for k, line in preds.items() if line.ok}, trues, spg
+
+
+def compare(pred_dir: str | Path, true: str | Path) -> dict:
+    """κ_SRME, κ_SRE and κ_SRD of the run in ``pred_dir`` against a reference over its materials
+    (:func:`load_pair`); failed or missing predictions count as failures."""
+    return kappa_metrics(*load_pair(pred_dir, true))

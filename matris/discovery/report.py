@@ -64,8 +64,9 @@ def table(report: dict) -> str:
 
 
 def kappa_figure(pred: dict, true: dict, per_material: dict, path: str | Path, title: str = "") -> Path:
-    """κ̄ predicted vs DFT on log-log axes, and the histogram of per-material SRME (``pred``,
-    ``true``: material id → :class:`matris.discovery.kappa_run.KappaLine`)."""
+    """κ̄ predicted vs reference on log-log axes, and the histogram of per-material SRME (``pred``,
+    ``true``: material id → :class:`matris.discovery.kappa_metrics.KappaRecord`; failed
+    predictions absent)."""
     from ..extras import require
 
     require("matplotlib", "plot", "the κ figures")
@@ -74,9 +75,9 @@ def kappa_figure(pred: dict, true: dict, per_material: dict, path: str | Path, t
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ids = [k for k in true if k in pred and pred[k].ok]
-    k_true = np.array([np.mean(true[k].kappa[0][:3]) for k in ids])
-    k_pred = np.array([np.mean(pred[k].kappa[0][:3]) for k in ids])
+    ids = [k for k in true if k in pred]
+    k_true = np.array([np.mean(np.asarray(true[k].kappa)[0, :3]) for k in ids])
+    k_pred = np.array([np.mean(np.asarray(pred[k].kappa)[0, :3]) for k in ids])
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 4))
     if ids:
         ax.loglog(k_true, k_pred, "o", ms=5)
