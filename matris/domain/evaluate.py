@@ -1,0 +1,414 @@
+"""MatRIS on a domain decomposition: each rank evaluates its own atoms, bonds and angles, and the
+ranks exchange what a block reads from the others, inside every block.
+
+Ownership. A rank owns its atoms (LAMMPS's local atoms), the angles centred on them, and computes
+every bond with at least one owned end (a bond between two ranks is computed on both, the same way
+from the same inputs). Its ghost atoms only need to reach one bond (the ghost cutoff r_c + skin
+that LAMMPS gives any pair style): the model is never evaluated on a ghost region; data moves
+instead, four times per block (:func:`evaluate`):
+
+1. line-graph attention: each bond's softmax runs over the angles at *both* its ends, which may be
+   owned by two ranks. Each rank sums over its own angles, per directed edge (the end at which the
+   angle sits): ``N = Σ exp(α − s)·m``, ``D = Σ exp(α − s)`` and the shift ``s`` (the largest
+   logit), per channel. The owner of each atom sends these sums of the bonds ending at it to the
+   atom's ghost copies (forward exchange, ``6·d_t`` floats per short bond of the atom), and every
+   rank combines the two ends of its bonds: ``t_agg = (N₁e^{s₁−s} + N₂e^{s₂−s}) / (D₁e^{s₁−s} + D₂e^{s₂−s})``,
+   ``s = max(s₁, s₂)``: the same softmax, in another summation order;
+2. atom-graph attention, computed locally; then the ghost atoms' features are refreshed from their
+   owners (``d_n`` floats per atom);
+3. line-graph Refine: as 1, with the plain sums ``R`` (``d_t`` floats per short bond);
+4. atom-graph Refine, locally; then the ghost atoms' features again.
+
+Bond and angle features never travel: bonds are computed where they are needed and angles only by
+their centre's owner. The backward pass (forces, virial) runs through the same steps in reverse:
+each exchange's transpose sends the gradients of ghost copies to their owners
+(:func:`matris.domain.halo.forward_exchange`). Exact: the same sums as the whole system's, in
+another order (float64 agrees to rounding; ``tests/test_domain.py``).
+
+Bonds are named across ranks by integers (:mod:`matris.domain.halo`): a directed edge ``t ← s`` by
+``(tag_s, n_s − n_t)``, with ``n`` each atom's lattice shift from its owner. The owner of ``t``
+lists the short edges ending at ``t`` sorted by that name (its *slots*); a rank holding a ghost copy
+of ``t`` finds each of its own edges ending there among them once per evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..graph.batch import line_graph
+from ..graph.neighbors import half_neighbor_list
+from ..graph.system import AtomicSystem
+from ..kernels import scatter_sum, segment_max
+from .halo import Comm, SimulatedComm, forward_exchange, image_indices, refreshed
+
+# where a block reads from other ranks: the exchanges of :func:`evaluate`, by step
+EXCHANGES = ("line_attention", "atom_attention", "line_refine", "atom_refine")
+
+
+@dataclass
+class Subdomain:
+    """What a rank holds: owned atoms first, then ghosts.
+
+    positions: ``[n, 3]`` Å (ghosts where the rank sees them: shifted images); atomic_numbers,
+    tags: ``[n]`` int64 (a tag names an atom on every rank); n_local: owned atoms.
+    """
+
+    positions: torch.Tensor
+    atomic_numbers: torch.Tensor
+    tags: torch.Tensor
+    n_local: int
+
+
+@dataclass
+class RankGraph:
+    """One rank's part of the atom graph and line graph, and its exchange plan.
+
+    bond_target, bond_source: ``[B]`` bonds with at least one owned end (directed edge ``k`` is
+    ``target ← source``, ``k + B`` the reverse); angle_*: ``[A]`` the angles at owned atoms.
+    pack_*: ``[P]`` the short directed edges ending at owned atoms → (atom, slot) of the payload
+    sent to ghost copies; unpack_*: ``[Q]`` those ending at ghosts ← (ghost, slot) received.
+    n_slots: slots per atom, the largest number of short bonds at any atom of any rank.
+    """
+
+    domain: Subdomain
+    bond_target: torch.Tensor
+    bond_source: torch.Tensor
+    angle_atom: torch.Tensor
+    angle_target_edge: torch.Tensor
+    angle_source_edge: torch.Tensor
+    pack_edge: torch.Tensor
+    pack_atom: torch.Tensor
+    pack_slot: torch.Tensor
+    unpack_edge: torch.Tensor
+    unpack_ghost: torch.Tensor
+    unpack_slot: torch.Tensor
+    n_slots: int
+
+    @property
+    def n_local(self) -> int:
+        return self.domain.n_local
+
+    @property
+    def num_bonds(self) -> int:
+        return int(self.bond_target.shape[0])
+
+    @property
+    def edge_target(self) -> torch.Tensor:
+        return torch.cat([self.bond_target, self.bond_source])
+
+    @property
+    def edge_source(self) -> torch.Tensor:
+        return torch.cat([self.bond_source, self.bond_target])
+
+    @property
+    def edge_bond(self) -> torch.Tensor:
+        return torch.arange(self.num_bonds, device=self.bond_target.device).repeat(2)
+
+
+def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutoff: float,
+                 three_body_cutoff: float) -> list[RankGraph]:
+    """Each rank's graph (bonds within ``cutoff`` with an owned end, angles within
+    ``three_body_cutoff`` at owned atoms) and the exchange plan; ``cell``: ``[3, 3]``, rows are the
+    periodic box's lattice vectors (Å). Collective: every rank calls it (two exchanges)."""
+    pieces = []
+    for d in domains:
+        x = d.positions.detach().to(torch.float64).cpu().numpy()
+        system = AtomicSystem(positions=x, cell=np.zeros((3, 3)), pbc=np.zeros(3, dtype=bool),
+                              atomic_numbers=d.atomic_numbers.cpu().numpy())
+        i, j, _, length = half_neighbor_list(system, cutoff)
+        keep = np.minimum(i, j) < d.n_local
+        dev = d.positions.device
+        bt, bs = torch.from_numpy(i[keep]).to(dev), torch.from_numpy(j[keep]).to(dev)
+        length = torch.from_numpy(length[keep]).to(dev)
+        c, t_edge, s_edge = line_graph(bt, bs, length, three_body_cutoff, x.shape[0])
+        own = c < d.n_local
+        pieces.append((bt, bs, length, c[own], t_edge[own], s_edge[own]))
+    images = image_indices(comm, [d.positions for d in domains], [d.n_local for d in domains], cell)
+
+    # the short directed edges and their names (tag_s, n_s − n_t), sorted per target atom
+    named = []
+    for d, (bt, bs, length, *_), n in zip(domains, pieces, images):
+        n_b = bt.shape[0]
+        short = torch.nonzero(length <= three_body_cutoff).squeeze(1)
+        edges = torch.cat([short, short + n_b])
+        tgt = torch.cat([bt[short], bs[short]])
+        src = torch.cat([bs[short], bt[short]])
+        key = torch.cat([d.tags[src].unsqueeze(1), n[src] - n[tgt]], dim=1)  # [E, 4]
+        order = _lexsort(torch.cat([tgt.unsqueeze(1), key], dim=1))
+        edges, tgt, key = edges[order], tgt[order], key[order]
+        first = torch.searchsorted(tgt, tgt, side="left")
+        slot = torch.arange(tgt.shape[0], device=tgt.device) - first
+        named.append((edges, tgt, key, slot))
+    n_slots = int(comm.total([torch.tensor(int(s.max()) + 1 if s.numel() else 0) for *_, s in named], "max"))
+
+    # the owners' names by slot, to the ghost copies
+    payload = []
+    for d, (edges, tgt, key, slot) in zip(domains, named):
+        buf = torch.full((d.n_local, max(n_slots, 1), 4), -1, dtype=torch.int64, device=tgt.device)
+        own = tgt < d.n_local
+        buf[tgt[own], slot[own]] = key[own]
+        payload.append(buf)
+    received = comm.forward(payload)
+
+    graphs = []
+    for d, (bt, bs, _, c, t_edge, s_edge), (edges, tgt, key, slot), names in zip(domains, pieces, named, received):
+        own = tgt < d.n_local
+        ghost = ~own
+        g_index = tgt[ghost] - d.n_local
+        # each edge ending at a ghost: the slot of its owner's list with the same name
+        match = (names[g_index] == key[ghost].unsqueeze(1)).all(-1)  # [Q, n_slots]
+        found = match.any(-1)
+        if not bool(found.all()):
+            k = int(torch.nonzero(~found)[0])
+            raise RuntimeError(
+                f"domain decomposition: the owner of atom tag {int(d.tags[tgt[ghost][k]])} has no bond to tag "
+                f"{int(key[ghost][k, 0])} (image {key[ghost][k, 1:].tolist()}): its ghost atoms must reach at least "
+                f"one bond (ghost cutoff >= the model's cutoff)")
+        graphs.append(RankGraph(
+            domain=d, bond_target=bt, bond_source=bs, angle_atom=c, angle_target_edge=t_edge,
+            angle_source_edge=s_edge, pack_edge=edges[own], pack_atom=tgt[own], pack_slot=slot[own],
+            unpack_edge=edges[ghost], unpack_ghost=g_index, unpack_slot=match.to(torch.int64).argmax(-1),
+            n_slots=n_slots))
+    return graphs
+
+
+def _lexsort(rows: torch.Tensor) -> torch.Tensor:
+    """The order that sorts the rows of an int64 matrix lexicographically (first column first)."""
+    order = torch.arange(rows.shape[0], device=rows.device)
+    for col in reversed(range(rows.shape[1])):
+        order = order[torch.sort(rows[order, col], stable=True).indices]
+    return order
+
+
+def _exchange_edges(comm: Comm, graphs: list[RankGraph], values: list[torch.Tensor], skip: bool
+                    ) -> list[torch.Tensor]:
+    """Per rank ``[2B, w]`` sums per directed edge (nonzero only for edges ending at owned atoms)
+    → the same with the edges ending at ghosts filled from their owners."""
+    if skip:
+        return values
+    payload = []
+    for g, v in zip(graphs, values):
+        buf = v.new_zeros((g.n_local, max(g.n_slots, 1), v.shape[1]))
+        payload.append(buf.index_put((g.pack_atom, g.pack_slot), v.index_select(0, g.pack_edge)))
+    received = forward_exchange(comm, payload)
+    return [v.index_add(0, g.unpack_edge, r[g.unpack_ghost, g.unpack_slot])
+            for g, v, r in zip(graphs, values, received)]
+
+
+def _line_attention_sums(att, e, a, g: RankGraph) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-angle work of a line-graph attention on this rank's angles: ``[2B, 6·d]`` (N_t, D_t,
+    s_t, N_s, D_s, s_s per directed edge: the end at which the angles sit) and the angles' update."""
+    n_e = 2 * g.num_bonds
+    tgt_bond, src_bond = g.angle_target_edge % g.num_bonds, g.angle_source_edge % g.num_bonds
+    m = att.edge_nonlinear_update.forward_terms([(a, None), (e, tgt_bond), (e, src_bond)], False)
+    alpha_s, alpha_t = (a @ att._logit_weight().T).split(a.shape[-1], dim=-1)
+    out = []
+    for alpha, index in ((alpha_t, g.angle_target_edge), (alpha_s, g.angle_source_edge)):
+        shift = segment_max(alpha, index, n_e)  # detached: a constant that cancels in N/D
+        w = torch.exp(alpha - shift.index_select(0, index))
+        out += [scatter_sum(w * m, index, n_e), scatter_sum(w, index, n_e), shift]
+    return torch.cat(out, dim=1), torch.addcmul(m, att.edge_res_weight, a)
+
+
+def _softmax_of_two_ends(sums: torch.Tensor, n_b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[2B, 6·d]`` sums per directed edge → ``(t_agg, s_agg)`` ``[B, d]``: each bond's softmax
+    aggregate over the angles at both its ends (0 for a bond without angles)."""
+    d = sums.shape[1] // 6
+    out = []
+    for k in (0, 3):
+        num, den, shift = (sums[:, (k + j) * d : (k + j + 1) * d] for j in range(3))
+        num, den, shift = num.view(2, n_b, d), den.view(2, n_b, d), shift.detach().view(2, n_b, d)
+        valid = den.detach() > 0
+        top = torch.where(valid, shift, torch.full_like(shift, float("-inf"))).amax(0)
+        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+        factor = torch.where(valid, torch.exp(shift - top), torch.zeros_like(shift))
+        n_tot, d_tot = (num * factor).sum(0), (den * factor).sum(0)
+        out.append(n_tot / torch.where(d_tot > 0, d_tot, torch.ones_like(d_tot)))
+    return out[0], out[1]
+
+
+def _line_refine_sums(ref, h, e, a, rbf_3b, g: RankGraph, update_edges: bool):
+    """The per-angle work of a line-graph Refine on this rank's angles: ``R`` per directed edge
+    ``[2B, d]`` and the angles' update (``a`` itself when ``update_edges`` is False)."""
+    tgt_bond, src_bond = g.angle_target_edge % g.num_bonds, g.angle_source_edge % g.num_bonds
+    u = ref.edge_nonlinear_update.forward_terms([(a, None), (h, g.angle_atom), (e, tgt_bond), (e, src_bond)], False)
+    q = ref.learnable_envelope(rbf_3b)
+    u_g = u * (q.index_select(0, src_bond) * q.index_select(0, tgt_bond))
+    sums = scatter_sum(u_g, g.angle_target_edge, 2 * g.num_bonds)
+    if not update_edges:
+        return sums, a
+    return sums, torch.addcmul(ref.edge_FFN(u_g if ref.smooth_delta_edge else u), ref.edge_res_weight, a)
+
+
+@dataclass
+class RankResult:
+    """One rank's share: ``energy`` (eV, its owned atoms'), ``atomic`` ``[n_local]`` eV, and, on all
+    its atoms (owned and ghost, before ghost forces go to their owners), ``forces`` ``[n, 3]`` eV/Å
+    and per-atom ``virial`` ``[n, 6]`` eV (xx yy zz xy xz yz)."""
+
+    energy: float
+    atomic: torch.Tensor
+    forces: torch.Tensor
+    virial: torch.Tensor
+
+
+def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] | None = None) -> list[RankResult]:
+    """Energies, forces and virials of the ranks in ``graphs`` (see the module docstring).
+    Collective: every rank calls it with its own graph. ``skip`` = (block, step of
+    :data:`EXCHANGES`): leave out that one exchange, to show that it is needed."""
+    dtype, dev = model.dtype, model.device
+    ranks = range(len(graphs))
+    n_local = [g.n_local for g in graphs]
+    v = [(g.domain.positions.to(dev, dtype)[g.bond_target] - g.domain.positions.to(dev, dtype)[g.bond_source])
+         .detach().requires_grad_(True) for g in graphs]
+    has_angles = int(comm.total([torch.tensor(int(g.angle_atom.shape[0])) for g in graphs])) > 0
+    with torch.enable_grad():
+        h, e, a, rbf_pair, rbf_3b = [], [], [], [], []
+        for g, vr in zip(graphs, v):
+            r = torch.linalg.vector_norm(vr, dim=-1)
+            unit = torch.cat([vr / r.unsqueeze(-1), -vr / r.unsqueeze(-1)])
+            h.append(model.atom_embedding(g.domain.atomic_numbers.to(dev)))
+            er, rp, r3 = model.edge_embedding(r, "torch")
+            e.append(er), rbf_pair.append(rp), rbf_3b.append(r3)
+            u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
+            from ..model.model import ANGLE_SHRINK  # the model imports the graph modules this one does
+
+            theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
+            rho = torch.linalg.vector_norm(u_s, dim=-1) / model.config.pairwise_cutoff
+            a.append(model.three_body_embedding(theta, rho, "torch"))
+        last = len(model.interaction_block) - 1
+        for k, block in enumerate(model.interaction_block):
+            skipped = {s: skip == (k, s) for s in EXCHANGES}
+            if has_angles:
+                att = block.attn_block_line_graph
+                parts = [_line_attention_sums(att, e[r], a[r], graphs[r]) for r in ranks]
+                a = [p[1] for p in parts]
+                sums = _exchange_edges(comm, graphs, [p[0] for p in parts], skipped["line_attention"])
+                for r in ranks:
+                    t_agg, s_agg = _softmax_of_two_ends(sums[r], graphs[r].num_bonds)
+                    e[r] = att._node_update(e[r], t_agg, s_agg, False)
+            for r in ranks:
+                g = graphs[r]
+                h[r], e[r] = block.attn_block_atom_graph(h[r], e[r], g.edge_target, g.edge_source, d2u=g.edge_bond)
+            h = refreshed(comm, h, n_local, skipped["atom_attention"])
+            if has_angles:
+                ref = block.refine_block_line_graph
+                parts = [_line_refine_sums(ref, h[r], e[r], a[r], rbf_3b[r], graphs[r], k != last) for r in ranks]
+                a = [p[1] for p in parts]
+                sums = _exchange_edges(comm, graphs, [p[0] for p in parts], skipped["line_refine"])
+                for r in ranks:
+                    n_b = graphs[r].num_bonds
+                    total = sums[r][:n_b] + sums[r][n_b:]
+                    e[r] = torch.addcmul(ref.node_FFN(total), ref.node_res_weight, e[r])
+            for r in ranks:
+                g = graphs[r]
+                h[r], e[r] = block.refine_block_atom_graph(h[r], e[r], g.edge_target, g.edge_source, rbf_pair[r],
+                                                           d2u=g.edge_bond, update_edges=k != last)
+            if k != last:
+                h = refreshed(comm, h, n_local, skipped["atom_refine"])
+        atomic = [model.energy_head(model.readout_norm(h[r][: n_local[r]])) for r in ranks]
+        dv = torch.autograd.grad(sum(x.sum() for x in atomic), v, allow_unused=True)
+    reference = _atomic_reference(model, graphs, comm)
+    results = []
+    for g, vr, dvr, at, ref in zip(graphs, v, dv, atomic, reference):
+        dvr = torch.zeros_like(vr) if dvr is None else dvr
+        n = g.domain.positions.shape[0]
+        forces = vr.new_zeros((n, 3)).index_add_(0, g.bond_target, -dvr).index_add_(0, g.bond_source, dvr)
+        w = -(vr.detach().unsqueeze(2) * dvr.unsqueeze(1))
+        voigt = torch.stack([w[:, 0, 0], w[:, 1, 1], w[:, 2, 2], w[:, 0, 1], w[:, 0, 2], w[:, 1, 2]], dim=1) / 2
+        virial = vr.new_zeros((n, 6)).index_add_(0, g.bond_target, voigt).index_add_(0, g.bond_source, voigt)
+        atomic_total = at.detach() + ref
+        results.append(RankResult(float(atomic_total.sum()), atomic_total, forces.detach(), virial.detach()))
+    return results
+
+
+def _atomic_reference(model, graphs: list[RankGraph], comm: Comm) -> list[torch.Tensor]:
+    """Each owned atom's share of the reference energy (spec §6): its element's for intensive
+    models; an equal share of the whole system's mean reference otherwise (two sums over ranks)."""
+    z = [g.domain.atomic_numbers[: g.n_local].to(model.device) for g in graphs]
+    if model.reference_energy is None:
+        return [torch.zeros(len(x), dtype=model.dtype, device=model.device) for x in z]
+    w = model.reference_energy.fc.weight[0].to(model.dtype)
+    if model.config.is_intensive:
+        return [w[x - 1] for x in z]
+    n = comm.total([torch.tensor(float(len(x)), dtype=torch.float64) for x in z])
+    total = comm.total([w[x - 1].sum().to(torch.float64).cpu() for x in z])
+    share = (total / n / n).to(model.dtype)
+    return [share.expand(len(x)).to(model.device) for x in z]
+
+
+# ------------------------------------------------------------------------------------------- simulation
+def split_system(positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, atomic_numbers: np.ndarray,
+                 grid: tuple[int, int, int], ghost_cutoff: float) -> tuple[list[Subdomain], SimulatedComm]:
+    """A periodic structure cut into ``grid`` = (px, py, pz) subdomains along its fractional
+    coordinates, with each subdomain's ghost atoms (every image within ``ghost_cutoff`` of an owned
+    atom), as LAMMPS would hand them to the ranks; and the :class:`SimulatedComm` that connects them.
+    Tags are the atoms' indices."""
+    positions = np.asarray(positions, dtype=np.float64)
+    cell = np.asarray(cell, dtype=np.float64)
+    grid_a = np.asarray(grid)
+    frac = positions @ np.linalg.inv(cell)
+    frac = np.where(np.asarray(pbc, dtype=bool), frac - np.floor(frac), np.clip(frac, 0, 1 - 1e-12))
+    cellid = np.minimum((frac * grid_a).astype(np.int64), grid_a - 1)
+    rank_of = (cellid[:, 0] * grid[1] + cellid[:, 1]) * grid[2] + cellid[:, 2]
+    n_ranks = int(np.prod(grid))
+    local_index = np.zeros(len(positions), dtype=np.int64)
+    owned = [np.nonzero(rank_of == r)[0] for r in range(n_ranks)]
+    for r, idx in enumerate(owned):
+        local_index[idx] = np.arange(len(idx))
+    system = AtomicSystem(positions=positions, cell=cell, pbc=pbc, atomic_numbers=atomic_numbers)
+    i, j, n, _ = half_neighbor_list(system, ghost_cutoff)
+    # the image of j at x_j + n·L is within reach of i, that of i at x_i − n·L within reach of j
+    near = np.concatenate([i, j])
+    far = np.concatenate([j, i])
+    shift = np.concatenate([n, -n])
+    domains, owner_rank, owner_index = [], [], []
+    for r, idx in enumerate(owned):
+        sel = rank_of[near] == r
+        cand = np.concatenate([far[sel][:, None], shift[sel]], axis=1)
+        cand = np.unique(cand, axis=0)
+        is_self = (rank_of[cand[:, 0]] == r) & (cand[:, 1:] == 0).all(1)
+        cand = cand[~is_self]
+        ghost_atoms, ghost_shift = cand[:, 0], cand[:, 1:]
+        x = np.concatenate([positions[idx], positions[ghost_atoms] + ghost_shift @ cell])
+        tags = np.concatenate([idx, ghost_atoms])
+        domains.append(Subdomain(positions=torch.from_numpy(x), atomic_numbers=torch.from_numpy(atomic_numbers[tags]),
+                                 tags=torch.from_numpy(tags), n_local=len(idx)))
+        owner_rank.append(torch.from_numpy(rank_of[ghost_atoms]))
+        owner_index.append(torch.from_numpy(local_index[ghost_atoms]))
+    return domains, SimulatedComm([len(x) for x in owned], owner_rank, owner_index)
+
+
+def simulate(model, positions, cell, pbc, atomic_numbers, grid=(2, 1, 1), skin: float = 1.0,
+             skip: tuple[int, str] | None = None) -> dict:
+    """The whole structure's results from a domain decomposition run in this process (every rank in
+    turn, :class:`SimulatedComm`): ``energy`` (eV), ``atomic`` ``[N]`` (eV), ``forces`` ``[N, 3]``
+    (eV/Å), ``virial`` ``[N, 6]`` (eV) and ``stress`` ``[6]`` (eV/Å³, xx yy zz yz xz xy as ASE),
+    in the order of ``positions``; ``ranks``: the atoms each rank owned. What the LAMMPS pair style
+    does across MPI ranks, for checking a decomposition without MPI."""
+    positions = np.asarray(positions, dtype=np.float64)
+    atomic_numbers = np.asarray(atomic_numbers, dtype=np.int64)
+    domains, comm = split_system(positions, cell, pbc, atomic_numbers, grid, model.cutoff + skin)
+    graphs = build_graphs(domains, comm, torch.as_tensor(np.asarray(cell, dtype=np.float64)), model.cutoff,
+                          model.three_body_cutoff)
+    results = evaluate(model, graphs, comm, skip=skip)
+    n_local = [d.n_local for d in domains]
+    forces = [res.forces[:k] + gh for res, k, gh in zip(results, n_local, comm.reverse([x.forces[k:] for x, k in
+                                                                                          zip(results, n_local)]))]
+    virial = [res.virial[:k] + gh for res, k, gh in zip(results, n_local, comm.reverse([x.virial[k:] for x, k in
+                                                                                          zip(results, n_local)]))]
+    order = np.concatenate([d.tags[: d.n_local].numpy() for d in domains])
+    out_f = np.zeros((len(positions), 3))
+    out_w = np.zeros((len(positions), 6))
+    out_a = np.zeros(len(positions))
+    out_f[order] = torch.cat(forces).cpu().numpy()
+    out_w[order] = torch.cat(virial).cpu().numpy()
+    out_a[order] = torch.cat([res.atomic for res in results]).cpu().numpy()
+    volume = abs(float(np.linalg.det(np.asarray(cell, dtype=np.float64))))
+    w = out_w.sum(0)
+    stress = -np.array([w[0], w[1], w[2], w[5], w[4], w[3]]) / volume
+    return {"energy": float(out_a.sum()), "atomic": out_a, "forces": out_f, "virial": out_w, "stress": stress,
+            "ranks": [int(k) for k in n_local]}
