@@ -78,9 +78,9 @@ def run_lmp(env, workdir: Path, lines: list[str], ranks: int = 1, expect_ok: boo
     return text
 
 
-def header(data: str, model: Path, elements: str, boundary: str = "p p p") -> list[str]:
+def header(data: str, model: Path, elements: str, boundary: str = "p p p", mode: str = "domain") -> list[str]:
     return ["units metal", "atom_style atomic", f"boundary {boundary}", f"read_data {data}",
-            f"pair_style matris {model} device cpu dtype float64", f"pair_coeff * * {elements}"]
+            f"pair_style matris {model} device cpu dtype float64 mode {mode}", f"pair_coeff * * {elements}"]
 
 
 def evaluate(env, model, tmp_path, atoms: Atoms, elements: list[str], boundary="p p p", ranks=1, wrapper=False):
@@ -350,30 +350,33 @@ def test_hybrid_overlay_adds_another_style_on_top(lmp_env, reference, tmp_path):
     assert_close(pm, ase_reference(reference, framed)[0])
 
 
-def test_out_of_memory_stops_the_run_with_a_clear_error(lmp_env, tmp_path):
+@pytest.mark.parametrize("mode, target", [("domain", "evaluate"), ("gather", "LammpsEvaluator.compute")])
+def test_out_of_memory_stops_the_run_with_a_clear_error(lmp_env, tmp_path, mode, target):
     """The model running out of memory in the middle of a run (here PyTorch's CPU allocator
     failing from the third evaluation on, injected through sitecustomize) stops LAMMPS with an
     error that says so: no step is integrated on the forces of an earlier one."""
     env, model = lmp_env
     hook = tmp_path / "hook"
     hook.mkdir()
+    owner, name = ("runtime", target) if "." not in target else ("runtime." + target.split(".")[0],
+                                                                  target.split(".")[1])
     (hook / "sitecustomize.py").write_text(
         "from matris.lammps import runtime\n"
         "calls = [0]\n"
-        "original = runtime.LammpsEvaluator.compute\n"
-        "def compute(self, *args):\n"
+        f"original = {owner}.{name}\n"
+        "def failing(*args, **kwargs):\n"
         "    calls[0] += 1\n"
         "    if calls[0] >= 3:\n"
         "        raise RuntimeError('DefaultCPUAllocator: can\\'t allocate memory: '\n"
         "                           'you tried to allocate 123456789 bytes')\n"
-        "    return original(self, *args)\n"
-        "runtime.LammpsEvaluator.compute = compute\n")
+        "    return original(*args, **kwargs)\n"
+        f"{owner}.{name} = failing\n")
     write(tmp_path / "s.data", bulk("Si", "diamond", a=5.43) * (2, 1, 1), format="lammps-data", specorder=["Si"],
           masses=True)
-    lines = header("s.data", model, "Si") + ["velocity all create 300 1", "fix nve all nve", "thermo 1",
-                                             "run 5"]
+    lines = header("s.data", model, "Si", mode=mode) + ["velocity all create 300 1", "fix nve all nve", "thermo 1",
+                                                        "run 5"]
     text = run_lmp(dict(env, PYTHONPATH=str(hook)), tmp_path, lines, expect_ok=False)
-    assert "ERROR" in text and "out of memory evaluating 4 atoms on cpu (float64)" in text, text[-2000:]
+    assert "ERROR" in text and "out of memory evaluating 4 atoms" in text and "on cpu (float64)" in text, text[-2000:]
     assert "Segmentation" not in text and "Traceback" not in text
     log = (tmp_path / "log.lammps").read_text().splitlines()
     head = next(i for i, ln in enumerate(log) if ln.split()[:1] == ["Step"])

@@ -1,11 +1,11 @@
-"""What ``pair_style matris`` calls: the whole system's energy, forces and virials in LAMMPS units.
+"""What ``pair_style matris`` calls: energies, forces and virials in LAMMPS units.
 
-The pair style (``matris/lammps/src/pair_matris.cpp``) gathers the positions and types of all
-atoms onto MPI rank 0 each step, calls :meth:`LammpsEvaluator.compute` through an embedded
-Python interpreter, and scatters the forces, per-atom energies and per-atom virials back to
-the ranks that own the atoms. The model sees the periodic cell itself (the same graph as the
-ASE calculator builds), so the result does not depend on the number of ranks or on LAMMPS's
-ghost atoms: it is exact for any model, whatever its receptive field.
+``mode domain`` (the default): every MPI rank calls :meth:`LammpsEvaluator.compute_domain_raw`
+with its own atoms and LAMMPS's ghost atoms, and the ranks exchange what each interaction block
+reads from the others (:mod:`matris.domain`) through the pair style's LAMMPS communication
+(:class:`LammpsComm`). ``mode gather``: the pair style gathers all atoms onto MPI rank 0 each step
+and calls :meth:`LammpsEvaluator.compute` on the whole periodic cell (the same graph as the ASE
+calculator builds). Both are exact for any number of ranks.
 
 Units are LAMMPS ``metal``: Å, eV, eV/Å; virials in eV (W = Σ r ⊗ f, Voigt order xx yy zz
 xy xz yz as LAMMPS stores them).
@@ -19,11 +19,13 @@ from .blas import STATUS as BLAS  # noqa: F401
 
 # isort: split
 
+import ctypes
 import os
 
 import numpy as np
 import torch
 
+from ..domain import Subdomain, build_graphs, evaluate
 from ..errors import MatRISInputError, is_out_of_memory
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.system import MAX_Z, element_symbol
@@ -54,27 +56,89 @@ def atomic_numbers_of(elements: list[str]) -> list[int]:
     return out
 
 
+_EXCHANGE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_int)
+_ALLREDUCE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int, ctypes.c_int)
+
+
+class LammpsComm:
+    """:class:`matris.domain.Comm` for one MPI rank: the pair style's ``forward_comm`` and
+    ``reverse_comm`` on rows ``[n_local + n_ghost, width]`` (float64; LAMMPS's ghost order) and an
+    ``MPI_Allreduce`` on LAMMPS's communicator, called through the plugin's C functions.
+    ``bytes`` counts the rows this rank received or sent back (ghost rows × width × 8)."""
+
+    def __init__(self, pair: int, exchange: int, allreduce: int, n_local: int, n_all: int):
+        self.pair, self.n_local, self.n_all = ctypes.c_void_p(pair), n_local, n_all
+        self._exchange, self._allreduce = _EXCHANGE(exchange), _ALLREDUCE(allreduce)
+        self.bytes = 0
+
+    def _run(self, reverse: int, rows: np.ndarray) -> None:
+        width = rows.shape[1]
+        if width:
+            self._exchange(self.pair, reverse, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), width)
+            self.bytes += (self.n_all - self.n_local) * width * 8
+
+    def forward(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
+        (x,) = local
+        flat = x.reshape(self.n_local, -1)
+        rows = np.zeros((self.n_all, flat.shape[1]), dtype=np.float64)
+        rows[: self.n_local] = flat.detach().to("cpu", torch.float64).numpy()
+        self._run(0, rows)
+        ghost = torch.from_numpy(rows[self.n_local:]).to(x.device, x.dtype)
+        return [ghost.reshape((self.n_all - self.n_local,) + tuple(x.shape[1:]))]
+
+    def reverse(self, ghost: list[torch.Tensor]) -> list[torch.Tensor]:
+        (g,) = ghost
+        flat = g.reshape(self.n_all - self.n_local, -1)
+        rows = np.zeros((self.n_all, flat.shape[1]), dtype=np.float64)
+        rows[self.n_local:] = flat.detach().to("cpu", torch.float64).numpy()
+        self._run(1, rows)
+        own = torch.from_numpy(rows[: self.n_local]).to(g.device, g.dtype)
+        return [own.reshape((self.n_local,) + tuple(g.shape[1:]))]
+
+    def total(self, values: list[torch.Tensor], op: str = "sum") -> torch.Tensor:
+        (v,) = values
+        v = torch.as_tensor(v)
+        buf = np.ascontiguousarray(v.detach().to("cpu", torch.float64).numpy().reshape(-1))
+        self._allreduce(self.pair, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), buf.size,
+                        1 if op == "max" else 0)
+        return torch.from_numpy(buf).reshape(v.shape).to(v.dtype)
+
+
+def _rank_device(device: str, local_rank: int) -> str:
+    """``auto`` with several GPUs: the node's ranks take them in turn (``cuda:<local rank>``)."""
+    if device == "auto" and torch.cuda.is_available():
+        return f"cuda:{local_rank % torch.cuda.device_count()}"
+    return device
+
+
 class LammpsEvaluator:
-    """One model, evaluated on the whole LAMMPS system.
+    """One model on one MPI rank: its own atoms (``mode domain``) or, on rank 0, the whole system
+    (``mode gather``).
 
     Args:
         model: a model name, checkpoint path (e.g. from ``matris export lammps``) or URL.
         elements: the element of each LAMMPS atom type, in type order (``pair_coeff * * Si O``).
-        device: "auto" (the default: CUDA when present), "cpu", "cuda" or "cuda:N".
+        device: "auto" (the default: CUDA when present, ``cuda:<local rank>`` with several GPUs),
+            "cpu", "cuda" or "cuda:N".
         dtype: "float32" (the default, as everywhere in matris) or "float64".
-        threads: PyTorch's CPU threads for the model; 0 (the default): the cores this rank may
-            run on (:func:`rank_cores`). The other MPI ranks sleep while rank 0 evaluates, so
-            rank 0 may use the cores they share.
+        threads: PyTorch's CPU threads for the model; 0 (the default): this rank's share of the
+            cores it may run on (:func:`rank_cores` divided among the ``local_size`` ranks of the
+            node that run the model; in ``mode gather`` rank 0 alone, while the others sleep).
+        local_rank, local_size: this rank among the MPI ranks of its node.
     """
 
     def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float32",
-                 threads: int = 0):
+                 threads: int = 0, local_rank: int = 0, local_size: int = 1):
         if threads < 0:
             raise MatRISInputError(f"pair_style matris: threads must be 0 (the cores this rank may run on) or more, "
                                    f"got {threads}")
-        self.threads = threads or rank_cores()
+        cores = rank_cores()
+        # a rank pinned to its own cores keeps them; unpinned ranks of a node share its cores
+        shared = cores >= (os.cpu_count() or cores)
+        self.threads = threads or max(1, cores // local_size if shared else cores)
         torch.set_num_threads(self.threads)
-        self.model = MatRIS.load(model, device=device, dtype=dtype).eval()
+        self.model = MatRIS.load(model, device=_rank_device(device, local_rank), dtype=dtype).eval()
+        self.exchanged_bytes = 0
         self.type_to_z = np.asarray([0] + atomic_numbers_of(elements), dtype=np.int64)  # LAMMPS types start at 1
         beyond = [element_symbol(int(z)) for z in self.type_to_z[1:] if z > self.model.max_atomic_number]
         if beyond:
@@ -154,3 +218,35 @@ class LammpsEvaluator:
         virial.index_add_(0, g.bond_source, voigt / 2)
         to_np = lambda t: np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float64)  # noqa: E731
         return float(atomic.sum()), to_np(atomic), to_np(forces), to_np(virial)
+
+    def compute_domain_raw(self, positions: bytes, types: bytes, tags: bytes, n_local: int, cell: bytes, pair: int,
+                           exchange: int, allreduce: int) -> tuple[float, bytes, bytes, bytes]:
+        """This rank's share (``mode domain``, :mod:`matris.domain`): float64 positions ``[n, 3]``,
+        int32 types and int64 tags ``[n]`` of its ``n_local`` atoms then its ghosts, the float64
+        box ``[3, 3]``, and the pair style's exchange and allreduce functions. Returns the energy
+        of its atoms, their per-atom energies ``[n_local]``, and forces ``[n, 3]`` and per-atom
+        virials ``[n, 6]`` on all its atoms (ghosts included: LAMMPS sends those to their owners)."""
+        x = np.frombuffer(positions, dtype=np.float64).reshape(-1, 3)
+        t = np.frombuffer(types, dtype=np.int32).astype(np.int64)
+        if t.size and (t.min() < 1 or t.max() >= len(self.type_to_z)):
+            raise MatRISInputError(
+                f"atom type {int(t.max())} has no element: pair_coeff * * maps {len(self.type_to_z) - 1} "
+                "type(s); give one element per atom type")
+        m = self.model
+        comm = LammpsComm(pair, exchange, allreduce, n_local, len(t))
+        domain = Subdomain(positions=torch.from_numpy(x.copy()), atomic_numbers=torch.from_numpy(self.type_to_z[t]),
+                           tags=torch.from_numpy(np.frombuffer(tags, dtype=np.int64).copy()), n_local=n_local)
+        box = torch.from_numpy(np.frombuffer(cell, dtype=np.float64).reshape(3, 3).copy())
+        try:
+            graphs = build_graphs([domain], comm, box, m.cutoff, m.three_body_cutoff)
+            (res,) = evaluate(m, graphs, comm)
+        except (MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            raise MemoryError(
+                f"out of memory evaluating {n_local} atoms and {len(t) - n_local} ghosts on {m.device} "
+                f"({str(m.dtype).removeprefix('torch.')}): use more ranks, dtype float32, or a device with more "
+                f"memory ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        self.exchanged_bytes = comm.bytes
+        to_bytes = lambda a: np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float64).tobytes()  # noqa: E731
+        return res.energy, to_bytes(res.atomic), to_bytes(res.forces), to_bytes(res.virial)

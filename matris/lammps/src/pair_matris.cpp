@@ -1,5 +1,7 @@
 /* pair_style matris MODEL [device auto|cpu|cuda|cuda:N] [dtype float32|float64] [threads N]
-   (defaults: device auto, dtype float32: the same as the ASE calculator and the matris command)
+                    [mode domain|gather]
+   (defaults: device auto, dtype float32: the same as the ASE calculator and the matris command;
+   mode domain: every rank evaluates its own atoms)
    pair_coeff * * El1 El2 ...      (one element symbol per atom type)
 
    See pair_matris.h for the scheme. Built by `matris lammps build` (matris/lammps/build.py),
@@ -27,10 +29,27 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
 using namespace LAMMPS_NS;
+
+// doubles per atom in one forward or reverse communication of the exchanges: wider payloads go
+// in several rounds (LAMMPS sizes its buffers from comm_forward once, at init)
+static constexpr int kCommChunk = 512;
+
+// matris.domain's exchanges, called from Python through ctypes (matris.lammps.runtime.LammpsComm)
+extern "C" void matris_pair_exchange(void *pair, int reverse, double *buf, int width)
+{
+  static_cast<PairMatris *>(pair)->exchange(reverse, buf, width);
+}
+
+extern "C" void matris_pair_allreduce(void *pair, double *values, int n, int max)
+{
+  static_cast<PairMatris *>(pair)->allreduce(values, n, max);
+}
 
 namespace {
 
@@ -134,6 +153,7 @@ PairMatris::PairMatris(LAMMPS *lmp) : Pair(lmp)
   manybody_flag = 1;
   single_enable = 0;
   no_virial_fdotr_compute = 1;    // the virial comes from the model's bond gradients
+  comm_forward = comm_reverse = kCommChunk;
 }
 
 PairMatris::~PairMatris()
@@ -163,7 +183,8 @@ void PairMatris::settings(int narg, char **arg)
   if (narg < 1 || narg % 2 == 0)
     error->all(FLERR,
                "Illegal pair_style matris command: expected 'pair_style matris MODEL [device auto|cpu|cuda] "
-               "[dtype float32|float64] [threads N]', MODEL being a file from 'matris export lammps' or a model name");
+               "[dtype float32|float64] [threads N] [mode domain|gather]', MODEL being a file from 'matris export "
+               "lammps' or a model name");
   model_ = arg[0];
   for (int i = 1; i < narg; i += 2) {
     std::string key = arg[i];
@@ -173,9 +194,15 @@ void PairMatris::settings(int narg, char **arg)
       dtype_ = arg[i + 1];
     else if (key == "threads")
       threads_ = utils::inumeric(FLERR, arg[i + 1], false, lmp);
-    else
-      error->all(FLERR,
-                 "Illegal pair_style matris keyword '" + key + "': the keywords are device, dtype and threads");
+    else if (key == "mode") {
+      std::string mode = arg[i + 1];
+      if (mode != "domain" && mode != "gather")
+        error->all(FLERR, "pair_style matris: mode must be domain (every rank evaluates its own atoms, the "
+                          "default) or gather (rank 0 evaluates the whole system), not '" + mode + "'");
+      gather_ = mode == "gather";
+    } else
+      error->all(FLERR, "Illegal pair_style matris keyword '" + key +
+                            "': the keywords are device, dtype, threads and mode");
   }
   if (dtype_ != "float64" && dtype_ != "float32")
     error->all(FLERR, "pair_style matris: dtype must be float32 or float64, not '" + dtype_ + "'");
@@ -204,8 +231,16 @@ void PairMatris::coeff(int narg, char **arg)
 
 void PairMatris::load_model()
 {
+  // the ranks on this node share its cores and GPUs
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, comm->me, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  if (gather_) local_rank = 0, local_size = 1;    // rank 0 alone evaluates, on the cores the others leave
   std::string message;
-  if (comm->me == 0) {
+  if (comm->me == 0 || !gather_) {
     message = start_python();
     if (message.empty()) {
       GIL gil;
@@ -218,8 +253,8 @@ void PairMatris::load_model()
       }
       PyObject *made = nullptr;
       if (module)
-        made = PyObject_CallMethod(module, "LammpsEvaluator", "sOssi", model_.c_str(), elements, device_.c_str(),
-                                   dtype_.c_str(), threads_);
+        made = PyObject_CallMethod(module, "LammpsEvaluator", "sOssiii", model_.c_str(), elements, device_.c_str(),
+                                   dtype_.c_str(), threads_, local_rank, local_size);
       if (!made) {
         message = "loading " + model_ + " failed: " + python_error();
       } else {
@@ -229,7 +264,9 @@ void PairMatris::load_model()
         cutoff_ = cut ? PyFloat_AsDouble(cut) : 0.0;
         Py_XDECREF(cut);
         PyObject *line = PyErr_Occurred() ? nullptr : PyObject_CallMethod(made, "describe", nullptr);
-        if (line && PyUnicode_Check(line)) utils::logmesg(lmp, std::string(PyUnicode_AsUTF8(line)) + "\n");
+        if (line && PyUnicode_Check(line) && comm->me == 0)
+          utils::logmesg(lmp, std::string(PyUnicode_AsUTF8(line)) + (gather_ ? ", mode gather (rank 0 evaluates)\n"
+                                                                             : ", mode domain\n"));
         Py_XDECREF(line);
         if (PyErr_Occurred()) message = python_error();
       }
@@ -237,7 +274,15 @@ void PairMatris::load_model()
       Py_DECREF(elements);
     }
   }
-  raise_on_all(error, world, comm->me, message);
+  if (gather_) {
+    raise_on_all(error, world, comm->me, message);
+  } else {
+    // every rank loaded its own model: the first failure stops them all
+    int failed = message.empty() ? 0 : 1, any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, world);
+    if (failed) error->one(FLERR, "pair_style matris: " + message);
+    if (any) error->all(FLERR, "pair_style matris: loading the model failed on another rank");
+  }
   MPI_Bcast(&cutoff_, 1, MPI_DOUBLE, 0, world);
 }
 
@@ -247,8 +292,13 @@ void PairMatris::init_style()
     error->all(FLERR, "pair_style matris requires 'units metal' (Å, eV, eV/Å), not 'units " +
                           std::string(update->unit_style) + "'");
   if (domain->dimension != 3) error->all(FLERR, "pair_style matris requires a 3d system ('dimension 3')");
-  if (!evaluator_ && comm->me == 0)
+  if (!evaluator_ && (comm->me == 0 || !gather_))
     error->one(FLERR, "pair_style matris: no model loaded; pair_coeff * * El1 El2 ... must follow pair_style");
+  if (!gather_ && !force->newton_pair)
+    error->all(FLERR, "pair_style matris (mode domain) requires 'newton on' (the default): the forces on ghost "
+                      "atoms go back to their owners; or use 'mode gather'");
+  if (!gather_ && !atom->tag_enable)
+    error->all(FLERR, "pair_style matris (mode domain) requires atom IDs ('atom_modify id yes', the default)");
   // the model builds its own graph from all atoms: LAMMPS's neighbour list only keeps the
   // communication cutoff (and thermo's pair bookkeeping) at the model's cutoff
   neighbor->add_request(this);
@@ -262,6 +312,124 @@ double PairMatris::init_one(int, int)
 void PairMatris::compute(int eflag, int vflag)
 {
   ev_init(eflag, vflag);
+  if (gather_)
+    compute_gather(eflag, vflag);
+  else
+    compute_domain(eflag, vflag);
+}
+
+void PairMatris::compute_domain(int, int)
+{
+  const int nlocal = atom->nlocal, nall = nlocal + atom->nghost;
+  std::vector<double> x(3 * (size_t) nall);
+  std::vector<int64_t> tags(nall);
+  for (int i = 0; i < nall; i++) {
+    for (int k = 0; k < 3; k++) x[3 * i + k] = atom->x[i][k];
+    tags[i] = (int64_t) atom->tag[i];
+  }
+  double cell[9] = {domain->xprd, 0.0, 0.0, domain->xy, domain->yprd, 0.0, domain->xz, domain->yz, domain->zprd};
+  if (!domain->triclinic) cell[3] = cell[6] = cell[7] = 0.0;
+  std::string message;
+  double energy = 0.0;
+  {
+    GIL gil;
+    PyObject *pos = PyBytes_FromStringAndSize((const char *) x.data(), x.size() * sizeof(double));
+    PyObject *types = PyBytes_FromStringAndSize((const char *) atom->type, nall * sizeof(int));
+    PyObject *ids = PyBytes_FromStringAndSize((const char *) tags.data(), tags.size() * sizeof(int64_t));
+    PyObject *box = PyBytes_FromStringAndSize((const char *) cell, sizeof(cell));
+    PyObject *self = PyLong_FromVoidPtr((void *) this);
+    PyObject *ex = PyLong_FromVoidPtr((void *) &matris_pair_exchange);
+    PyObject *red = PyLong_FromVoidPtr((void *) &matris_pair_allreduce);
+    PyObject *out = PyObject_CallMethod((PyObject *) evaluator_, "compute_domain_raw", "OOOiOOOO", pos, types, ids,
+                                        nlocal, box, self, ex, red);
+    for (PyObject *o : {pos, types, ids, box, self, ex, red}) Py_DECREF(o);
+    PyObject *e_all = nullptr, *f_all = nullptr, *v_all = nullptr;
+    if (!out || !PyArg_ParseTuple(out, "dSSS", &energy, &e_all, &f_all, &v_all)) {
+      message = python_error();
+    } else {
+      const double *e = (const double *) PyBytes_AsString(e_all), *f = (const double *) PyBytes_AsString(f_all),
+                   *v = (const double *) PyBytes_AsString(v_all);
+      double **fatom = atom->f;
+      // forces and virials on ghost atoms too: LAMMPS's reverse communication (newton_pair)
+      // adds them to their owners
+      for (int i = 0; i < nall; i++) {
+        for (int k = 0; k < 3; k++) fatom[i][k] += f[3 * i + k];
+        for (int k = 0; k < 6; k++) {
+          if (vflag_global) virial[k] += v[6 * i + k];
+          if (vflag_atom) vatom[i][k] += v[6 * i + k];
+        }
+      }
+      for (int i = 0; i < nlocal; i++)
+        if (eflag_atom) eatom[i] += e[i];
+      if (eflag_global) eng_vdwl += energy;
+    }
+    Py_XDECREF(out);
+  }
+  // one rank's failure (out of memory, a bad type) stops the run: the others wait in an exchange
+  if (!message.empty()) error->one(FLERR, "pair_style matris: " + message);
+}
+
+void PairMatris::exchange(int reverse, double *buf, int width)
+{
+  comm_buf_ = buf;
+  comm_width_ = width;
+  for (int c0 = 0; c0 < width; c0 += kCommChunk) {
+    comm_col0_ = c0;
+    comm_cols_ = std::min(kCommChunk, width - c0);
+    if (reverse)
+      comm->reverse_comm(this);
+    else
+      comm->forward_comm(this);
+  }
+  comm_buf_ = nullptr;
+}
+
+void PairMatris::allreduce(double *values, int n, int max)
+{
+  MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, max ? MPI_MAX : MPI_SUM, world);
+}
+
+// rows of the exchange's buffer, not atom positions: no periodic shift applies
+int PairMatris::pack_forward_comm(int n, int *list, double *buf, int, int *)
+{
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    const double *row = comm_buf_ + (size_t) list[i] * comm_width_ + comm_col0_;
+    for (int k = 0; k < comm_cols_; k++) buf[m++] = row[k];
+  }
+  return m;
+}
+
+void PairMatris::unpack_forward_comm(int n, int first, double *buf)
+{
+  int m = 0;
+  for (int i = first; i < first + n; i++) {
+    double *row = comm_buf_ + (size_t) i * comm_width_ + comm_col0_;
+    for (int k = 0; k < comm_cols_; k++) row[k] = buf[m++];
+  }
+}
+
+int PairMatris::pack_reverse_comm(int n, int first, double *buf)
+{
+  int m = 0;
+  for (int i = first; i < first + n; i++) {
+    const double *row = comm_buf_ + (size_t) i * comm_width_ + comm_col0_;
+    for (int k = 0; k < comm_cols_; k++) buf[m++] = row[k];
+  }
+  return m;
+}
+
+void PairMatris::unpack_reverse_comm(int n, int *list, double *buf)
+{
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    double *row = comm_buf_ + (size_t) list[i] * comm_width_ + comm_col0_;
+    for (int k = 0; k < comm_cols_; k++) row[k] += buf[m++];
+  }
+}
+
+void PairMatris::compute_gather(int eflag, int vflag)
+{
   const int nlocal = atom->nlocal, me = comm->me, nprocs = comm->nprocs;
 
   // gather every rank's atoms on rank 0, in rank order (the model does not care about order)

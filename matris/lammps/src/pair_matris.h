@@ -1,10 +1,16 @@
 /* pair_style matris: MatRIS energies, forces and virials for LAMMPS.
 
-   Every step the positions and types of all atoms are gathered on MPI rank 0, which
-   evaluates the model on the whole periodic system through an embedded Python interpreter
-   (matris.lammps.runtime); forces, per-atom energies and per-atom virials are then
-   broadcast and each rank keeps those of its own atoms. The result is the same for any
-   number of ranks and needs no ghost atoms beyond LAMMPS's default. */
+   mode domain (the default): every MPI rank evaluates the model for its own atoms, through an
+   embedded Python interpreter (matris.lammps.runtime, matris.domain), with LAMMPS's ghost atoms
+   (one bond deep: the default ghost cutoff). Inside every interaction block the ranks exchange
+   what the block reads from other ranks (the line-graph sums of bonds that cross ranks, the ghost
+   atoms' features) through LAMMPS's own communication: forward_comm and, in the force pass,
+   reverse_comm of this pair style, by chunks of comm_forward doubles per atom. Forces on ghost
+   atoms go back to their owners through LAMMPS's newton_pair reverse communication.
+
+   mode gather: the positions and types of all atoms are gathered on MPI rank 0, which evaluates
+   the whole periodic system; forces, per-atom energies and per-atom virials are scattered back.
+   For small systems on many ranks of another pair style's run (hybrid/overlay). */
 #ifndef MATRIS_PAIR_MATRIS_H
 #define MATRIS_PAIR_MATRIS_H
 
@@ -24,17 +30,30 @@ class PairMatris : public Pair {
   void coeff(int, char **) override;
   void init_style() override;
   double init_one(int, int) override;
+  int pack_forward_comm(int, int *, double *, int, int *) override;
+  void unpack_forward_comm(int, int, double *) override;
+  int pack_reverse_comm(int, int, double *) override;
+  void unpack_reverse_comm(int, int *, double *) override;
+  // matris.domain's exchanges: rows [nlocal + nghost, width] of buf, owner -> ghost copies
+  // (reverse 0) or ghost copies summed into owners (reverse 1); a sum or maximum over all ranks
+  void exchange(int reverse, double *buf, int width);
+  void allreduce(double *values, int n, int max);
 
  protected:
   std::string model_, device_ = "auto", dtype_ = "float32";  // matris's defaults everywhere
   std::vector<std::string> type_elements_;
   double cutoff_ = 0.0;
-  int threads_ = 0;    // rank 0's model threads; 0: the cores rank 0 may run on
-  void *evaluator_ = nullptr;    // PyObject* of matris.lammps.runtime.LammpsEvaluator, rank 0 only
+  int threads_ = 0;    // the model's threads per rank; 0: the rank's share of its cores
+  bool gather_ = false;    // mode gather: rank 0 evaluates the whole system
+  void *evaluator_ = nullptr;    // PyObject* of matris.lammps.runtime.LammpsEvaluator (rank 0 only in mode gather)
+  double *comm_buf_ = nullptr;    // the exchange in progress: its rows, width and column range
+  int comm_width_ = 0, comm_col0_ = 0, comm_cols_ = 0;
   std::vector<double> all_x_, all_f_, all_e_, all_v_;
   std::vector<int> all_type_;
   void allocate();
   void load_model();
+  void compute_gather(int, int);
+  void compute_domain(int, int);
 };
 
 }    // namespace LAMMPS_NS
