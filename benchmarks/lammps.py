@@ -1,16 +1,22 @@
-"""pair_style matris in LAMMPS: speed on 1, 2 and 4 MPI ranks, and NVE energy conservation.
+"""pair_style matris in LAMMPS: how the model's work divides among MPI ranks, and NVE energy conservation.
 
     python benchmarks/lammps.py --json benchmarks/results/lammps_cpu.json
-    python benchmarks/lammps.py --sizes 1000 4096 --ranks 1 2 --steps 3
-    python benchmarks/lammps.py --device cuda --sizes 1000 8000 20384   # on a GPU machine
+    python benchmarks/lammps.py --sizes 2000 --ranks 1 2 --steps 3 --no-nve
+    python benchmarks/lammps.py --device cuda --sizes 8000 64000 --ranks 1 2 4   # on a GPU node
     python benchmarks/lammps.py --nve-only --json out.json
 
-Speed: diamond Si supercells (cubic 8-atom cells repeated, rattled by velocities at 300 K),
-``--steps`` velocity-Verlet steps of 1 fs after one step of warm-up, the bundled model
-(``matris export lammps matris-demo``) in float32, LAMMPS's own loop time. Rank 0's model
-uses all cores (``threads``); the other ranks sleep while it runs. Reported per run:
-steps/s, ns/day, and LAMMPS's ghost atoms per local atom (which the model does not use: rank 0
-evaluates the whole periodic system, so more ranks divide LAMMPS's work, not the model's).
+Scaling (``mode domain``, :mod:`matris.domain`): diamond Si supercells (cubic 8-atom cells
+repeated, velocities at 300 K), the bundled model (``matris export lammps matris-demo``) in
+float32, one model thread per rank (``threads 1``), ``--steps`` velocity-Verlet steps of 1 fs
+after one step of warm-up. Strong scaling: the same cell (``--sizes``) on each rank count; weak:
+``--per-rank`` atoms per rank. Per run and rank: the pair time per step (LAMMPS's ``Pair`` row:
+min, avg and max over the ranks), the peak resident memory and the working memory (peak minus
+the process after loading the model: torch itself is the same on every rank), the atoms, ghost
+atoms and slots (short bonds per atom, the padding of the line-graph exchanges), and the bytes
+each rank's exchanges moved per step (ghost rows × row width × 8, periodic images on the same
+rank included) next to the design's prediction, :func:`predicted_bytes`. A 1-rank ``mode gather``
+run (the whole cell without exchanges, as the ASE calculator evaluates it) is the reference for
+the cost of the exchanges.
 
 NVE (``--nve``, on by default): the set-up of ``benchmarks/nve.py`` (64-atom Si, a = 5.43 Å,
 300 K, 0.5 fs, 1 ps, float64) run in LAMMPS with ``fix nve``; the total-energy drift is the
@@ -65,7 +71,7 @@ def run_lmp(script: str, ranks: int, workdir: Path, env: dict) -> str:
     return (workdir / "log.lammps").read_text()
 
 
-def speed_script(model: Path, reps, steps: int, device: str, dtype: str, threads: int) -> str:
+def speed_script(model: Path, reps, steps: int, device: str, dtype: str, threads: int, mode: str) -> str:
     nx, ny, nz = reps
     return f"""units metal
 atom_style atomic
@@ -74,7 +80,7 @@ region box block 0 {nx} 0 {ny} 0 {nz}
 create_box 1 box
 create_atoms 1 box
 mass 1 28.0855
-pair_style matris {model} device {device} dtype {dtype} threads {threads}
+pair_style matris {model} device {device} dtype {dtype} threads {threads} mode {mode}
 pair_coeff * * Si
 velocity all create 300 4928459 loop geom
 fix nve all nve
@@ -85,23 +91,80 @@ run {steps}
 """
 
 
-def speed(model, sizes, ranks_list, steps, device, dtype, threads, env) -> list[dict]:
-    rows = []
+def predicted_bytes(n_ghost: int, n_slots: int, d_n: int, d_t: int, blocks: int) -> int:
+    """Bytes one rank's exchanges move in one evaluation (:mod:`matris.domain`), per ghost atom
+    row: the owners' positions (3 doubles) and bond names (4 per slot) once; per block, forward
+    and in the force pass back: the line-graph attention's sums (6·d_t per slot), the ghosts'
+    atom features (d_n), the line-graph Refine's sums (d_t per slot) and the atom features again
+    (d_n; not after the last block)."""
+    s = max(n_slots, 1)
+    per_row = 3 + 4 * s + 2 * (blocks * (7 * d_t * s + 2 * d_n) - d_n)
+    return 8 * n_ghost * per_row
+
+
+def run_case(model, atoms, ranks, steps, device, dtype, mode, env, config) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = Path(tmp) / "stats"
+        log = run_lmp(speed_script(model, cells_for(atoms), steps, device, dtype, 1, mode), ranks, Path(tmp),
+                      dict(env, MATRIS_LAMMPS_STATS=str(prefix)))
+        stats = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("stats.*.json"))]
+    loops = re.findall(r"Loop time of ([\d.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms", log)
+    seconds, _, nsteps, n = loops[-1]
+    pair = re.findall(r"Pair\s+\|\s+([\d.eE+-]+)\s+\|\s+([\d.eE+-]+)\s+\|\s+([\d.eE+-]+)", log)[-1]
+    nsteps = int(nsteps)
+    row = dict(atoms=int(n), ranks=ranks, mode=mode, steps=nsteps, loop_s=float(seconds),
+               pair_s_per_step={k: float(v) / nsteps for k, v in zip(("min", "avg", "max"), pair)})
+    if mode == "domain":
+        per_rank = []
+        for st in stats:
+            per_rank.append(dict(
+                atoms=st["n_local"], ghosts=st["n_ghost"], slots=st["n_slots"], bonds=st["bonds"], angles=st["angles"],
+                peak_rss_bytes=st["peak_rss_bytes"], working_bytes=st["peak_rss_bytes"] - st["rss_after_load_bytes"],
+                bytes_per_step=st["bytes"], exchange_s_per_step=st["exchange_seconds"],
+                model_s_per_step=st["last_seconds"],
+                predicted_bytes_per_step=predicted_bytes(st["n_ghost"], st["n_slots"], config["d_n"], config["d_t"],
+                                                         config["blocks"])))
+        row["per_rank"] = per_rank
+    mib = 2**20
+    lines = [f"{row['atoms']:6d} atoms  {ranks} rank(s)  {mode:6s}  pair {row['pair_s_per_step']['max']:.3f} s/step "
+             "(max over ranks)"]
+    lines += [f"    rank: {r['atoms']} atoms {r['ghosts']} ghosts  working memory {r['working_bytes'] / mib:.0f} MiB  "
+              f"exchanges {r['exchange_s_per_step']:.3f} s of {r['model_s_per_step']:.3f} s  "
+              f"exchanged {r['bytes_per_step'] / mib:.1f} MiB/step "
+              f"(predicted {r['predicted_bytes_per_step'] / mib:.1f})"
+              for r in row.get("per_rank", [])]
+    print("\n".join(lines), flush=True)
+    return row
+
+
+def scaling(model, sizes, per_rank, ranks_list, steps, device, dtype, env, config) -> dict:
+    """Strong (``sizes`` on every rank count) and weak (``per_rank`` atoms per rank) scaling, and
+    the 1-rank ``mode gather`` reference of each strong size; the ratios against 1 rank."""
+    runs: dict[tuple, dict] = {}
+
+    def case(atoms, ranks, mode="domain"):
+        key = (atoms, ranks, mode)
+        if key not in runs:
+            runs[key] = run_case(model, atoms, ranks, steps, device, dtype, mode, env, config)
+        return runs[key]
+
+    strong, weak = [], []
     for n in sizes:
-        for ranks in ranks_list:
-            with tempfile.TemporaryDirectory() as tmp:
-                log = run_lmp(speed_script(model, cells_for(n), steps, device, dtype, threads), ranks, Path(tmp), env)
-            loops = re.findall(r"Loop time of ([\d.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms", log)
-            seconds, _, nsteps, atoms = loops[-1]
-            ghost = re.findall(r"Nghost:\s+([\d.eE+-]+) ave", log)[-1]
-            local = re.findall(r"Nlocal:\s+([\d.eE+-]+) ave", log)[-1]
-            sps = int(nsteps) / float(seconds)
-            row = dict(atoms=int(atoms), ranks=ranks, steps=int(nsteps), seconds=float(seconds), steps_per_s=sps,
-                       ns_per_day=sps * 1.0 * 86400 * 1e-6, ghost_per_local=float(ghost) / float(local))
-            rows.append(row)
-            print(f"{row['atoms']:7d} atoms  {ranks} ranks  {sps:8.3f} steps/s  {row['ns_per_day']:8.4f} ns/day  "
-                  f"ghosts/local {row['ghost_per_local']:.2f}", flush=True)
-    return rows
+        base, whole = case(n, 1), case(n, 1, "gather")
+        for r in ranks_list:
+            row = case(n, r)
+            worst_time = row["pair_s_per_step"]["max"] / base["pair_s_per_step"]["max"]
+            worst_mem = max(x["working_bytes"] for x in row["per_rank"]) / base["per_rank"][0]["working_bytes"]
+            strong.append(dict(atoms=n, ranks=r, pair_time_vs_1_rank=worst_time, working_memory_vs_1_rank=worst_mem,
+                               pair_time_vs_gather=row["pair_s_per_step"]["max"] / whole["pair_s_per_step"]["max"]))
+    if per_rank:
+        base = case(per_rank, 1)
+        for r in ranks_list:
+            row = case(per_rank * r, r)
+            weak.append(dict(atoms_per_rank=per_rank, ranks=r,
+                             efficiency=base["pair_s_per_step"]["max"] / row["pair_s_per_step"]["max"]))
+    return {"runs": sorted(runs.values(), key=lambda r: (r["atoms"], r["ranks"], r["mode"])), "strong": strong,
+            "weak": weak}
 
 
 def nve(model, env, steps=2000, timestep_fs=0.5) -> dict:
@@ -149,16 +212,14 @@ run {steps}
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 4096, 8000, 20384])
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--sizes", type=int, nargs="+", default=[2000], help="strong scaling: atoms of the cell")
+    p.add_argument("--per-rank", type=int, default=1000, help="weak scaling: atoms per rank (0: none)")
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     p.add_argument("--steps", type=int, default=3, help="timed MD steps per run")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--no-nve", dest="nve", action="store_false", help="skip the 1 ps NVE run")
     p.add_argument("--nve-only", action="store_true")
-    p.add_argument("--threads", type=int, default=None,
-                   help="rank 0's model threads (pair_style ... threads N; default: all cores, since the other ranks "
-                        "sleep while it evaluates)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -175,12 +236,13 @@ def main(argv=None) -> int:
         result = {"meta": provenance(argv, "matris-demo", DEMO_CHECKPOINT), "device": args.device,
                   "dtype": args.dtype, "cpus": os.cpu_count()}
         if not args.nve_only:
-            rows = []
-            threads = args.threads or os.cpu_count() or 1
-            for ranks in args.ranks:
-                rows += speed(model, args.sizes, [ranks], args.steps, args.device, args.dtype, threads,
-                              dict(env, OMP_NUM_THREADS="1"))
-            result["speed"] = sorted(rows, key=lambda r: (r["atoms"], r["ranks"]))
+            from matris import MatRIS
+
+            demo = MatRIS.load("matris-demo")
+            config = dict(d_n=demo.config.node_feat_dim, d_t=demo.config.three_body_feat_dim,
+                          blocks=len(demo.interaction_block))
+            result["scaling"] = scaling(model, args.sizes, args.per_rank, args.ranks, args.steps, args.device,
+                                        args.dtype, dict(env, OMP_NUM_THREADS="1"), config)
         if args.nve or args.nve_only:
             result["nve"] = nve(model, dict(env, OMP_NUM_THREADS=str(os.cpu_count() or 1)))
     if args.json:

@@ -50,6 +50,7 @@ def test_a_cell_smaller_than_the_cutoff_and_a_slab(model):
     small = bulk("Si", "diamond", a=5.43)  # 3.8 Å edges: many images of each atom on each rank
     small.rattle(0.05, seed=5)
     check(model, small, (2, 1, 1))
+    check(model, small, (1, 3, 1))  # a rank without atoms
     slab = fcc100("Cu", size=(2, 2, 3), vacuum=6.0)  # open along z
     slab.rattle(0.03, seed=4)
     check(model, slab, (2, 2, 1))

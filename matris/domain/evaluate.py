@@ -41,7 +41,10 @@ import torch
 from ..graph.batch import line_graph
 from ..graph.neighbors import half_neighbor_list
 from ..graph.system import AtomicSystem
-from ..kernels import scatter_sum, segment_max
+from ..kernels import attention_pair, attention_pair_reference, refine_edges, refine_edges_reference, scatter_sum
+from ..model.attention import pool_directed
+from ..model.layers import call_phi
+from ..model.model import ANGLE_SHRINK
 from .halo import Comm, SimulatedComm, forward_exchange, image_indices, refreshed
 
 # where a block reads from other ranks: the exchanges of :func:`evaluate`, by step
@@ -68,6 +71,9 @@ class RankGraph:
 
     bond_target, bond_source: ``[B]`` bonds with at least one owned end (directed edge ``k`` is
     ``target ← source``, ``k + B`` the reverse); angle_*: ``[A]`` the angles at owned atoms.
+    short_bond: ``[S]`` the bonds no longer than r_3 (the only ones with angles); the line-graph
+    sums run over their directed edges, numbered ``j`` (short bond ``j`` as ``target ← source``) and
+    ``j + S``; angle_target_short, angle_source_short: ``[A]`` the angles' in that numbering.
     pack_*: ``[P]`` the short directed edges ending at owned atoms → (atom, slot) of the payload
     sent to ghost copies; unpack_*: ``[Q]`` those ending at ghosts ← (ghost, slot) received.
     n_slots: slots per atom, the largest number of short bonds at any atom of any rank.
@@ -79,6 +85,9 @@ class RankGraph:
     angle_atom: torch.Tensor
     angle_target_edge: torch.Tensor
     angle_source_edge: torch.Tensor
+    short_bond: torch.Tensor
+    angle_target_short: torch.Tensor
+    angle_source_short: torch.Tensor
     pack_edge: torch.Tensor
     pack_atom: torch.Tensor
     pack_slot: torch.Tensor
@@ -131,9 +140,8 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
     # the short directed edges and their names (tag_s, n_s − n_t), sorted per target atom
     named = []
     for d, (bt, bs, length, *_), n in zip(domains, pieces, images):
-        n_b = bt.shape[0]
         short = torch.nonzero(length <= three_body_cutoff).squeeze(1)
-        edges = torch.cat([short, short + n_b])
+        edges = torch.arange(2 * short.shape[0], device=short.device)  # the short directed edges' numbers
         tgt = torch.cat([bt[short], bs[short]])
         src = torch.cat([bs[short], bt[short]])
         key = torch.cat([d.tags[src].unsqueeze(1), n[src] - n[tgt]], dim=1)  # [E, 4]
@@ -154,7 +162,8 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
     received = comm.forward(payload)
 
     graphs = []
-    for d, (bt, bs, _, c, t_edge, s_edge), (edges, tgt, key, slot), names in zip(domains, pieces, named, received):
+    for d, (bt, bs, length, c, t_edge, s_edge), (edges, tgt, key, slot), names in zip(domains, pieces, named,
+                                                                                        received):
         own = tgt < d.n_local
         ghost = ~own
         g_index = tgt[ghost] - d.n_local
@@ -167,9 +176,14 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
                 f"domain decomposition: the owner of atom tag {int(d.tags[tgt[ghost][k]])} has no bond to tag "
                 f"{int(key[ghost][k, 0])} (image {key[ghost][k, 1:].tolist()}): its ghost atoms must reach at least "
                 f"one bond (ghost cutoff >= the model's cutoff)")
+        short = torch.nonzero(length <= three_body_cutoff).squeeze(1)
+        n_b, n_s = bt.shape[0], short.shape[0]
+        number = torch.full((2 * n_b,), -1, dtype=torch.int64, device=bt.device)
+        number[torch.cat([short, short + n_b])] = torch.arange(2 * n_s, device=bt.device)
         graphs.append(RankGraph(
             domain=d, bond_target=bt, bond_source=bs, angle_atom=c, angle_target_edge=t_edge,
-            angle_source_edge=s_edge, pack_edge=edges[own], pack_atom=tgt[own], pack_slot=slot[own],
+            angle_source_edge=s_edge, short_bond=short, angle_target_short=number[t_edge],
+            angle_source_short=number[s_edge], pack_edge=edges[own], pack_atom=tgt[own], pack_slot=slot[own],
             unpack_edge=edges[ghost], unpack_ghost=g_index, unpack_slot=match.to(torch.int64).argmax(-1),
             n_slots=n_slots))
     return graphs
@@ -183,64 +197,105 @@ def _lexsort(rows: torch.Tensor) -> torch.Tensor:
     return order
 
 
-def _exchange_edges(comm: Comm, graphs: list[RankGraph], values: list[torch.Tensor], skip: bool
-                    ) -> list[torch.Tensor]:
-    """Per rank ``[2B, w]`` sums per directed edge (nonzero only for edges ending at owned atoms)
-    → the same with the edges ending at ghosts filled from their owners."""
+def _exchange_edges(comm: Comm, graphs: list[RankGraph], values: list[list[torch.Tensor]], skip: bool
+                    ) -> list[list[torch.Tensor]]:
+    """Per rank, tensors ``[2B, w_k]`` of sums per directed edge (nonzero only for edges ending at
+    owned atoms) → the same with the edges ending at ghosts filled from their owners: one exchange
+    of all of them, the rows of a slot side by side."""
     if skip:
         return values
     payload = []
-    for g, v in zip(graphs, values):
-        buf = v.new_zeros((g.n_local, max(g.n_slots, 1), v.shape[1]))
-        payload.append(buf.index_put((g.pack_atom, g.pack_slot), v.index_select(0, g.pack_edge)))
+    for g, vs in zip(graphs, values):
+        rows = torch.cat([v.index_select(0, g.pack_edge) for v in vs], dim=1)
+        buf = rows.new_zeros((g.n_local, max(g.n_slots, 1), rows.shape[1]))
+        payload.append(buf.index_put((g.pack_atom, g.pack_slot), rows))
     received = forward_exchange(comm, payload)
-    return [v.index_add(0, g.unpack_edge, r[g.unpack_ghost, g.unpack_slot])
-            for g, v, r in zip(graphs, values, received)]
+    out = []
+    for g, vs, r in zip(graphs, values, received):
+        pieces = r[g.unpack_ghost, g.unpack_slot].split([v.shape[1] for v in vs], dim=1)
+        out.append([v.index_copy(0, g.unpack_edge, p) for v, p in zip(vs, pieces)])
+    return out
 
 
-def _line_attention_sums(att, e, a, g: RankGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-angle work of a line-graph attention on this rank's angles: ``[2B, 6·d]`` (N_t, D_t,
-    s_t, N_s, D_s, s_s per directed edge: the end at which the angles sit) and the angles' update."""
-    n_e = 2 * g.num_bonds
+def _line_attention_sums(att, e, a, g: RankGraph, fused: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The per-angle work of a line-graph attention on this rank's angles: N_t, D_t, s_t, N_s, D_s,
+    s_s ``[2B, d]`` per directed edge (the end at which the angles sit; ``s``, the largest logit,
+    is −inf at an end without angles) and the angles' update. ``fused``: Φ as the fused operator."""
+    n_e = 2 * g.short_bond.shape[0]
     tgt_bond, src_bond = g.angle_target_edge % g.num_bonds, g.angle_source_edge % g.num_bonds
-    m = att.edge_nonlinear_update.forward_terms([(a, None), (e, tgt_bond), (e, src_bond)], False)
+    m = att.edge_nonlinear_update.forward_terms([(a, None), (e, tgt_bond), (e, src_bond)], fused)
     alpha_s, alpha_t = (a @ att._logit_weight().T).split(a.shape[-1], dim=-1)
     out = []
-    for alpha, index in ((alpha_t, g.angle_target_edge), (alpha_s, g.angle_source_edge)):
-        shift = segment_max(alpha, index, n_e)  # detached: a constant that cancels in N/D
+    for alpha, index in ((alpha_t, g.angle_target_short), (alpha_s, g.angle_source_short)):
+        # the shift: a constant that cancels in N/D (no graph)
+        shift = alpha.new_full((n_e, alpha.shape[1]), float("-inf")).scatter_reduce(
+            0, index.unsqueeze(1).expand_as(alpha), alpha.detach(), "amax", include_self=True)
         w = torch.exp(alpha - shift.index_select(0, index))
         out += [scatter_sum(w * m, index, n_e), scatter_sum(w, index, n_e), shift]
-    return torch.cat(out, dim=1), torch.addcmul(m, att.edge_res_weight, a)
+    return out, torch.addcmul(m, att.edge_res_weight, a)
 
 
-def _softmax_of_two_ends(sums: torch.Tensor, n_b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[2B, 6·d]`` sums per directed edge → ``(t_agg, s_agg)`` ``[B, d]``: each bond's softmax
-    aggregate over the angles at both its ends (0 for a bond without angles)."""
-    d = sums.shape[1] // 6
+def _softmax_of_two_ends(sums: list[torch.Tensor], n_b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """N_t, D_t, s_t, N_s, D_s, s_s ``[2S, d]`` per short directed edge → ``(t_agg, s_agg)``
+    ``[S, d]``: each short bond's softmax aggregate over the angles at both its ends (0 for a bond
+    without angles)."""
     out = []
-    for k in (0, 3):
-        num, den, shift = (sums[:, (k + j) * d : (k + j + 1) * d] for j in range(3))
-        num, den, shift = num.view(2, n_b, d), den.view(2, n_b, d), shift.detach().view(2, n_b, d)
-        valid = den.detach() > 0
-        top = torch.where(valid, shift, torch.full_like(shift, float("-inf"))).amax(0)
-        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-        factor = torch.where(valid, torch.exp(shift - top), torch.zeros_like(shift))
-        n_tot, d_tot = (num * factor).sum(0), (den * factor).sum(0)
+    for num, den, shift in (sums[:3], sums[3:]):
+        d = shift.shape[1]
+        shift = shift.view(2, n_b, d)
+        top = torch.maximum(shift[0], shift[1])
+        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # no angle at either end
+        factor = torch.exp(shift - top)  # 0 at an end without angles (s = −inf)
+        n_tot = (num.view(2, n_b, d) * factor).sum(0)
+        d_tot = (den.view(2, n_b, d) * factor).sum(0)
         out.append(n_tot / torch.where(d_tot > 0, d_tot, torch.ones_like(d_tot)))
     return out[0], out[1]
 
 
-def _line_refine_sums(ref, h, e, a, rbf_3b, g: RankGraph, update_edges: bool):
-    """The per-angle work of a line-graph Refine on this rank's angles: ``R`` per directed edge
-    ``[2B, d]`` and the angles' update (``a`` itself when ``update_edges`` is False)."""
+def _line_refine_sums(ref, h, e, a, rbf_3b, g: RankGraph, update_edges: bool, fused: bool):
+    """The per-angle work of a line-graph Refine on this rank's angles: ``R`` per short directed
+    edge ``[2S, d]`` and the angles' update (``a`` itself when ``update_edges`` is False), by the
+    operator :func:`matris.kernels.refine_edges` (its reference unless ``fused``) on directed
+    edges: the envelope ``q`` of a directed edge is its bond's."""
     tgt_bond, src_bond = g.angle_target_edge % g.num_bonds, g.angle_source_edge % g.num_bonds
-    u = ref.edge_nonlinear_update.forward_terms([(a, None), (h, g.angle_atom), (e, tgt_bond), (e, src_bond)], False)
-    q = ref.learnable_envelope(rbf_3b)
-    u_g = u * (q.index_select(0, src_bond) * q.index_select(0, tgt_bond))
-    sums = scatter_sum(u_g, g.angle_target_edge, 2 * g.num_bonds)
+    u = ref.edge_nonlinear_update.forward_terms([(a, None), (h, g.angle_atom), (e, tgt_bond), (e, src_bond)], fused)
+    q = ref.learnable_envelope(rbf_3b.index_select(0, g.short_bond)).repeat(2, 1)
+    call = refine_edges if fused else refine_edges_reference
+    src, tgt, n_e = g.angle_source_short, g.angle_target_short, 2 * g.short_bond.shape[0]
     if not update_edges:
-        return sums, a
-    return sums, torch.addcmul(ref.edge_FFN(u_g if ref.smooth_delta_edge else u), ref.edge_res_weight, a)
+        return call(u, q, src, tgt, n_e), a
+    ffn = ref.edge_FFN.layers
+    return call(u, q, src, tgt, n_e, a, ref.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight, ffn[3].bias,
+                ref.smooth_delta_edge)
+
+
+def _atom_attention(att, h, e, g: RankGraph, fused: bool):
+    """The atom-graph attention (``SeparableAttention.forward`` on the directed edges) with the
+    atoms' update for owned atoms only: a ghost's is never read (its owner's replaces it)."""
+    tgt, src, d2u, n_local = g.edge_target, g.edge_source, g.edge_bond, g.n_local
+    m = call_phi(att.edge_nonlinear_update, [(e, d2u), (h, tgt), (h, src)], False, fused)
+    logits = e @ att._logit_weight().T  # per bond, read per directed edge
+    if fused:
+        t_agg, s_agg = attention_pair(logits, None, d2u, m, tgt, src, h.shape[0])
+    else:
+        t_agg, s_agg = attention_pair_reference(logits, None, d2u, m, tgt, src, h.shape[0])
+    e_new = torch.addcmul(pool_directed(m), att.edge_res_weight, e)
+    own = att._node_update(h[:n_local], t_agg[:n_local], s_agg[:n_local], fused)
+    return torch.cat([own, h[n_local:]]), e_new
+
+
+def _atom_refine(ref, h, e, rbf_pair, g: RankGraph, update_edges: bool, fused: bool):
+    """The atom-graph Refine (``Refine.forward`` on the directed edges) with the atoms' update for
+    owned atoms only."""
+    tgt, src, d2u, n_local = g.edge_target, g.edge_source, g.edge_bond, g.n_local
+    u = call_phi(ref.edge_nonlinear_update, [(e, d2u), (h, tgt), (h, src)], False, fused)
+    u_g = u * ref.learnable_envelope(rbf_pair).index_select(0, d2u)
+    own = torch.addcmul(ref.node_FFN(scatter_sum(u_g, tgt, h.shape[0])[:n_local]), ref.node_res_weight, h[:n_local])
+    h_new = torch.cat([own, h[n_local:]])
+    if not update_edges:
+        return h_new, e
+    delta = ref.edge_FFN(u_g if ref.smooth_delta_edge else u)
+    return h_new, torch.addcmul(pool_directed(delta), ref.edge_res_weight, e)
 
 
 @dataclass
@@ -260,7 +315,14 @@ def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] |
     Collective: every rank calls it with its own graph. ``skip`` = (block, step of
     :data:`EXCHANGES`): leave out that one exchange, to show that it is needed."""
     dtype, dev = model.dtype, model.device
+    fused = model.kernels_for(dev) in ("fused", "triton")  # the fused operators (no weight gradient here)
+    with model._frozen_weights():
+        return _evaluate(model, graphs, comm, skip, dtype, dev, fused)
+
+
+def _evaluate(model, graphs, comm, skip, dtype, dev, fused) -> list[RankResult]:
     ranks = range(len(graphs))
+    basis = model.kernels_for(dev)  # the bases' operators, or "torch": their references
     n_local = [g.n_local for g in graphs]
     v = [(g.domain.positions.to(dev, dtype)[g.bond_target] - g.domain.positions.to(dev, dtype)[g.bond_source])
          .detach().requires_grad_(True) for g in graphs]
@@ -271,42 +333,43 @@ def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] |
             r = torch.linalg.vector_norm(vr, dim=-1)
             unit = torch.cat([vr / r.unsqueeze(-1), -vr / r.unsqueeze(-1)])
             h.append(model.atom_embedding(g.domain.atomic_numbers.to(dev)))
-            er, rp, r3 = model.edge_embedding(r, "torch")
+            er, rp, r3 = model.edge_embedding(r, basis)
             e.append(er), rbf_pair.append(rp), rbf_3b.append(r3)
             u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
-            from ..model.model import ANGLE_SHRINK  # the model imports the graph modules this one does
-
             theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
             rho = torch.linalg.vector_norm(u_s, dim=-1) / model.config.pairwise_cutoff
-            a.append(model.three_body_embedding(theta, rho, "torch"))
+            a.append(model.three_body_embedding(theta, rho, basis))
         last = len(model.interaction_block) - 1
         for k, block in enumerate(model.interaction_block):
             skipped = {s: skip == (k, s) for s in EXCHANGES}
             if has_angles:
                 att = block.attn_block_line_graph
-                parts = [_line_attention_sums(att, e[r], a[r], graphs[r]) for r in ranks]
+                parts = [_line_attention_sums(att, e[r], a[r], graphs[r], fused) for r in ranks]
                 a = [p[1] for p in parts]
                 sums = _exchange_edges(comm, graphs, [p[0] for p in parts], skipped["line_attention"])
                 for r in ranks:
-                    t_agg, s_agg = _softmax_of_two_ends(sums[r], graphs[r].num_bonds)
-                    e[r] = att._node_update(e[r], t_agg, s_agg, False)
+                    g = graphs[r]
+                    t_agg, s_agg = (e[r].new_zeros(e[r].shape).index_copy(0, g.short_bond, x)
+                                    for x in _softmax_of_two_ends(sums[r], g.short_bond.shape[0]))
+                    e[r] = att._node_update(e[r], t_agg, s_agg, fused)
             for r in ranks:
-                g = graphs[r]
-                h[r], e[r] = block.attn_block_atom_graph(h[r], e[r], g.edge_target, g.edge_source, d2u=g.edge_bond)
+                h[r], e[r] = _atom_attention(block.attn_block_atom_graph, h[r], e[r], graphs[r], fused)
             h = refreshed(comm, h, n_local, skipped["atom_attention"])
             if has_angles:
                 ref = block.refine_block_line_graph
-                parts = [_line_refine_sums(ref, h[r], e[r], a[r], rbf_3b[r], graphs[r], k != last) for r in ranks]
+                parts = [_line_refine_sums(ref, h[r], e[r], a[r], rbf_3b[r], graphs[r], k != last, fused)
+                         for r in ranks]
                 a = [p[1] for p in parts]
-                sums = _exchange_edges(comm, graphs, [p[0] for p in parts], skipped["line_refine"])
+                sums = _exchange_edges(comm, graphs, [[p[0]] for p in parts], skipped["line_refine"])
                 for r in ranks:
-                    n_b = graphs[r].num_bonds
-                    total = sums[r][:n_b] + sums[r][n_b:]
+                    g = graphs[r]
+                    n_s = g.short_bond.shape[0]
+                    total = e[r].new_zeros((g.num_bonds, sums[r][0].shape[1])).index_copy(
+                        0, g.short_bond, sums[r][0][:n_s] + sums[r][0][n_s:])
                     e[r] = torch.addcmul(ref.node_FFN(total), ref.node_res_weight, e[r])
             for r in ranks:
-                g = graphs[r]
-                h[r], e[r] = block.refine_block_atom_graph(h[r], e[r], g.edge_target, g.edge_source, rbf_pair[r],
-                                                           d2u=g.edge_bond, update_edges=k != last)
+                h[r], e[r] = _atom_refine(block.refine_block_atom_graph, h[r], e[r], rbf_pair[r], graphs[r], k != last,
+                                          fused)
             if k != last:
                 h = refreshed(comm, h, n_local, skipped["atom_refine"])
         atomic = [model.energy_head(model.readout_norm(h[r][: n_local[r]])) for r in ranks]

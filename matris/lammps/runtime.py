@@ -20,7 +20,10 @@ from .blas import STATUS as BLAS  # noqa: F401
 # isort: split
 
 import ctypes
+import json
 import os
+import resource
+import time
 
 import numpy as np
 import torch
@@ -44,6 +47,19 @@ def rank_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _rss_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return _peak_rss_bytes()
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def atomic_numbers_of(elements: list[str]) -> list[int]:
     """``pair_coeff * * Si O`` → ``[14, 8]``; an unknown symbol raises with the valid ones."""
     out = []
@@ -64,12 +80,13 @@ class LammpsComm:
     """:class:`matris.domain.Comm` for one MPI rank: the pair style's ``forward_comm`` and
     ``reverse_comm`` on rows ``[n_local + n_ghost, width]`` (float64; LAMMPS's ghost order) and an
     ``MPI_Allreduce`` on LAMMPS's communicator, called through the plugin's C functions.
-    ``bytes`` counts the rows this rank received or sent back (ghost rows × width × 8)."""
+    ``bytes`` counts the rows this rank received or sent back (ghost rows × width × 8), ``seconds``
+    the time spent in exchanges (waiting for other ranks included)."""
 
     def __init__(self, pair: int, exchange: int, allreduce: int, n_local: int, n_all: int):
         self.pair, self.n_local, self.n_all = ctypes.c_void_p(pair), n_local, n_all
         self._exchange, self._allreduce = _EXCHANGE(exchange), _ALLREDUCE(allreduce)
-        self.bytes = 0
+        self.bytes, self.seconds = 0, 0.0
 
     def _run(self, reverse: int, rows: np.ndarray) -> None:
         width = rows.shape[1]
@@ -78,21 +95,25 @@ class LammpsComm:
             self.bytes += (self.n_all - self.n_local) * width * 8
 
     def forward(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
+        start = time.perf_counter()
         (x,) = local
-        flat = x.reshape(self.n_local, -1)
+        flat = x.reshape(self.n_local, int(np.prod(x.shape[1:])))
         rows = np.zeros((self.n_all, flat.shape[1]), dtype=np.float64)
         rows[: self.n_local] = flat.detach().to("cpu", torch.float64).numpy()
         self._run(0, rows)
         ghost = torch.from_numpy(rows[self.n_local:]).to(x.device, x.dtype)
+        self.seconds += time.perf_counter() - start
         return [ghost.reshape((self.n_all - self.n_local,) + tuple(x.shape[1:]))]
 
     def reverse(self, ghost: list[torch.Tensor]) -> list[torch.Tensor]:
+        start = time.perf_counter()
         (g,) = ghost
-        flat = g.reshape(self.n_all - self.n_local, -1)
+        flat = g.reshape(self.n_all - self.n_local, int(np.prod(g.shape[1:])))
         rows = np.zeros((self.n_all, flat.shape[1]), dtype=np.float64)
         rows[self.n_local:] = flat.detach().to("cpu", torch.float64).numpy()
         self._run(1, rows)
         own = torch.from_numpy(rows[: self.n_local]).to(g.device, g.dtype)
+        self.seconds += time.perf_counter() - start
         return [own.reshape((self.n_local,) + tuple(g.shape[1:]))]
 
     def total(self, values: list[torch.Tensor], op: str = "sum") -> torch.Tensor:
@@ -138,7 +159,7 @@ class LammpsEvaluator:
         self.threads = threads or max(1, cores // local_size if shared else cores)
         torch.set_num_threads(self.threads)
         self.model = MatRIS.load(model, device=_rank_device(device, local_rank), dtype=dtype).eval()
-        self.exchanged_bytes = 0
+        self.stats = {"calls": 0, "seconds": 0.0, "rss_after_load_bytes": _rss_bytes()}
         self.type_to_z = np.asarray([0] + atomic_numbers_of(elements), dtype=np.int64)  # LAMMPS types start at 1
         beyond = [element_symbol(int(z)) for z in self.type_to_z[1:] if z > self.model.max_atomic_number]
         if beyond:
@@ -219,6 +240,24 @@ class LammpsEvaluator:
         to_np = lambda t: np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float64)  # noqa: E731
         return float(atomic.sum()), to_np(atomic), to_np(forces), to_np(virial)
 
+    def _record(self, comm: LammpsComm, graph, seconds: float) -> None:
+        """This rank's counters (``stats``); with ``MATRIS_LAMMPS_STATS=PREFIX`` also written to
+        ``PREFIX.<rank>.json`` after every call (``benchmarks/lammps.py`` reads them)."""
+        st = self.stats
+        st["calls"] += 1
+        st["seconds"] += seconds
+        st.update(n_local=comm.n_local, n_ghost=comm.n_all - comm.n_local, n_slots=graph.n_slots,
+                  bonds=graph.num_bonds, angles=int(graph.angle_atom.shape[0]), bytes=comm.bytes,
+                  exchange_seconds=comm.seconds, last_seconds=seconds,
+                  peak_rss_bytes=_peak_rss_bytes())
+        prefix = os.environ.get("MATRIS_LAMMPS_STATS")
+        if prefix:
+            rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+            path = f"{prefix}.{rank}.json"
+            with open(path + ".tmp", "w") as fh:
+                json.dump(st, fh)
+            os.replace(path + ".tmp", path)
+
     def compute_domain_raw(self, positions: bytes, types: bytes, tags: bytes, n_local: int, cell: bytes, pair: int,
                            exchange: int, allreduce: int) -> tuple[float, bytes, bytes, bytes]:
         """This rank's share (``mode domain``, :mod:`matris.domain`): float64 positions ``[n, 3]``,
@@ -233,6 +272,7 @@ class LammpsEvaluator:
                 f"atom type {int(t.max())} has no element: pair_coeff * * maps {len(self.type_to_z) - 1} "
                 "type(s); give one element per atom type")
         m = self.model
+        start = time.perf_counter()
         comm = LammpsComm(pair, exchange, allreduce, n_local, len(t))
         domain = Subdomain(positions=torch.from_numpy(x.copy()), atomic_numbers=torch.from_numpy(self.type_to_z[t]),
                            tags=torch.from_numpy(np.frombuffer(tags, dtype=np.int64).copy()), n_local=n_local)
@@ -247,6 +287,6 @@ class LammpsEvaluator:
                 f"out of memory evaluating {n_local} atoms and {len(t) - n_local} ghosts on {m.device} "
                 f"({str(m.dtype).removeprefix('torch.')}): use more ranks, dtype float32, or a device with more "
                 f"memory ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
-        self.exchanged_bytes = comm.bytes
+        self._record(comm, graphs[0], time.perf_counter() - start)
         to_bytes = lambda a: np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float64).tobytes()  # noqa: E731
         return res.energy, to_bytes(res.atomic), to_bytes(res.forces), to_bytes(res.virial)

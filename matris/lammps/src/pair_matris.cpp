@@ -1,7 +1,7 @@
 /* pair_style matris MODEL [device auto|cpu|cuda|cuda:N] [dtype float32|float64] [threads N]
                     [mode domain|gather]
    (defaults: device auto, dtype float32: the same as the ASE calculator and the matris command;
-   mode domain: every rank evaluates its own atoms)
+   mode auto: domain on several ranks, the whole cell on one)
    pair_coeff * * El1 El2 ...      (one element symbol per atom type)
 
    See pair_matris.h for the scheme. Built by `matris lammps build` (matris/lammps/build.py),
@@ -183,8 +183,8 @@ void PairMatris::settings(int narg, char **arg)
   if (narg < 1 || narg % 2 == 0)
     error->all(FLERR,
                "Illegal pair_style matris command: expected 'pair_style matris MODEL [device auto|cpu|cuda] "
-               "[dtype float32|float64] [threads N] [mode domain|gather]', MODEL being a file from 'matris export "
-               "lammps' or a model name");
+               "[dtype float32|float64] [threads N] [mode auto|domain|gather]', MODEL being a file from 'matris "
+               "export lammps' or a model name");
   model_ = arg[0];
   for (int i = 1; i < narg; i += 2) {
     std::string key = arg[i];
@@ -196,10 +196,11 @@ void PairMatris::settings(int narg, char **arg)
       threads_ = utils::inumeric(FLERR, arg[i + 1], false, lmp);
     else if (key == "mode") {
       std::string mode = arg[i + 1];
-      if (mode != "domain" && mode != "gather")
-        error->all(FLERR, "pair_style matris: mode must be domain (every rank evaluates its own atoms, the "
-                          "default) or gather (rank 0 evaluates the whole system), not '" + mode + "'");
-      gather_ = mode == "gather";
+      if (mode != "auto" && mode != "domain" && mode != "gather")
+        error->all(FLERR, "pair_style matris: mode must be auto (the default: domain on several ranks, gather on "
+                          "one), domain (every rank evaluates its own atoms) or gather (rank 0 evaluates the whole "
+                          "system), not '" + mode + "'");
+      mode_ = mode;
     } else
       error->all(FLERR, "Illegal pair_style matris keyword '" + key +
                             "': the keywords are device, dtype, threads and mode");
@@ -231,6 +232,8 @@ void PairMatris::coeff(int narg, char **arg)
 
 void PairMatris::load_model()
 {
+  // auto: on one rank the whole periodic cell (no ghosts to evaluate, no exchanges), else domain
+  gather_ = mode_ == "gather" || (mode_ == "auto" && comm->nprocs == 1);
   // the ranks on this node share its cores and GPUs
   MPI_Comm node;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, comm->me, MPI_INFO_NULL, &node);
@@ -265,8 +268,10 @@ void PairMatris::load_model()
         Py_XDECREF(cut);
         PyObject *line = PyErr_Occurred() ? nullptr : PyObject_CallMethod(made, "describe", nullptr);
         if (line && PyUnicode_Check(line) && comm->me == 0)
-          utils::logmesg(lmp, std::string(PyUnicode_AsUTF8(line)) + (gather_ ? ", mode gather (rank 0 evaluates)\n"
-                                                                             : ", mode domain\n"));
+          utils::logmesg(lmp, std::string(PyUnicode_AsUTF8(line)) +
+                                  (gather_ ? (comm->nprocs == 1 ? ", mode gather (one rank: the whole cell)\n"
+                                                                : ", mode gather (rank 0 evaluates)\n")
+                                           : ", mode domain (every rank its own atoms)\n"));
         Py_XDECREF(line);
         if (PyErr_Occurred()) message = python_error();
       }

@@ -1,6 +1,6 @@
 /* pair_style matris: MatRIS energies, forces and virials for LAMMPS.
 
-   mode domain (the default): every MPI rank evaluates the model for its own atoms, through an
+   mode domain (the default on several ranks): every MPI rank evaluates the model for its own atoms, through an
    embedded Python interpreter (matris.lammps.runtime, matris.domain), with LAMMPS's ghost atoms
    (one bond deep: the default ghost cutoff). Inside every interaction block the ranks exchange
    what the block reads from other ranks (the line-graph sums of bonds that cross ranks, the ghost
@@ -10,7 +10,7 @@
 
    mode gather: the positions and types of all atoms are gathered on MPI rank 0, which evaluates
    the whole periodic system; forces, per-atom energies and per-atom virials are scattered back.
-   For small systems on many ranks of another pair style's run (hybrid/overlay). */
+   The default on one rank (the whole cell, no exchanges); on several, for small systems. */
 #ifndef MATRIS_PAIR_MATRIS_H
 #define MATRIS_PAIR_MATRIS_H
 
@@ -44,7 +44,8 @@ class PairMatris : public Pair {
   std::vector<std::string> type_elements_;
   double cutoff_ = 0.0;
   int threads_ = 0;    // the model's threads per rank; 0: the rank's share of its cores
-  bool gather_ = false;    // mode gather: rank 0 evaluates the whole system
+  std::string mode_ = "auto";    // auto: domain on several ranks, gather on one
+  bool gather_ = false;    // rank 0 evaluates the whole system (mode gather, or auto on one rank)
   void *evaluator_ = nullptr;    // PyObject* of matris.lammps.runtime.LammpsEvaluator (rank 0 only in mode gather)
   double *comm_buf_ = nullptr;    // the exchange in progress: its rows, width and column range
   int comm_width_ = 0, comm_col0_ = 0, comm_cols_ = 0;
