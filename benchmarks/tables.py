@@ -371,20 +371,33 @@ def parity(name: str = "parity") -> str:
 
 
 def lammps(name: str = "lammps_cpu") -> str:
-    """pair_style matris: steps/s per size and rank count, and the NVE drift against the ASE run."""
+    """pair_style matris: the runs of the scaling benchmark (per-rank pair time, working memory and
+    bytes exchanged against the prediction), the ratios to one rank, and the NVE drift."""
     d = load(name)
     lines = []
-    if d.get("speed"):
-        ranks = sorted({r["ranks"] for r in d["speed"]})
-        lines += ["| atoms | " + " | ".join(f"{k} rank{'s' if k > 1 else ''}: steps/s (ns/day)" for k in ranks)
-                  + " | LAMMPS ghosts per local atom |", "|---:|" + "---:|" * (len(ranks) + 1)]
-        for n in sorted({r["atoms"] for r in d["speed"]}):
-            by = {r["ranks"]: r for r in d["speed"] if r["atoms"] == n}
-            cells = [f"{by[k]['steps_per_s']:.3g} ({by[k]['ns_per_day']:.3g})" if k in by else "–" for k in ranks]
-            ghosts = " / ".join(f"{by[k]['ghost_per_local']:.1f}" for k in ranks if k in by)
-            lines.append(f"| {n:,} | " + " | ".join(cells) + f" | {ghosts} |")
-        lines.append(f"\n{d['device']}, {d['dtype']}, {d['cpus']} cores shared by the ranks; rank 0's model uses "
-                     "all of them while the other ranks sleep; 1 fs steps.")
+    sc = d.get("scaling")
+    if sc:
+        mib = 2**20
+        lines += ["| atoms | ranks | mode | pair time (s/step, slowest rank) | atoms / ghosts per rank | "
+                  "working memory per rank (MiB) | exchanged per rank (MiB/step; predicted) |",
+                  "|---:|---:|---|---:|---|---:|---|"]
+        for r in sc["runs"]:
+            ranks = r.get("per_rank", [])
+            who = " · ".join(f"{x['atoms']:,} / {x['ghosts']:,}" for x in ranks) or "whole cell on rank 0"
+            mem = " · ".join(f"{x['working_bytes'] / mib:.0f}" for x in ranks) or "–"
+            ex = " · ".join(f"{x['bytes_per_step'] / mib:.1f} ({x['predicted_bytes_per_step'] / mib:.1f})"
+                            for x in ranks) or "–"
+            lines.append(f"| {r['atoms']:,} | {r['ranks']} | {r['mode']} | {r['pair_s_per_step']['max']:.3f} | "
+                         f"{who} | {mem} | {ex} |")
+        lines += ["", "| scaling | ranks | pair time vs 1 rank (domain) | working memory vs 1 rank | "
+                      "pair time vs 1 rank (whole cell) |", "|---|---:|---:|---:|---:|"]
+        for r in sc["strong"]:
+            lines.append(f"| strong, {r['atoms']:,} atoms | {r['ranks']} | {r['pair_time_vs_1_rank']:.2f} | "
+                         f"{r['working_memory_vs_1_rank']:.2f} | {r['pair_time_vs_gather']:.2f} |")
+        for r in sc["weak"]:
+            lines.append(f"| weak, {r['atoms_per_rank']:,} atoms per rank | {r['ranks']} | efficiency "
+                         f"{r['efficiency']:.2f} | – | – |")
+        lines.append(f"\n{d['device']}, {d['dtype']}, one model thread per rank, {d['cpus']} cores; 1 fs steps.")
     if d.get("nve"):
         v = d["nve"]
         lines += ["",
@@ -394,6 +407,18 @@ def lammps(name: str = "lammps_cpu") -> str:
         if "ase_drift_meV_atom_ps" in v:
             lines.append(f"| ASE velocity Verlet (`benchmarks/nve.py`) | {v['ase_drift_meV_atom_ps']:.2g} | "
                          f"{v['ase_span_meV_atom']:.2g} |")
+    return "\n".join(lines)
+
+
+def lammps_exactness(name: str = "lammps_exactness") -> str:
+    """pair_style matris (mode domain) on 1 to 8 ranks against the ASE calculator, float64."""
+    d = load(name)
+    lines = ["| MPI ranks | energy (relative) | per-atom energies (eV) | forces (eV/Å) | virial (relative) |",
+             "|---|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        who = f"{r['ranks']}" + (f", {r['left_out']} left out" if r.get("left_out") else "")
+        lines.append(f"| {who} | {r['energy_rel']:.1e} | {r['atomic_energy_max']:.1e} | {r['force_max']:.1e} | "
+                     f"{r['virial_rel']:.1e} |")
     return "\n".join(lines)
 
 
@@ -632,6 +657,7 @@ VIEWS = {
 TABLES = {
     "system_size_cpu": system_size,
     "lammps_cpu": lammps,
+    "lammps_exactness": lammps_exactness,
     "parity": parity,
     "cpu_speed": cpu_speed,
     "cpu_speed_epyc_avx2": cpu_speed,
