@@ -89,3 +89,19 @@ def test_float32_agrees_to_float32_rounding():
     out = simulate(model, atoms.positions, atoms.cell.array, atoms.pbc, atoms.numbers, grid=(2, 1, 1))
     assert abs(out["energy"] - e) <= 1e-5 * abs(e)
     assert np.abs(out["forces"] - f).max() <= 1e-4
+
+
+def test_the_graph_moves_to_the_models_device(model):
+    """The graph is built on the host; evaluate moves its indices to the model's device (cuda:<local
+    rank> in LAMMPS), every index tensor of it."""
+    import torch
+
+    from matris.domain import build_graphs, split_system
+
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True)
+    domains, comm = split_system(atoms.positions, atoms.cell.array, atoms.pbc, atoms.numbers, (2, 1, 1), 6.0)
+    graphs = build_graphs(domains, comm, torch.as_tensor(atoms.cell.array), model.cutoff, model.three_body_cutoff)
+    moved = graphs[0].to(torch.device("meta"))
+    tensors = [v for v in vars(moved).values() if isinstance(v, torch.Tensor)]
+    assert len(tensors) >= 12 and all(t.device.type == "meta" for t in tensors)
+    assert moved.n_slots == graphs[0].n_slots and moved.domain is graphs[0].domain

@@ -33,6 +33,7 @@ of ``t`` finds each of its own edges ending there among them once per evaluation
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +100,13 @@ class RankGraph:
     @property
     def n_local(self) -> int:
         return self.domain.n_local
+
+    def to(self, device: torch.device) -> "RankGraph":
+        """The graph's index tensors on ``device`` (where the model runs; the graph is built on the
+        host)."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **moved)
 
     @property
     def num_bonds(self) -> int:
@@ -316,6 +324,7 @@ def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] |
     :data:`EXCHANGES`): leave out that one exchange, to show that it is needed."""
     dtype, dev = model.dtype, model.device
     fused = model.kernels_for(dev) in ("fused", "triton")  # the fused operators (no weight gradient here)
+    graphs = [g if g.bond_target.device == dev else g.to(dev) for g in graphs]
     with model._frozen_weights():
         return _evaluate(model, graphs, comm, skip, dtype, dev, fused)
 
