@@ -94,11 +94,11 @@ run {steps}
 def predicted_bytes(n_ghost: int, n_slots: int, d_n: int, d_t: int, blocks: int) -> int:
     """Bytes one rank's exchanges move in one evaluation (:mod:`matris.domain`), per ghost atom
     row: the owners' positions (3 doubles) and bond names (4 per slot) once; per block, forward
-    and in the force pass back: the line-graph attention's sums (6·d_t per slot), the ghosts'
-    atom features (d_n), the line-graph Refine's sums (d_t per slot) and the atom features again
-    (d_n; not after the last block)."""
+    and in the force pass back: the line-graph attention's aggregates and log-sum-exps (4·d_t per
+    slot), the ghosts' atom features (d_n), the line-graph Refine's sums (d_t per slot) and the atom
+    features again (d_n; not after the last block)."""
     s = max(n_slots, 1)
-    per_row = 3 + 4 * s + 2 * (blocks * (7 * d_t * s + 2 * d_n) - d_n)
+    per_row = 3 + 4 * s + 2 * (blocks * (5 * d_t * s + 2 * d_n) - d_n)
     return 8 * n_ghost * per_row
 
 

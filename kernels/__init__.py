@@ -7,6 +7,7 @@ truth); GPU kernels written in Triton live beside their reference and are select
 from .aggregate import (
     Segments,
     attention_pair,
+    attention_pair_lse,
     attention_pair_reference,
     softmax_aggregate,
     softmax_aggregate_reference,
@@ -26,6 +27,7 @@ __all__ = [
     "softmax_aggregate",
     "softmax_aggregate_reference",
     "attention_pair",
+    "attention_pair_lse",
     "attention_pair_reference",
     "gated_phi",
     "gated_phi_reference",

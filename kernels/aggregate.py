@@ -34,7 +34,7 @@ from .backend import (
     triton_available,
     use_triton,
 )
-from .segment import scatter_sum, segment_softmax
+from .segment import scatter_sum, segment_max, segment_softmax
 
 
 @dataclass
@@ -291,6 +291,35 @@ def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, ro
     return pair if res_weight is None else (*pair, torch.addcmul(messages, res_weight, rows))
 
 
+def segment_logsumexp(logits: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """``log Σ_{index[k] = n} exp(logits[k])`` per channel → ``[num_segments, C]`` (0 for a segment
+    without rows, as the fused kernels give)."""
+    top = segment_max(logits, index, num_segments)
+    total = scatter_sum(torch.exp(logits - top.index_select(0, index)), index, num_segments)
+    return torch.where(total > 0, top + torch.log(torch.where(total > 0, total, torch.ones_like(total))),
+                       torch.zeros_like(total))
+
+
+def attention_pair_lse(rows, weight, row_index, messages, target, source, num_segments: int,
+                       res_weight: torch.Tensor | None = None, fused: bool = True) -> tuple[torch.Tensor, ...]:
+    """:func:`attention_pair` that also returns each segment's log-sum-exp of the logits,
+    differentiable: ``(T, S, y' or None, lse_t, lse_s)`` (lse ``[n, C]``, 0 for an empty segment).
+    Two partial softmaxes of one segment (split across MPI ranks, :mod:`matris.domain`) combine
+    exactly as ``Σ_k T_k·exp(lse_k − L)``, ``L = log Σ_k exp(lse_k)``. ``fused``: the operator
+    (its backward folds ∂L/∂lse in: ``∂L/∂α += p·∂L/∂lse``); False, or where it cannot run: the
+    reference."""
+    if fused and messages.shape[0] and operators_run(messages, target, source, row_index, rows, weight, res_weight):
+        out_t, out_s, y_new, _, lse_s, lse_t = torch.ops.matris.attention_pair(
+            rows, weight, row_index, messages, target, source, num_segments, res_weight, [])
+        return out_t, out_s, (y_new if res_weight is not None else None), lse_t, lse_s
+    ref = attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
+    alpha = rows @ weight.T if row_index is None else rows.index_select(0, row_index)
+    c = messages.shape[1]
+    lse_t = segment_logsumexp(alpha[:, c:], target, num_segments)
+    lse_s = segment_logsumexp(alpha[:, :c], source, num_segments)
+    return ref[0], ref[1], (ref[2] if res_weight is not None else None), lse_t, lse_s
+
+
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
                    res_weight: torch.Tensor | None = None,
                    segments: "tuple[Segments, Segments] | None" = None) -> tuple[torch.Tensor, ...]:
@@ -363,25 +392,43 @@ def _attention_setup(ctx, inputs, output):
         res_weight is not None and res_weight.requires_grad)
 
 
-def _attention_backward(ctx, g_t, g_s, g_y, *_unused):
+def _attention_backward(ctx, g_t, g_s, g_y, _g_alpha=None, g_lse_s=None, g_lse_t=None):
     rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight = ctx.saved_tensors
     g_t = torch.zeros_like(out_t) if g_t is None else g_t
     g_s = torch.zeros_like(out_s) if g_s is None else g_s
     g_y = g_y if ctx.res and g_y is not None else None  # None: y' reaches no output
+    with_lse = g_lse_s is not None or g_lse_t is not None  # attention_pair_lse: the log-sum-exps are used
+    g_lse = [torch.zeros_like(lse_t) if g_lse_t is None else g_lse_t,
+             torch.zeros_like(lse_s) if g_lse_s is None else g_lse_s] if with_lse else []
     if torch.is_grad_enabled() or ctx.want_weights:
         def ref(r, w, msg, *rw):
+            if with_lse:
+                return attention_pair_lse(r, w, row_index, msg, target, source, ctx.n, *rw, fused=False)[3:]
             return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
+
+        def ref_all(r, w, msg, *rw):
+            out = attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
+            return (*out, *ref(r, w, msg, *rw)) if with_lse else out
 
         w = weight if weight is not None else rows.new_zeros(0)
         if ctx.res:
-            g = recompute_backward(ref, (rows, w, m, res_weight),
-                                   (g_t, g_s, g_y if g_y is not None else torch.zeros_like(m)))
+            g = recompute_backward(ref_all, (rows, w, m, res_weight),
+                                   (g_t, g_s, g_y if g_y is not None else torch.zeros_like(m), *g_lse))
             return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, g[3], ctx.no_csr
-        g = recompute_backward(ref, (rows, w, m), (g_t, g_s))
+        g = recompute_backward(ref_all, (rows, w, m), (g_t, g_s, *g_lse))
         return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, ctx.no_csr
     g_rows, g_m = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, weight, row_index, m, target, source,
                                                            alpha, out_s, out_t, lse_s, lse_t, res_weight,
                                                            ctx.want_rows, ctx.want_messages)
+    if with_lse and ctx.want_rows:
+        # ∂lse/∂α = p = exp(α − lse): one more term of ∂L/∂α, to the rows as the kernel's own
+        c = m.shape[1]
+        logits = alpha if row_index is None else rows.index_select(0, row_index)
+        p_s = torch.exp(logits[:, :c] - lse_s.index_select(0, source))
+        p_t = torch.exp(logits[:, c:] - lse_t.index_select(0, target))
+        g_alpha = torch.cat([p_s * g_lse[1].index_select(0, source), p_t * g_lse[0].index_select(0, target)], dim=1)
+        g_rows = g_rows + (g_alpha @ weight if row_index is None else
+                           rows.new_zeros(rows.shape).index_add_(0, row_index, g_alpha))
     return (g_rows if ctx.want_rows else None, None, None, g_m if ctx.want_messages else None, None, None, None, None,
             ctx.no_csr)
 

@@ -100,6 +100,26 @@ def test_attention_pair_operator_passes_opcheck(dtype, form, e):
     torch.library.opcheck(torch.ops.matris.attention_pair.default, _attention_sample(dtype, e, form))
 
 
+@pytest.mark.parametrize("form", ["line", "residual", "atom"])
+def test_attention_pair_lse_gradients_equal_the_reference_in_float64(form):
+    """attention_pair_lse (the operator, its backward folding ∂L/∂lse in) against its reference:
+    every output, and the input gradients for a loss on all of them, empty segments included."""
+    from matris.kernels import attention_pair_lse
+
+    rows, weight, row_index, m, target, source, n, res, _ = _attention_sample(torch.float64, 37, form)
+    g = torch.Generator().manual_seed(5)
+    results = []
+    for fused in (True, False):
+        xs = [rows.detach().clone().requires_grad_(True), m.detach().clone().requires_grad_(True)]
+        out = [o for o in attention_pair_lse(xs[0], weight, row_index, xs[1], target, source, n, res, fused=fused)
+               if o is not None]
+        g.manual_seed(5)
+        loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in out)
+        results.append([o.detach() for o in out] + list(torch.autograd.grad(loss, xs)))
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12), (a - b).abs().max()
+
+
 def _refine_sample(dtype, e, edges, smooth, seed=2, b=5, n=6, c=6):
     g = torch.Generator().manual_seed(seed)
 

@@ -8,12 +8,13 @@ that LAMMPS gives any pair style): the model is never evaluated on a ghost regio
 instead, four times per block (:func:`evaluate`):
 
 1. line-graph attention: each bond's softmax runs over the angles at *both* its ends, which may be
-   owned by two ranks. Each rank sums over its own angles, per directed edge (the end at which the
-   angle sits): ``N = Σ exp(α − s)·m``, ``D = Σ exp(α − s)`` and the shift ``s`` (the largest
-   logit), per channel. The owner of each atom sends these sums of the bonds ending at it to the
-   atom's ghost copies (forward exchange, ``6·d_t`` floats per short bond of the atom), and every
-   rank combines the two ends of its bonds: ``t_agg = (N₁e^{s₁−s} + N₂e^{s₂−s}) / (D₁e^{s₁−s} + D₂e^{s₂−s})``,
-   ``s = max(s₁, s₂)``: the same softmax, in another summation order;
+   owned by two ranks. Each rank takes the softmax over its own angles, per directed edge (the end
+   at which the angle sits): the aggregate ``T`` and the log-sum-exp of the logits ``lse``, per
+   channel, differentiable (:func:`matris.kernels.attention_pair_lse`). The owner of each atom
+   sends these of the bonds ending at it to the atom's ghost copies (forward exchange, ``4·d_t``
+   floats per short bond of the atom), and every rank combines the two ends of its bonds:
+   ``t_agg = Σ_end T·exp(lse − L)``, ``L = log Σ_end exp(lse)``: the same softmax, in another
+   summation order;
 2. atom-graph attention, computed locally; then the ghost atoms' features are refreshed from their
    owners (``d_n`` floats per atom);
 3. line-graph Refine: as 1, with the plain sums ``R`` (``d_t`` floats per short bond);
@@ -42,7 +43,14 @@ import torch
 from ..graph.batch import line_graph
 from ..graph.neighbors import half_neighbor_list
 from ..graph.system import AtomicSystem
-from ..kernels import attention_pair, attention_pair_reference, refine_edges, refine_edges_reference, scatter_sum
+from ..kernels import (
+    attention_pair,
+    attention_pair_lse,
+    attention_pair_reference,
+    refine_edges,
+    refine_edges_reference,
+    scatter_sum,
+)
 from ..model.attention import pool_directed
 from ..model.layers import call_phi
 from ..model.model import ANGLE_SHRINK
@@ -226,37 +234,38 @@ def _exchange_edges(comm: Comm, graphs: list[RankGraph], values: list[list[torch
 
 
 def _line_attention_sums(att, e, a, g: RankGraph, fused: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The per-angle work of a line-graph attention on this rank's angles: N_t, D_t, s_t, N_s, D_s,
-    s_s ``[2B, d]`` per directed edge (the end at which the angles sit; ``s``, the largest logit,
-    is −inf at an end without angles) and the angles' update. ``fused``: Φ as the fused operator."""
+    """The per-angle work of a line-graph attention on this rank's angles, per short directed edge
+    (the end at which the angles sit): the softmax aggregates and log-sum-exps of the logits,
+    ``T_t, lse_t, T_s, lse_s`` ``[2S, d]`` (lse −inf at an end without angles), and the angles'
+    update; by the operator :func:`matris.kernels.attention_pair_lse` (its reference unless
+    ``fused``), with Φ fused where ``fused``."""
     n_e = 2 * g.short_bond.shape[0]
     tgt_bond, src_bond = g.angle_target_edge % g.num_bonds, g.angle_source_edge % g.num_bonds
     m = att.edge_nonlinear_update.forward_terms([(a, None), (e, tgt_bond), (e, src_bond)], fused)
-    alpha_s, alpha_t = (a @ att._logit_weight().T).split(a.shape[-1], dim=-1)
+    tgt, src = g.angle_target_short, g.angle_source_short
+    t_agg, s_agg, a_new, lse_t, lse_s = attention_pair_lse(a, att._logit_weight(), None, m, tgt, src, n_e,
+                                                           res_weight=att.edge_res_weight, fused=fused)
     out = []
-    for alpha, index in ((alpha_t, g.angle_target_short), (alpha_s, g.angle_source_short)):
-        # the shift: a constant that cancels in N/D (no graph)
-        shift = alpha.new_full((n_e, alpha.shape[1]), float("-inf")).scatter_reduce(
-            0, index.unsqueeze(1).expand_as(alpha), alpha.detach(), "amax", include_self=True)
-        w = torch.exp(alpha - shift.index_select(0, index))
-        out += [scatter_sum(w * m, index, n_e), scatter_sum(w, index, n_e), shift]
-    return out, torch.addcmul(m, att.edge_res_weight, a)
+    for agg, lse, index in ((t_agg, lse_t, tgt), (s_agg, lse_s, src)):
+        empty = (torch.zeros(n_e, dtype=torch.int64, device=index.device).index_add_(
+            0, index, torch.ones_like(index)) == 0).unsqueeze(1)
+        out += [agg, torch.where(empty, torch.full_like(lse, float("-inf")), lse)]
+    return out, a_new
 
 
 def _softmax_of_two_ends(sums: list[torch.Tensor], n_b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """N_t, D_t, s_t, N_s, D_s, s_s ``[2S, d]`` per short directed edge → ``(t_agg, s_agg)``
-    ``[S, d]``: each short bond's softmax aggregate over the angles at both its ends (0 for a bond
-    without angles)."""
+    """``T_t, lse_t, T_s, lse_s`` ``[2S, d]`` per short directed edge → ``(t_agg, s_agg)`` ``[S, d]``:
+    each short bond's softmax aggregate over the angles at both its ends,
+    ``Σ_end T·exp(lse − L)`` with ``L = log Σ_end exp(lse)`` (0 for a bond without angles)."""
     out = []
-    for num, den, shift in (sums[:3], sums[3:]):
-        d = shift.shape[1]
-        shift = shift.view(2, n_b, d)
-        top = torch.maximum(shift[0], shift[1])
+    for agg, lse in (sums[:2], sums[2:]):
+        d = lse.shape[1]
+        lse = lse.view(2, n_b, d)
+        top = torch.maximum(lse[0], lse[1]).detach()  # a constant that cancels
         top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # no angle at either end
-        factor = torch.exp(shift - top)  # 0 at an end without angles (s = −inf)
-        n_tot = (num.view(2, n_b, d) * factor).sum(0)
-        d_tot = (den.view(2, n_b, d) * factor).sum(0)
-        out.append(n_tot / torch.where(d_tot > 0, d_tot, torch.ones_like(d_tot)))
+        weight = torch.exp(lse - top)  # 0 at an end without angles (lse = −inf)
+        total = weight.sum(0)
+        out.append((agg.view(2, n_b, d) * weight).sum(0) / torch.where(total > 0, total, torch.ones_like(total)))
     return out[0], out[1]
 
 
