@@ -38,20 +38,15 @@ SKIP_HOOK = ("from matris.lammps import runtime\n"
 def lammps(model: Path, atoms, ranks: int, workdir: Path, env: dict) -> dict:
     from ase.io import read, write
 
+    from benchmarks.lammps import run_lmp
+
     write(workdir / "s.data", atoms, format="lammps-data", specorder=["Na", "Cl"], masses=True)
     script = "\n".join(["units metal", "atom_style atomic", "boundary p p p", "read_data s.data",
                         f"pair_style matris {model} device cpu dtype float64 mode domain", "pair_coeff * * Na Cl",
                         "compute pe_atom all pe/atom", "thermo_style custom step pe pxx pyy pzz pxy pxz pyz vol",
                         "thermo_modify format float %24.17g", "dump d all custom 1 out.dump id fx fy fz c_pe_atom",
                         "dump_modify d format float %24.17g sort id", "run 0"]) + "\n"
-    (workdir / "in.lmp").write_text(script)
-    cmd = [str(BIN / "lmp"), "-in", "in.lmp", "-log", "log.lammps"]
-    if ranks > 1:
-        cmd = [str(BIN / "mpirun"), "-np", str(ranks)] + cmd
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError((proc.stdout + proc.stderr)[-2000:])
-    log = (workdir / "log.lammps").read_text().splitlines()
+    log = run_lmp(script, ranks, workdir, env).splitlines()
     row = log[next(i for i, ln in enumerate(log) if ln.split()[:2] == ["Step", "PotEng"]) + 1].split()
     dump = np.loadtxt(workdir / "out.dump", skiprows=9).reshape(len(atoms), -1)
     framed = read(workdir / "s.data", format="lammps-data", atom_style="atomic", Z_of_type={1: 11, 2: 17})
