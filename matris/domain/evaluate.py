@@ -150,13 +150,13 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
         length = torch.from_numpy(length[keep]).to(dev)
         c, t_edge, s_edge = line_graph(bt, bs, length, three_body_cutoff, x.shape[0])
         own = c < d.n_local
-        pieces.append((bt, bs, length, c[own], t_edge[own], s_edge[own]))
+        short = torch.nonzero(length <= three_body_cutoff).squeeze(1)  # the bonds that can have angles
+        pieces.append((bt, bs, short, c[own], t_edge[own], s_edge[own]))
     images = image_indices(comm, [d.positions for d in domains], [d.n_local for d in domains], cell)
 
     # the short directed edges and their names (tag_s, n_s − n_t), sorted per target atom
     named = []
-    for d, (bt, bs, length, *_), n in zip(domains, pieces, images):
-        short = torch.nonzero(length <= three_body_cutoff).squeeze(1)
+    for d, (bt, bs, short, *_), n in zip(domains, pieces, images):
         edges = torch.arange(2 * short.shape[0], device=short.device)  # the short directed edges' numbers
         tgt = torch.cat([bt[short], bs[short]])
         src = torch.cat([bs[short], bt[short]])
@@ -178,8 +178,8 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
     received = comm.forward(payload)
 
     graphs = []
-    for d, (bt, bs, length, c, t_edge, s_edge), (edges, tgt, key, slot), names in zip(domains, pieces, named,
-                                                                                        received):
+    for d, (bt, bs, short, c, t_edge, s_edge), (edges, tgt, key, slot), names in zip(domains, pieces, named,
+                                                                                       received):
         own = tgt < d.n_local
         ghost = ~own
         g_index = tgt[ghost] - d.n_local
@@ -192,7 +192,6 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
                 f"domain decomposition: the owner of atom tag {int(d.tags[tgt[ghost][k]])} has no bond to tag "
                 f"{int(key[ghost][k, 0])} (image {key[ghost][k, 1:].tolist()}): its ghost atoms must reach at least "
                 f"one bond (ghost cutoff >= the model's cutoff)")
-        short = torch.nonzero(length <= three_body_cutoff).squeeze(1)
         n_b, n_s = bt.shape[0], short.shape[0]
         number = torch.full((2 * n_b,), -1, dtype=torch.int64, device=bt.device)
         number[torch.cat([short, short + n_b])] = torch.arange(2 * n_s, device=bt.device)
@@ -396,14 +395,24 @@ def _evaluate(model, graphs, comm, skip, dtype, dev, fused) -> list[RankResult]:
     results = []
     for g, vr, dvr, at, ref in zip(graphs, v, dv, atomic, reference):
         dvr = torch.zeros_like(vr) if dvr is None else dvr
-        n = g.domain.positions.shape[0]
-        forces = vr.new_zeros((n, 3)).index_add_(0, g.bond_target, -dvr).index_add_(0, g.bond_source, dvr)
-        w = -(vr.detach().unsqueeze(2) * dvr.unsqueeze(1))
-        voigt = torch.stack([w[:, 0, 0], w[:, 1, 1], w[:, 2, 2], w[:, 0, 1], w[:, 0, 2], w[:, 1, 2]], dim=1) / 2
-        virial = vr.new_zeros((n, 6)).index_add_(0, g.bond_target, voigt).index_add_(0, g.bond_source, voigt)
+        forces, virial = bond_forces_and_virials(vr, dvr, g.bond_target, g.bond_source, g.domain.positions.shape[0])
         atomic_total = at.detach() + ref
-        results.append(RankResult(float(atomic_total.sum()), atomic_total, forces.detach(), virial.detach()))
+        results.append(RankResult(float(atomic_total.sum()), atomic_total, forces, virial))
     return results
+
+
+def bond_forces_and_virials(v: torch.Tensor, dv: torch.Tensor, target: torch.Tensor, source: torch.Tensor,
+                            n_atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forces ``[N, 3]`` (eV/Å) and per-atom virials ``[N, 6]`` (eV; xx yy zz xy xz yz, as LAMMPS
+    stores them) from the bond vectors ``v = x_target − x_source`` ``[B, 3]`` and the energy's
+    gradient ``dv = ∂E/∂v``: the force on the target is −∂E/∂v, on the source +∂E/∂v; the virial
+    ``W = −Σ_b v_b ⊗ ∂E/∂v_b`` goes half to each of a bond's atoms."""
+    v, dv = v.detach(), dv.detach()
+    forces = v.new_zeros((n_atoms, 3)).index_add_(0, target, -dv).index_add_(0, source, dv)
+    w = -(v.unsqueeze(2) * dv.unsqueeze(1))  # [B, 3, 3]
+    voigt = torch.stack([w[:, 0, 0], w[:, 1, 1], w[:, 2, 2], w[:, 0, 1], w[:, 0, 2], w[:, 1, 2]], dim=1) / 2
+    virial = v.new_zeros((n_atoms, 6)).index_add_(0, target, voigt).index_add_(0, source, voigt)
+    return forces, virial
 
 
 def _atomic_reference(model, graphs: list[RankGraph], comm: Comm) -> list[torch.Tensor]:

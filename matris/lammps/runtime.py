@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..domain import Subdomain, build_graphs, evaluate
+from ..domain.evaluate import bond_forces_and_virials
 from ..errors import MatRISInputError, is_out_of_memory
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.system import MAX_Z, element_symbol
@@ -88,33 +89,27 @@ class LammpsComm:
         self._exchange, self._allreduce = _EXCHANGE(exchange), _ALLREDUCE(allreduce)
         self.bytes, self.seconds = 0, 0.0
 
-    def _run(self, reverse: int, rows: np.ndarray) -> None:
-        width = rows.shape[1]
+    def _exchange_rows(self, x: torch.Tensor, reverse: int) -> torch.Tensor:
+        """``x``: the owned rows (forward) or the ghost rows (reverse), ``[k, *shape]`` → the other
+        side's rows after the exchange, on ``x``'s device and dtype."""
+        start = time.perf_counter()
+        owned, ghosts = slice(None, self.n_local), slice(self.n_local, None)
+        source, target = (ghosts, owned) if reverse else (owned, ghosts)
+        width = int(np.prod(x.shape[1:]))
+        rows = np.zeros((self.n_all, width), dtype=np.float64)
+        rows[source] = x.detach().reshape(x.shape[0], width).to("cpu", torch.float64).numpy()
         if width:
             self._exchange(self.pair, reverse, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), width)
             self.bytes += (self.n_all - self.n_local) * width * 8
+        out = torch.from_numpy(rows[target]).to(x.device, x.dtype)
+        self.seconds += time.perf_counter() - start
+        return out.reshape((out.shape[0],) + tuple(x.shape[1:]))
 
     def forward(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
-        start = time.perf_counter()
-        (x,) = local
-        flat = x.reshape(self.n_local, int(np.prod(x.shape[1:])))
-        rows = np.zeros((self.n_all, flat.shape[1]), dtype=np.float64)
-        rows[: self.n_local] = flat.detach().to("cpu", torch.float64).numpy()
-        self._run(0, rows)
-        ghost = torch.from_numpy(rows[self.n_local:]).to(x.device, x.dtype)
-        self.seconds += time.perf_counter() - start
-        return [ghost.reshape((self.n_all - self.n_local,) + tuple(x.shape[1:]))]
+        return [self._exchange_rows(local[0], 0)]
 
     def reverse(self, ghost: list[torch.Tensor]) -> list[torch.Tensor]:
-        start = time.perf_counter()
-        (g,) = ghost
-        flat = g.reshape(self.n_all - self.n_local, int(np.prod(g.shape[1:])))
-        rows = np.zeros((self.n_all, flat.shape[1]), dtype=np.float64)
-        rows[self.n_local:] = flat.detach().to("cpu", torch.float64).numpy()
-        self._run(1, rows)
-        own = torch.from_numpy(rows[: self.n_local]).to(g.device, g.dtype)
-        self.seconds += time.perf_counter() - start
-        return [own.reshape((self.n_local,) + tuple(g.shape[1:]))]
+        return [self._exchange_rows(ghost[0], 1)]
 
     def total(self, values: list[torch.Tensor], op: str = "sum") -> torch.Tensor:
         (v,) = values
@@ -169,6 +164,26 @@ class LammpsEvaluator:
         for p in self.model.parameters():
             p.requires_grad_(False)
 
+    def atomic_numbers(self, types: np.ndarray) -> np.ndarray:
+        """LAMMPS types (1-based) → atomic numbers ``[N]``; a type without an element raises."""
+        types = np.asarray(types, dtype=np.int64)
+        if types.size and (types.min() < 1 or types.max() >= len(self.type_to_z)):
+            raise MatRISInputError(
+                f"atom type {int(types.max())} has no element: pair_coeff * * maps {len(self.type_to_z) - 1} "
+                "type(s); give one element per atom type")
+        return self.type_to_z[types]
+
+    def _raise_if_out_of_memory(self, exc: BaseException, what: str, advice: str) -> None:
+        """An allocation failure becomes a MemoryError naming what was evaluated and what to do
+        (LAMMPS then stops: no step runs on old forces); other errors are left to the caller."""
+        if not is_out_of_memory(exc):
+            return
+        m = self.model
+        raise MemoryError(
+            f"out of memory evaluating {what} on {m.device} ({str(m.dtype).removeprefix('torch.')}): {advice}, "
+            f"dtype float32, or a device with more memory "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+
     @property
     def cutoff(self) -> float:
         return float(self.model.cutoff)
@@ -193,13 +208,8 @@ class LammpsEvaluator:
                 np.frombuffer(positions, dtype=np.float64).reshape(-1, 3), np.frombuffer(types, dtype=np.int32),
                 np.frombuffer(cell, dtype=np.float64).reshape(3, 3), np.array([px, py, pz], dtype=bool))
         except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            if not is_out_of_memory(exc):
-                raise
-            m = self.model
-            raise MemoryError(
-                f"out of memory evaluating {n} atoms on {m.device} ({str(m.dtype).removeprefix('torch.')}): rank 0 "
-                f"evaluates the whole system; use fewer atoms, dtype float32, or a device with more memory "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+            self._raise_if_out_of_memory(exc, f"{n} atoms", "rank 0 evaluates the whole system; use fewer atoms")
+            raise
         return e, atomic.tobytes(), forces.tobytes(), virial.tobytes()
 
     def compute(self, positions: np.ndarray, types: np.ndarray, cell: np.ndarray, pbc: np.ndarray
@@ -210,12 +220,7 @@ class LammpsEvaluator:
         positions: ``[N, 3]`` Å; types: ``[N]`` LAMMPS types (1-based); cell: ``[3, 3]`` rows
         are the box vectors a, b, c (Å); pbc: ``[3]``, periodic directions.
         """
-        types = np.asarray(types, dtype=np.int64)
-        if types.size and (types.min() < 1 or types.max() >= len(self.type_to_z)):
-            raise MatRISInputError(
-                f"atom type {int(types.max())} has no element: pair_coeff * * maps {len(self.type_to_z) - 1} "
-                "type(s); give one element per atom type")
-        system = AtomicSystem(positions=positions, cell=cell, pbc=pbc, atomic_numbers=self.type_to_z[types],
+        system = AtomicSystem(positions=positions, cell=cell, pbc=pbc, atomic_numbers=self.atomic_numbers(types),
                               name="LAMMPS system")
         m = self.model
         g = GraphBatch.from_systems([system], m.cutoff, m.three_body_cutoff, dtype=m.dtype, device=m.device)
@@ -227,16 +232,7 @@ class LammpsEvaluator:
             e_model, _, _, atomic = m._energy(g, g.positions, None, level, kernels, bond_vectors=v)
             (dv,) = torch.autograd.grad(e_model.sum(), [v])
         atomic = (atomic + m._atomic_reference(g, m._reference_term(g, e_model))).detach()
-        # v = x_t − x_s: the force on t is −∂E/∂v, on s +∂E/∂v
-        forces = torch.zeros_like(g.positions)
-        forces.index_add_(0, g.bond_target, -dv)
-        forces.index_add_(0, g.bond_source, dv)
-        # W = Σ r ⊗ f = −Σ_b v_b ⊗ ∂E/∂v_b; each bond's share goes half to each of its atoms
-        w = -(v.detach().unsqueeze(2) * dv.unsqueeze(1))  # [B, 3, 3]
-        voigt = torch.stack([w[:, 0, 0], w[:, 1, 1], w[:, 2, 2], w[:, 0, 1], w[:, 0, 2], w[:, 1, 2]], dim=1)
-        virial = torch.zeros(g.num_atoms, 6, dtype=voigt.dtype, device=voigt.device)
-        virial.index_add_(0, g.bond_target, voigt / 2)
-        virial.index_add_(0, g.bond_source, voigt / 2)
+        forces, virial = bond_forces_and_virials(v, dv, g.bond_target, g.bond_source, g.num_atoms)
         to_np = lambda t: np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float64)  # noqa: E731
         return float(atomic.sum()), to_np(atomic), to_np(forces), to_np(virial)
 
@@ -266,27 +262,19 @@ class LammpsEvaluator:
         of its atoms, their per-atom energies ``[n_local]``, and forces ``[n, 3]`` and per-atom
         virials ``[n, 6]`` on all its atoms (ghosts included: LAMMPS sends those to their owners)."""
         x = np.frombuffer(positions, dtype=np.float64).reshape(-1, 3)
-        t = np.frombuffer(types, dtype=np.int32).astype(np.int64)
-        if t.size and (t.min() < 1 or t.max() >= len(self.type_to_z)):
-            raise MatRISInputError(
-                f"atom type {int(t.max())} has no element: pair_coeff * * maps {len(self.type_to_z) - 1} "
-                "type(s); give one element per atom type")
+        z = self.atomic_numbers(np.frombuffer(types, dtype=np.int32))
         m = self.model
         start = time.perf_counter()
-        comm = LammpsComm(pair, exchange, allreduce, n_local, len(t))
-        domain = Subdomain(positions=torch.from_numpy(x.copy()), atomic_numbers=torch.from_numpy(self.type_to_z[t]),
+        comm = LammpsComm(pair, exchange, allreduce, n_local, len(z))
+        domain = Subdomain(positions=torch.from_numpy(x.copy()), atomic_numbers=torch.from_numpy(z),
                            tags=torch.from_numpy(np.frombuffer(tags, dtype=np.int64).copy()), n_local=n_local)
         box = torch.from_numpy(np.frombuffer(cell, dtype=np.float64).reshape(3, 3).copy())
         try:
             graphs = build_graphs([domain], comm, box, m.cutoff, m.three_body_cutoff)
             (res,) = evaluate(m, graphs, comm)
         except (MemoryError, RuntimeError) as exc:
-            if not is_out_of_memory(exc):
-                raise
-            raise MemoryError(
-                f"out of memory evaluating {n_local} atoms and {len(t) - n_local} ghosts on {m.device} "
-                f"({str(m.dtype).removeprefix('torch.')}): use more ranks, dtype float32, or a device with more "
-                f"memory ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+            self._raise_if_out_of_memory(exc, f"{n_local} atoms and {len(z) - n_local} ghosts", "use more ranks")
+            raise
         self._record(comm, graphs[0], time.perf_counter() - start)
         to_bytes = lambda a: np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float64).tobytes()  # noqa: E731
         return res.energy, to_bytes(res.atomic), to_bytes(res.forces), to_bytes(res.virial)
