@@ -401,14 +401,11 @@ def _attention_backward(ctx, g_t, g_s, g_y, _g_alpha=None, g_lse_s=None, g_lse_t
     g_lse = [torch.zeros_like(lse_t) if g_lse_t is None else g_lse_t,
              torch.zeros_like(lse_s) if g_lse_s is None else g_lse_s] if with_lse else []
     if torch.is_grad_enabled() or ctx.want_weights:
-        def ref(r, w, msg, *rw):
-            if with_lse:
-                return attention_pair_lse(r, w, row_index, msg, target, source, ctx.n, *rw, fused=False)[3:]
-            return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
-
         def ref_all(r, w, msg, *rw):
-            out = attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
-            return (*out, *ref(r, w, msg, *rw)) if with_lse else out
+            if not with_lse:
+                return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
+            t, s_, y, lt, ls = attention_pair_lse(r, w, row_index, msg, target, source, ctx.n, *rw, fused=False)
+            return (t, s_, *((y,) if ctx.res else ()), lt, ls)
 
         w = weight if weight is not None else rows.new_zeros(0)
         if ctx.res:
