@@ -35,6 +35,7 @@ of ``t`` finds each of its own edges ending there among them once per evaluation
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,17 +121,27 @@ class RankGraph:
     def num_bonds(self) -> int:
         return int(self.bond_target.shape[0])
 
-    @property
+    # read by every block: made once per graph
+    @functools.cached_property
     def edge_target(self) -> torch.Tensor:
         return torch.cat([self.bond_target, self.bond_source])
 
-    @property
+    @functools.cached_property
     def edge_source(self) -> torch.Tensor:
         return torch.cat([self.bond_source, self.bond_target])
 
-    @property
+    @functools.cached_property
     def edge_bond(self) -> torch.Tensor:
         return torch.arange(self.num_bonds, device=self.bond_target.device).repeat(2)
+
+    @functools.cached_property
+    def ends_without_angles(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[2S, 1]`` bool, per short directed edge: no angle has it as target (first) or source
+        (second) edge on this rank."""
+        n_e = 2 * self.short_bond.shape[0]
+        return tuple((torch.zeros(n_e, dtype=torch.int64, device=index.device).index_add_(
+            0, index, torch.ones_like(index)) == 0).unsqueeze(1)
+            for index in (self.angle_target_short, self.angle_source_short))
 
 
 def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutoff: float,
@@ -245,9 +256,7 @@ def _line_attention_sums(att, e, a, g: RankGraph, fused: bool) -> tuple[list[tor
     t_agg, s_agg, a_new, lse_t, lse_s = attention_pair_lse(a, att._logit_weight(), None, m, tgt, src, n_e,
                                                            res_weight=att.edge_res_weight, fused=fused)
     out = []
-    for agg, lse, index in ((t_agg, lse_t, tgt), (s_agg, lse_s, src)):
-        empty = (torch.zeros(n_e, dtype=torch.int64, device=index.device).index_add_(
-            0, index, torch.ones_like(index)) == 0).unsqueeze(1)
+    for agg, lse, empty in zip((t_agg, s_agg), (lse_t, lse_s), g.ends_without_angles):
         out += [agg, torch.where(empty, torch.full_like(lse, float("-inf")), lse)]
     return out, a_new
 
