@@ -2,26 +2,28 @@
 
     python benchmarks/train_memory.py                          # the default cases, JSON to stdout's table
     python benchmarks/train_memory.py --json benchmarks/results/train_memory.json
-    python benchmarks/train_memory.py --cases mgo16 emt16 --modes blocks none
+    python benchmarks/train_memory.py --cases mgo16 emt16 --modes rows blocks none
 
 A step is what ``matris train`` does per batch: energy, forces and stress with ``create_graph``, a
 loss on all three (the magnetic moments' head is off: fine-tuning data rarely has them), the
 backward, an AdamW step. Model: the published MatRIS-10M architecture
 (``MatRISConfig.published_10m()``, random weights), float32. Each (case, mode) runs in a fresh
 process, so its peak is its own: on CPU the peak resident set size (``ru_maxrss``), on CUDA
-``torch.cuda.max_memory_allocated`` (plus the process's RSS). One untimed step, then ``--steps``
-timed ones (median).
+``torch.cuda.max_memory_allocated`` (plus the process's RSS). ``--warmup`` untimed steps (2: the
+second step of a process still pays for first-touch memory on a CPU), then ``--steps`` timed ones
+(median); "× none" is a row's step time over the ``none`` row's of the same batch, measured in the
+same run.
 
 Cases: rocksalt MgO (a = 4.21 Å, rattled 0.05 Å) of 8, 16 and 64 atoms (``mgo8``, ``mgo16``,
 ``mgo64``; 7,936, 15,872 and 63,488 angles), and batches of the fine-tuning example's data
 (``examples/configs/data/emt_finetune.extxyz``: fcc metals of 1 to 8 atoms), its 2 and 16 (the
 example config's ``max_structures``) largest structures (``emt2``, ``emt16``).
 
-Modes (``MatRIS.training_recompute``): ``blocks`` (blocks recomputed in the backward passes,
-the line-graph steps' work per angle and the atom graph's Φ by row chunks inside them, the fused
-CPU operators where no weight gradient is wanted), ``blocks-composed`` (``blocks`` with the
-composed ops everywhere, ``MATRIS_KERNELS=torch``) and ``none`` (every block's graph kept;
-composed ops). A mode whose memory model predicts more than this machine has free is
+Modes (``MatRIS.training_recompute``): ``none`` (every block's graph kept; composed ops),
+``blocks`` (blocks recomputed in the backward passes, the fused CPU operators where no weight
+gradient is wanted), ``rows`` (``blocks``, and inside each block the line-graph steps' work per
+angle and the atom graph's Φ by row chunks where they make more than one) and ``blocks-composed``,
+``rows-composed`` (the same with the composed ops everywhere, ``MATRIS_KERNELS=torch``). A mode whose memory model predicts more than this machine has free is
 skipped, with the prediction recorded. Every row also gives the memory model's prediction
 (``MatRIS.training_fixed_bytes + estimated_training_bytes``) against the measured peak.
 """
@@ -41,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CASES = ("mgo8", "mgo16", "mgo64", "emt2", "emt16")
-MODES = ("blocks", "blocks-composed", "none")
+MODES = ("none", "blocks", "blocks-composed", "rows", "rows-composed")
 
 
 def recompute_mode(mode: str) -> str:
@@ -68,7 +70,7 @@ def structures(case: str):
     raise SystemExit(f"unknown case {case!r}; use one of {CASES}")
 
 
-def worker(case: str, mode: str, steps: int, device: str) -> dict:
+def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2) -> dict:
     """One (case, mode) in this process: the model, the batch, the steps and the peaks."""
     import resource
 
@@ -81,7 +83,7 @@ def worker(case: str, mode: str, steps: int, device: str) -> dict:
     dev = torch.device(device)
     model = MatRIS(MatRISConfig.published_10m()).to(dev).train()
     model.training_recompute = recompute_mode(mode)
-    if mode == "blocks-composed":
+    if mode.endswith("-composed"):
         model.kernel_backend = "torch"
     systems = [to_system(a) for a in structures(case)]
     g = GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff).to(dev)
@@ -100,10 +102,10 @@ def worker(case: str, mode: str, steps: int, device: str) -> dict:
             torch.cuda.synchronize(dev)
 
     times = []
-    for k in range(steps + 1):
+    for k in range(warmup + steps):
         t0 = time.perf_counter()
         step()
-        if k:
+        if k >= warmup:
             times.append(time.perf_counter() - t0)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
@@ -145,7 +147,7 @@ def predicted(case: str, mode: str) -> dict:
 def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     """What the memory model implies for GPUs of these sizes (GB), float32, published 10M, AdamW +
     EMA: the angles of MgO-like cells (the ``mgo64`` case's bonds and atoms per angle) that fit in
-    one batch, with block checkpointing and without."""
+    one batch, in each recompute mode."""
     import torch
 
     from matris import GraphBatch, MatRIS, MatRISConfig
@@ -158,7 +160,7 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     out = []
     for size in sizes:
         row = {"gpu_gb": size}
-        for name in ("blocks", "none"):
+        for name in GPU_MODES:
             per_angle = model.estimated_training_bytes(n_atoms, n_bonds, n_angles, recompute=name) / n_angles
             fixed = model.training_fixed_bytes(recompute=name)
             row[f"{name}_angles"] = max(0, int((size * GB - fixed) / per_angle))
@@ -166,12 +168,15 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     return out
 
 
+GPU_MODES = ("rows", "blocks", "none")
+
+
 def gpu_table(rows: list[dict]) -> str:
-    lines = ["| GPU memory | MgO64 cells per batch, recompute blocks | none (whole graph) |",
-             "|---:|---:|---:|"]
+    lines = ["| GPU memory | MgO64 cells per batch, recompute rows | blocks | none (whole graph) |",
+             "|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['gpu_gb']} GB | " + " | ".join(
-            f"{r[f'{m}_angles'] // 63488} ({r[f'{m}_angles']:,} angles)" for m in ("blocks", "none")) + " |")
+            f"{r[f'{m}_angles'] // 63488} ({r[f'{m}_angles']:,} angles)" for m in GPU_MODES) + " |")
     return "\n".join(lines)
 
 
@@ -191,9 +196,10 @@ def model_prediction(row: dict) -> int:
 
 def table(rows: list[dict], live: bool = False) -> str:
     """The rows' table; ``live``: the memory-model column from the code at hand (else as recorded)."""
-    head = ("| batch | atoms | angles | mode | peak memory (GB) | memory model (GB) | step (s) |\n"
-            "|---|---:|---:|---|---:|---:|---:|")
+    head = ("| batch | atoms | angles | mode | peak memory (GB) | memory model (GB) | step (s) | × none |\n"
+            "|---|---:|---:|---|---:|---:|---:|---:|")
     lines = [head]
+    base = {r["case"]: r["step_seconds"] for r in rows if r["mode"] == "none" and "step_seconds" in r}
     for r in rows:
         if live:
             r = dict(r, predicted_bytes=model_prediction(r))
@@ -201,7 +207,9 @@ def table(rows: list[dict], live: bool = False) -> str:
         lines.append(f"| {r['case']} | {r['atoms']} | {r['angles']:,} | {r['mode']} | "
                      + (f"{peak / GB:.2f}" if peak else f"skipped: {r.get('skipped', '')}")
                      + f" | {r['predicted_bytes'] / GB:.2f} | "
-                     + (f"{r['step_seconds']:.2f}" if "step_seconds" in r else "–") + " |")
+                     + (f"{r['step_seconds']:.2f}" if "step_seconds" in r else "–") + " | "
+                     + (f"{r['step_seconds'] / base[r['case']]:.2f}" if "step_seconds" in r and r["case"] in base
+                        else "–") + " |")
     return "\n".join(lines)
 
 
@@ -209,7 +217,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="*", default=["mgo8", "mgo16", "mgo64", "emt2", "emt16"], choices=CASES)
     p.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
-    p.add_argument("--steps", type=int, default=2, help="timed steps per row (after one untimed)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per row (after the untimed ones)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per row before the timed ones")
     p.add_argument("--device", default="cpu")
     p.add_argument("--headroom", type=float, default=1.0,
                    help="skip a row whose predicted peak exceeds this share of the free memory")
@@ -225,7 +234,7 @@ def main(argv=None) -> int:
         print(table(data["rows"], live=True) + "\n\n" + gpu_table(gpu_sizes()))
         return 0
     if args.worker:
-        print("ROW " + json.dumps(worker(*args.worker, args.steps, args.device)))
+        print("ROW " + json.dumps(worker(*args.worker, args.steps, args.device, args.warmup)))
         return 0
 
     rows = []
@@ -238,10 +247,11 @@ def main(argv=None) -> int:
                 row = dict(pred, skipped=f"predicted {need / GB:.1f} GB, {free / GB:.1f} GB free")
             else:
                 env = dict(os.environ)
-                if mode == "blocks-composed":
+                if mode.endswith("-composed"):
                     env["MATRIS_KERNELS"] = "torch"
                 proc = subprocess.run([sys.executable, __file__, "--worker", case, mode, "--steps", str(args.steps),
-                                       "--device", args.device], capture_output=True, text=True, env=env)
+                                       "--warmup", str(args.warmup), "--device", args.device],
+                                      capture_output=True, text=True, env=env)
                 found = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
                 if proc.returncode != 0 or not found:
                     killed = proc.returncode in (-9, 137)

@@ -61,14 +61,15 @@ def small_chunks(monkeypatch):
 @pytest.mark.parametrize("terms", [("energy", "forces", "stress"), ("forces",), ("energy",)],
                          ids=["efs", "forces", "energy"])
 @pytest.mark.parametrize("norm,basis,dimer", [("layer", "Fourier", False), ("rms", "SH", True)])
-def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, dimer, terms, small_chunks):
+@pytest.mark.parametrize("mode", ["blocks", "rows"])
+def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, dimer, terms, mode, small_chunks):
     model = _model(norm, basis)
     g = _graph(model, dimer=dimer)
     # the split softmax meets bonds without angles (N = D = 0) in every graph
     assert g.angle_target_edge.remainder(g.num_bonds).unique().numel() < g.num_bonds
     model.training_recompute = "none"
     want, out_want = _loss_grads(model, g, terms)
-    model.training_recompute = "blocks"
+    model.training_recompute = mode
     got, out_got = _loss_grads(model, g, terms)
     assert set(got) == set(want)
     for name in want:
@@ -79,12 +80,13 @@ def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, di
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU operators are off")
-def test_checkpointed_training_step_runs_the_fused_operators_where_no_weight_gradient_is_wanted():
+@pytest.mark.parametrize("mode", ["blocks", "rows"])
+def test_checkpointed_training_step_runs_the_fused_operators_where_no_weight_gradient_is_wanted(mode):
     """The block forward and the input gradients of the force computation run the fused CPU
     operators; the second-order recomputation runs the composed ops (weight gradients)."""
     model = _model()
     g = _graph(model)
-    model.training_recompute = "blocks"
+    model.training_recompute = mode
     with OperatorLog() as log:
         _loss_grads(model, g)
     counts = log.counts()
@@ -101,31 +103,33 @@ def test_recompute_by_default_the_least_that_fits_for_a_deep_model():
     shallow, deep = _model(layers=2), _model(layers=4)
     g = _graph(deep)
     assert shallow.training_recompute_mode(graph=g) == "none"
-    assert deep.training_recompute_mode() == "blocks"  # planning, without a graph
+    assert deep.training_recompute_mode() == "rows"  # planning, without a graph: the least memory
     assert deep.training_recompute_mode(create_graph=False) == "none"  # inference keeps its own levels
     sizes = (int(g.n_atoms.sum()), g.num_bonds, g.num_angles)
-    need = {mode: deep.estimated_training_bytes(*sizes, recompute=mode) for mode in ("none", "blocks")}
-    assert need["none"] > need["blocks"]
+    need = {mode: deep.estimated_training_bytes(*sizes, recompute=mode) for mode in ("none", "blocks", "rows")}
+    assert need["none"] > need["blocks"] > need["rows"]
     deep.training_memory_limit = need["none"]  # fits: the whole graph (fastest)
     assert deep.training_recompute_mode(graph=g) == "none"
     deep.training_memory_limit = need["none"] - 1  # does not: recomputed blocks
     assert deep.training_recompute_mode(graph=g) == "blocks"
-    deep.training_memory_limit = need["blocks"] // 2  # nothing fits: the least memory
-    assert deep.training_recompute_mode(graph=g) == "blocks"
+    deep.training_memory_limit = need["blocks"] - 1  # does not: blocks and rows recomputed
+    assert deep.training_recompute_mode(graph=g) == "rows"
+    deep.training_memory_limit = need["rows"] // 2  # nothing fits: the least memory
+    assert deep.training_recompute_mode(graph=g) == "rows"
     deep.training_recompute = "none"
     assert deep.training_recompute_mode(graph=g) == "none"
     deep.training_recompute = "layers"
-    with pytest.raises(MatRISInputError, match="unknown training recompute mode 'layers'.*none, blocks"):
+    with pytest.raises(MatRISInputError, match="unknown training recompute mode 'layers'.*none, blocks, rows"):
         deep.training_recompute_mode(graph=g)
 
 
-def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph():
+def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph(small_chunks):
     """Gradient accumulation: two batches' backward passes add up as without checkpointing."""
     model = _model()
     graphs = [_graph(model, seed=1), _graph(model, seed=2)]
     result = {}
     for ckpt in (False, True):
-        model.training_recompute = "blocks" if ckpt else "none"
+        model.training_recompute = "rows" if ckpt else "none"
         model.zero_grad(set_to_none=True)
         for g in graphs:
             out = model(g, compute_forces=True, compute_stress=False, create_graph=True)
@@ -133,3 +137,27 @@ def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph():
         result[ckpt] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     for name, want in result[False].items():
         assert (result[True][name] - want).abs().max() <= 1e-12 * (want.abs().max() or 1.0), name
+
+
+@pytest.mark.parametrize("chunk,nested", [(10**6, False), (3000, True)])
+def test_rows_are_recomputed_on_their_own_only_where_they_make_several_chunks(monkeypatch, chunk, nested):
+    """Mode "rows" recomputes a block's per-angle work (and the atom graph's Φ) as nodes of their
+    own only where the rows make more than one chunk; "blocks" never does."""
+    model = _model()
+    g = _graph(model)
+    calls = []
+    original = recompute.recomputed
+
+    def counted(module, *args, **kwargs):
+        calls.append(type(module).__name__)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(recompute, "recomputed", counted)
+    monkeypatch.setattr(recompute, "CHUNK_ROWS", chunk)
+    for mode in ("blocks", "rows"):
+        calls.clear()
+        model.training_recompute = mode
+        _loss_grads(model, g)
+        inner = [name for name in calls if name != "InteractionBlock"]
+        assert calls.count("InteractionBlock") == model.config.num_layers
+        assert bool(inner) == (nested and mode == "rows"), (mode, sorted(set(inner)))

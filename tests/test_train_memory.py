@@ -35,9 +35,9 @@ def test_max_memory_is_auto_or_a_size():
 
 
 def test_a_removed_recompute_mode_names_its_replacement():
-    with pytest.raises(MatRISInputError, match="recompute 'steps' was removed in matris-mlip 0.3.*recompute: blocks"):
+    with pytest.raises(MatRISInputError, match="recompute 'steps' was removed in matris-mlip 0.3.*recompute: rows"):
         TrainConfig.from_dict({"data": {"train": ["x.extxyz"]}, "trainer": {"recompute": "steps"}})
-    with pytest.raises(MatRISInputError, match="must be 'none', 'blocks' or null"):
+    with pytest.raises(MatRISInputError, match="must be 'none', 'blocks', 'rows' or null"):
         TrainConfig.from_dict({"data": {"train": ["x.extxyz"]}, "trainer": {"recompute": "layers"}})
 
 
@@ -47,14 +47,14 @@ def test_the_memory_model_adds_up_over_a_batch_and_knows_checkpointing():
     per = model.estimated_training_bytes(atoms, bonds, angles)
     assert model.estimated_training_bytes(atoms.sum(), bonds.sum(), angles.sum()) == per.sum()  # linear
     whole = model.estimated_training_bytes(atoms, bonds, angles, recompute="none")
-    fixed = model.training_fixed_bytes(ema=False)  # planned: blocks, with the one chunk alive at a time
+    fixed = model.training_fixed_bytes(ema=False)  # planned: rows, with the one chunk alive at a time
     assert fixed - model.training_fixed_bytes(ema=False, recompute="none") == 145 * 8192 * 128 * 4
     # ten blocks' graphs against one block's and one chunk of rows, plus what each block keeps
     assert (model.training_fixed_bytes(ema=False, recompute="none") + whole > 5 * (fixed + per)).all()
     assert (model.estimated_training_bytes(atoms, bonds, angles, torch.float64) == 2 * per).all()
     assert model.training_fixed_bytes(torch.float64, recompute="none") == 2 * model.training_fixed_bytes(
         recompute="none") - 512 * 2**20  # the framework's share does not double
-    # the measured peaks the model was fitted to (benchmarks/train_memory.py), recompute blocks:
+    # the measured peaks the model was fitted to (benchmarks/train_memory.py), recompute rows:
     # MgO8 1.52 GB, MgO16 1.71 GB, MgO64 3.26 GB
     assert 1.45 * GB < fixed + per[0] < 1.6 * GB
     assert 1.65 * GB < fixed + per[1] < 1.85 * GB and 3.2 * GB < fixed + per[2] < 3.5 * GB
@@ -79,15 +79,15 @@ def test_a_structure_that_cannot_fit_is_refused_before_training_with_what_it_nee
     sizes = (np.array([8, 64]), np.array([368, 2859]), np.array([7936, 63488]))
     plan = plan_memory(model, config, sizes)
     assert plan.total == 3 * GB and plan.largest() == 1
-    # automatic recompute, planned for the published model: the least memory ("blocks")
-    assert plan.recompute == "blocks"
+    # automatic recompute, planned for the published model: the least memory ("rows")
+    assert plan.recompute == "rows"
     with pytest.raises(MatRISInputError, match=r"largest training structure \(position 1: 64 atoms, 2859 bonds, "
                                                r"63488 angles\) needs about \d\.\d GB.*3\.0 GB allowed "
-                                               r"\(data.max_memory = 3 GB; recompute blocks\); "
+                                               r"\(data.max_memory = 3 GB; recompute rows\); "
                                                r"structures of up to about \d+ angles fit"):
         check_fits(plan, sizes)
     model.training_recompute = "none"  # set: the plan keeps it, and the error names the mode that needs less
-    with pytest.raises(MatRISInputError, match=r"recompute none\).*set trainer.recompute: blocks"):
+    with pytest.raises(MatRISInputError, match=r"recompute none\).*set trainer.recompute: rows"):
         check_fits(plan_memory(model, config, sizes), sizes)
     model.training_recompute = None
     small = plan_memory(model, config, (sizes[0][:1], sizes[1][:1], sizes[2][:1]))

@@ -57,7 +57,9 @@ class SeparableAttention(nn.Module):
         n = x.shape[0]
         directed = d2u is not None
         if isinstance(recompute_phi, RowRecompute) and not directed:
-            return self._line_by_rows(x, y, tgt, src, recompute_phi)
+            if recompute_phi.splits(y.shape[0]):
+                return self._line_by_rows(x, y, tgt, src, recompute_phi)
+            recompute_phi = False  # one chunk: as the rest of the block
         if rewrite:
             m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi, fused)
         else:

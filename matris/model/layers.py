@@ -188,6 +188,11 @@ class RowRecompute:
     chunk: int
     fast: bool
 
+    def splits(self, n_rows: int) -> bool:
+        """Whether ``n_rows`` rows make more than one chunk: a single chunk is computed as the rest of
+        the block (recomputing it as a node of its own would save no memory and cost two passes)."""
+        return n_rows > self.chunk
+
 
 def call_phi(module: nn.Module, terms: list[Term], recompute: "bool | RowRecompute" = False,
              fused: bool = False) -> torch.Tensor:
@@ -195,6 +200,9 @@ def call_phi(module: nn.Module, terms: list[Term], recompute: "bool | RowRecompu
     recomputed in the backward pass (checkpoint, inference); a :class:`RowRecompute`: recomputed by
     row chunks in both backward passes of a training step."""
     if isinstance(recompute, RowRecompute):
+        n_rows = next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
+        if not recompute.splits(n_rows):
+            return module.forward_terms(terms, fused)
         from .recompute import recomputed_phi  # recompute imports the blocks, which import this module
 
         return recomputed_phi(module, terms, recompute.fast, recompute.chunk)

@@ -30,8 +30,9 @@ EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).
 ANGLE_SHRINK = 1 - 1e-6
 # what a training step on forces recomputes in its backward passes (MatRIS.training_recompute):
-# nothing (the whole graph kept) or each block (and, inside it, everything per angle by row chunks)
-RECOMPUTE_MODES = ("none", "blocks")
+# nothing (the whole graph kept), each block, or each block and, inside it, everything per angle by
+# row chunks (least memory)
+RECOMPUTE_MODES = ("none", "blocks", "rows")
 # models this deep or deeper recompute by default where their whole graph would not fit
 RECOMPUTE_MIN_BLOCKS = 4
 # the memory model of a training step (MatRIS.estimated_training_bytes): rows of the block width
@@ -40,8 +41,8 @@ RECOMPUTE_MIN_BLOCKS = 4
 # model fixes only their sum (peak + 10·kept); the split follows the live tensors' count at the peak
 # (kept: a block's inputs and upstream gradients), scaled to RSS (the heap's free blocks between
 # live ones)
-TRAIN_ROWS = {"none": (0, 180), "blocks": (40, 2.5)}
-# recomputing blocks, one chunk of rows (recompute.CHUNK_ROWS) is alive at a time, whatever the
+TRAIN_ROWS = {"none": (0, 180), "blocks": (265, 2.5), "rows": (40, 2.5)}
+# recomputing rows, one chunk of rows (recompute.CHUNK_ROWS) is alive at a time, whatever the
 # batch: this many floats per row and feature of the three-body width (fitted with TRAIN_ROWS;
 # part of MatRIS.training_fixed_bytes)
 TRAIN_CHUNK_FLOATS = 145
@@ -191,15 +192,16 @@ class MatRIS(nn.Module):
         """What a call with ``create_graph`` (training on forces) recomputes in the backward passes
         (:data:`RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to float
         rounding): ``"none"`` keeps the whole graph (fastest); ``"blocks"`` recomputes each
-        interaction block (inside it, the line-graph steps' per-angle work and the atom-graph Φ by
-        row chunks: least memory). ``"none"`` without ``create_graph``.
+        interaction block; ``"rows"`` too, and inside it the line-graph steps' per-angle work and
+        the atom-graph Φ by row chunks (least memory; as fast as ``"blocks"`` on batches of tens of
+        thousands of angles, slower on small ones). ``"none"`` without ``create_graph``.
 
         ``self.training_recompute`` decides if set. By default (None): ``"none"`` for models of
         fewer than :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on ``graph``, ``"none"``
         where its memory model (:meth:`estimated_training_bytes`) fits in
         ``self.training_memory_limit`` bytes (default: 60 % of the memory available on the
-        model's device; a run with ``data.max_memory`` sets its batch budget), else ``"blocks"``;
-        without a graph (planning), ``"blocks"``."""
+        model's device; a run with ``data.max_memory`` sets its batch budget), else ``"blocks"``
+        where that fits, else ``"rows"``; without a graph (planning), ``"rows"``."""
         if not create_graph:
             return "none"
         if self.training_recompute is not None:
@@ -207,13 +209,15 @@ class MatRIS(nn.Module):
         if self.config.num_layers < RECOMPUTE_MIN_BLOCKS:
             return "none"
         if graph is None:
-            return "blocks"
+            return "rows"
         limit = self.training_memory_limit
         if limit is None:
             limit = int(0.6 * available_memory(self.device))
-        need = self.estimated_training_bytes(int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles, dtype,
-                                             recompute="none")
-        return "none" if need <= limit else "blocks"
+        sizes = (int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles)
+        for mode in ("none", "blocks"):
+            if self.estimated_training_bytes(*sizes, dtype, recompute=mode) <= limit:
+                return mode
+        return "rows"
 
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
@@ -301,7 +305,7 @@ class MatRIS(nn.Module):
         if positions.device.type == "cpu":
             heap.apply_environment()  # MATRIS_CPU_HEAP=1 only: calls reuse freed memory (no page faults)
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
-        # training on forces: blocks (or steps) recomputed in the backward passes, the fast kernels
+        # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
         recompute_mode = self.training_recompute_mode(create_graph, g, positions.dtype)
         block_kernels = self.kernels_for(positions.device) if recompute_mode != "none" else None
@@ -312,7 +316,8 @@ class MatRIS(nn.Module):
         else:
             energy_fn = self._energy
         e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features,
-                                                            block_kernels=block_kernels)
+                                                            block_kernels=block_kernels,
+                                                            row_chunks=recompute_mode == "rows")
         n_atoms = g.n_atoms.to(e_model.dtype)
         ref = self._reference_term(g, e_model)
         if self.config.is_intensive:
@@ -367,7 +372,7 @@ class MatRIS(nn.Module):
 
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
                 return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
-                block_kernels: str | None = None):
+                block_kernels: str | None = None, row_chunks: bool = False):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
@@ -377,7 +382,8 @@ class MatRIS(nn.Module):
         and ``strain``, so that the energy's gradient with respect to each bond is available
         (per-bond forces, per-atom virials). ``block_kernels`` (training on forces): recompute each
         block in the backward passes (:mod:`matris.model.recompute`), running these kernels where no
-        weight gradient is wanted and ``kernels`` elsewhere."""
+        weight gradient is wanted and ``kernels`` elsewhere; ``row_chunks``: and inside each block
+        the per-angle work by row chunks (recompute mode ``"rows"``)."""
         cell = g.cell
         if strain is not None:
             eps = (strain + strain.transpose(1, 2)) / 2
@@ -425,7 +431,7 @@ class MatRIS(nn.Module):
         segments = g.segments() if "triton" in (kernels, block_kernels) else None
         bg = _with_kernels(exact, kernels, segments)
         fast = _with_kernels(exact, block_kernels, segments) if block_kernels else None
-        if fast is not None:
+        if fast is not None and row_chunks:
             # training's block recomputation with weight gradients: the per-angle work of the
             # line-graph steps and the atom graph's Φ by row chunks inside it (the fast kernels
             # where no weight gradient is wanted)
@@ -561,7 +567,7 @@ class MatRIS(nn.Module):
         itemsize = torch.finfo(dtype or self.dtype).bits // 8
         copies = 5 if ema else 4
         mode = self.training_recompute_mode() if recompute is None else check_recompute(recompute)
-        chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * self.config.three_body_feat_dim * itemsize if mode == "blocks" else 0
+        chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * self.config.three_body_feat_dim * itemsize if mode == "rows" else 0
         return sum(p.numel() for p in self.parameters()) * itemsize * copies + FRAMEWORK_BYTES + chunk
 
     def checkpoint_level(self, graph: GraphBatch, dtype: torch.dtype | None = None, create_graph: bool = False,

@@ -52,7 +52,9 @@ class Refine(nn.Module):
         without computing FFN_edge: the last block's edge update reaches no output."""
         directed = d2u is not None
         if isinstance(recompute_phi, RowRecompute) and not directed:
-            return self._line_by_rows(x, y, tgt, src, basis, extra, update_edges, recompute_phi)
+            if recompute_phi.splits(y.shape[0]):
+                return self._line_by_rows(x, y, tgt, src, basis, extra, update_edges, recompute_phi)
+            recompute_phi = False  # one chunk: as the rest of the block
         q = self.learnable_envelope(basis)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
         if rewrite:

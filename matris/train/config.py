@@ -234,10 +234,11 @@ class TrainerConfig:
     deterministic: bool = _f(False, "use deterministic algorithms (slower on GPU)")
     recompute: typing.Optional[str] = _f(None, "what the backward passes of a step on forces recompute instead of "
                                                "keeping (exact either way): 'none' (fastest), 'blocks' (each "
-                                               "interaction block, and inside it the work per angle by row chunks: "
-                                               "a tenth to a twentieth of the memory for the published 10M models, "
-                                               "slower); null: for models of 4 blocks or more, 'none' where its "
-                                               "memory fits the batch's budget, else 'blocks'")
+                                               "interaction block: a sixth of the memory for the published 10M "
+                                               "models, slower), 'rows' (as 'blocks', and inside each block the work "
+                                               "per angle by row chunks: least memory); null: for models of 4 blocks "
+                                               "or more, per batch the first of none, blocks, rows whose memory fits "
+                                               "the batch's budget")
 
 
 @dataclass
@@ -324,10 +325,10 @@ class TrainConfig:
             except ValueError as exc:
                 problems.append(str(exc))
         if self.trainer.recompute == "steps":
-            problems.append("trainer.recompute 'steps' was removed in matris-mlip 0.3: 'blocks' now needs less "
-                            "memory than it did; set trainer.recompute: blocks (or null)")
-        elif self.trainer.recompute not in (None, "none", "blocks"):
-            problems.append(f"trainer.recompute must be 'none', 'blocks' or null (automatic), "
+            problems.append("trainer.recompute 'steps' was removed in matris-mlip 0.3: 'rows' needs less "
+                            "memory than it did; set trainer.recompute: rows (or null)")
+        elif self.trainer.recompute not in (None, "none", "blocks", "rows"):
+            problems.append(f"trainer.recompute must be 'none', 'blocks', 'rows' or null (automatic), "
                             f"got {self.trainer.recompute!r}")
         for k in ("energy_weight", "force_weight", "stress_weight", "magmom_weight"):
             if getattr(self.loss, k) < 0:

@@ -87,7 +87,7 @@ def check_fits(plan: MemoryPlan, sizes: tuple[np.ndarray, np.ndarray, np.ndarray
             f"{(plan.costs[k] + plan.fixed) / GB:.1f} GB for one training step of this model, more than the "
             f"{plan.total / GB:.1f} GB allowed ({plan.source}; recompute {plan.recompute}); structures of up to about "
             f"{fits} angles fit. Raise data.max_memory, use a device with more memory, "
-            + ("set trainer.recompute: blocks (least memory), " if plan.recompute != "blocks" else "")
+            + ("set trainer.recompute: rows (least memory), " if plan.recompute != "rows" else "")
             + "or remove the largest structures from the data")
 
 

@@ -154,7 +154,7 @@ def dry_run(config: TrainConfig) -> str:
     elif model.training_recompute_mode() == "none":
         recompute = "none"
     else:
-        recompute = "automatic (per batch, the first of none, blocks, steps whose memory fits)"
+        recompute = "automatic (per batch, the first of none, blocks, rows whose memory fits)"
     head = (f"model: {model.num_parameters():,} parameters, {model.config.num_layers} "
             f"blocks, recompute {recompute}; {len(data.train_set)} training structures")
     verdict = "the largest structure fits" if plan.costs.max(initial=0) <= plan.budget else \
