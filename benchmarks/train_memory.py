@@ -23,8 +23,9 @@ Modes (``MatRIS.training_recompute``): ``none`` (every block's graph kept; compo
 ``blocks`` (blocks recomputed in the backward passes, the fused CPU operators where no weight
 gradient is wanted), ``rows`` (``blocks``, and inside each block the line-graph steps' work per
 angle and the atom graph's Φ by row chunks where they make more than one) and ``blocks-composed``,
-``rows-composed`` (the same with the composed ops everywhere, ``MATRIS_KERNELS=torch``). A mode whose memory model predicts more than this machine has free is
-skipped, with the prediction recorded. Every row also gives the memory model's prediction
+``rows-composed`` (the same with the composed ops everywhere, ``MATRIS_KERNELS=torch``). A mode
+whose memory model predicts more than this machine has free is skipped, with the prediction
+recorded. Every row also gives the memory model's prediction
 (``MatRIS.training_fixed_bytes + estimated_training_bytes``) against the measured peak.
 """
 

@@ -43,9 +43,11 @@ RECOMPUTE_MIN_BLOCKS = 4
 # live ones)
 TRAIN_ROWS = {"none": (0, 180), "blocks": (265, 2.5), "rows": (40, 2.5)}
 # recomputing rows, one chunk of rows (recompute.CHUNK_ROWS) is alive at a time, whatever the
-# batch: this many floats per row and feature of the three-body width (fitted with TRAIN_ROWS;
-# part of MatRIS.training_fixed_bytes)
-TRAIN_CHUNK_FLOATS = 145
+# batch: this many floats per row and feature of the three-body width (part of
+# MatRIS.training_fixed_bytes). A chunk recomputed on its own keeps about 145 (fitted with
+# TRAIN_ROWS); rows that make one chunk are computed with the rest of the block, as in "blocks"
+# (265 − 40 more than "rows" counts per row), so the bound is that
+TRAIN_CHUNK_FLOATS = TRAIN_ROWS["blocks"][0] - TRAIN_ROWS["rows"][0]
 FRAMEWORK_BYTES = 512 * 2**20
 
 
