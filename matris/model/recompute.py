@@ -22,10 +22,12 @@ Here a block is one autograd node whose backward is itself one differentiable no
 - :class:`_Block`'s backward without a graph (the energy terms of the loss): the block recomputed
   with autograd, first-order gradients of inputs and parameters.
 
-The same node nests (``model.training_recompute = "blocks"``, :data:`matris.model.model.RECOMPUTE_MODES`):
-inside a block's recomputation with autograd, the widest work of the block is such a node too,
-recomputed :data:`CHUNK_ROWS` rows at a time in its backward passes (the gradients of row-wise
-tensors written at their rows, the others summed over the chunks):
+That is ``model.training_recompute = "blocks"`` (:data:`matris.model.model.RECOMPUTE_MODES`). With
+``"rows"`` the same node nests: inside a block's recomputation with autograd, the widest work of
+the block is such a node too, recomputed :data:`CHUNK_ROWS` rows at a time in its backward passes
+(the gradients of row-wise tensors written at their rows, the others summed over the chunks),
+where its rows make more than one chunk (a single chunk would save nothing and cost the nested
+node's two extra passes):
 
 - each line-graph step's work per angle (:meth:`matris.model.attention.SeparableAttention._line_by_rows`,
   :meth:`matris.model.refine.Refine._line_by_rows`): Φ, the logits and softmax weights or the
@@ -37,7 +39,8 @@ tensors written at their rows, the others summed over the chunks):
 So at any moment the intermediates of one block are alive, those per angle for one chunk of
 rows only, next to the inputs and upstream gradients of all blocks (a few per-angle rows each):
 the numbers are in ``benchmarks/results/train_memory.json``. The nesting adds a forward and an
-input-gradient pass of the fast kernels to the backward. The recomputations in which no
+input-gradient pass of the fast kernels, and a first-order pass of the composed ops (the nested
+node's own backward inside the block's second-order one), to the backward. The recomputations in which no
 parameter gradient is wanted run the call's fast kernels (the fused CPU operators or the Triton
 kernels); the others the composed ops, the references of the same formulas: the gradients equal
 the un-checkpointed ones to float rounding (``tests/test_recompute.py`` checks 1e-12 in float64,
