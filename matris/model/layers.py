@@ -190,8 +190,15 @@ class RowRecompute:
 
     def splits(self, n_rows: int) -> bool:
         """Whether ``n_rows`` rows make more than one chunk: a single chunk is computed as the rest of
-        the block (recomputing it as a node of its own would save no memory and cost two passes)."""
+        the block (recomputing it as a node of its own would save no memory and cost three passes:
+        its forward and input gradients with the fast kernels, its first-order backward)."""
         return n_rows > self.chunk
+
+
+def term_rows(terms: list[Term]) -> int:
+    """The rows of Φ on ``terms`` (``(features, index)`` pairs, as :func:`first_layer`): the length
+    of the first index, or of the first features where every term is per row."""
+    return next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
 
 
 def call_phi(module: nn.Module, terms: list[Term], recompute: "bool | RowRecompute" = False,
@@ -200,8 +207,7 @@ def call_phi(module: nn.Module, terms: list[Term], recompute: "bool | RowRecompu
     recomputed in the backward pass (checkpoint, inference); a :class:`RowRecompute`: recomputed by
     row chunks in both backward passes of a training step."""
     if isinstance(recompute, RowRecompute):
-        n_rows = next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
-        if not recompute.splits(n_rows):
+        if not recompute.splits(term_rows(terms)):
             return module.forward_terms(terms, fused)
         from .recompute import recomputed_phi  # recompute imports the blocks, which import this module
 

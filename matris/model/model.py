@@ -195,8 +195,8 @@ class MatRIS(nn.Module):
         (:data:`RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to float
         rounding): ``"none"`` keeps the whole graph (fastest); ``"blocks"`` recomputes each
         interaction block; ``"rows"`` too, and inside it the line-graph steps' per-angle work and
-        the atom-graph Φ by row chunks (least memory; as fast as ``"blocks"`` on batches of tens of
-        thousands of angles, slower on small ones). ``"none"`` without ``create_graph``.
+        the atom-graph Φ by row chunks where they make more than one (least memory; slower than
+        ``"blocks"`` there, the same where they make one). ``"none"`` without ``create_graph``.
 
         ``self.training_recompute`` decides if set. By default (None): ``"none"`` for models of
         fewer than :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on ``graph``, ``"none"``

@@ -57,6 +57,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .block import BlockGraph
+from .layers import term_rows
 
 # rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
 # the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 8192
@@ -175,7 +176,7 @@ def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> to
     feats = [f for f, _ in terms]
     indices = [i for _, i in terms]
     row_inputs = tuple(i is None for i in indices)
-    n_rows = next((i.shape[0] for i in indices if i is not None), feats[0].shape[0])
+    n_rows = term_rows(terms)
 
     def arguments(inputs, use_fast, rows):
         cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
