@@ -284,14 +284,18 @@ def kernel_specs():
                            BLOCK_C="constexpr"),
                       dict(HAS_GY=True, BLOCK_E=S.BWD_BLOCK_E, BLOCK_C=S.BWD_BLOCK_C)))
         for layer in (False, True):
-            for backward in (False, True):
+            # the backward with KEEP: the weight gradients' ∂L/∂cn and ∂L/∂gn written too (training)
+            for backward, keep in ((False, False), (True, False), (True, True)):
                 specs.append((f"phi_epilogue[{fp}, {'layer' if layer else 'rms'}, "
-                              f"{'backward' if backward else 'forward'}]", PHI.phi_epilogue_kernel,
+                              f"{'backward' if backward else 'forward'}{', keep' if keep else ''}]",
+                              PHI.phi_epilogue_kernel,
                               dict(core_ptr=ptr, gate_ptr=ptr, nc_ptr=ptr, ng_ptr=ptr, nbc_ptr=ptr, nbg_ptr=ptr,
                                    eps_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, rc_ptr=ptr, rg_ptr=ptr,
-                                   gcore_ptr=ptr, ggate_ptr=ptr, n_rows="i32", D="i32", LAYER="constexpr",
-                                   BACKWARD="constexpr", BLOCK_R="constexpr", BLOCK_D="constexpr"),
-                              dict(LAYER=layer, BACKWARD=backward, BLOCK_R=PHI.EPILOGUE_ROWS, BLOCK_D=128)))
+                                   gcore_ptr=ptr, ggate_ptr=ptr, gcn_ptr=ptr, ggn_ptr=ptr, n_rows="i32", D="i32",
+                                   LAYER="constexpr", BACKWARD="constexpr", KEEP="constexpr", BLOCK_R="constexpr",
+                                   BLOCK_D="constexpr"),
+                              dict(LAYER=layer, BACKWARD=backward, KEEP=keep, BLOCK_R=PHI.EPILOGUE_ROWS,
+                                   BLOCK_D=128)))
         for backward in (False, True):
             specs.append((f"refine_edges[{fp}, {'backward' if backward else 'forward'}]", RF.refine_edges_kernel,
                           dict(u_ptr=ptr, q_ptr=ptr, src_ptr="*i64", tgt_ptr="*i64", ug_ptr=ptr, gagg_ptr=ptr,

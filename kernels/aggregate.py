@@ -330,8 +330,9 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
     graph's logits computed by a GEMM on each block of rows just before they are folded in. The
     backward recomputes ``p = exp(α − lse)`` per row from the saved logits and log-sum-exp (the
     formulas of the module docstring) and never builds an edge-sized tensor beyond the gradients
-    it returns (on the atom graph, ∂L/∂α before its sum to the bonds). With ``create_graph`` or
-    weight gradients it recomputes the reference under autograd (exact second order).
+    it returns (on the atom graph, ∂L/∂α before its sum to the bonds). Weight gradients (line graph)
+    come from the same pass: ``∂L/∂W = (∂L/∂α)ᵀ·rows`` and ``∂L/∂w = Σ G_y' ⊙ rows``. With
+    ``create_graph`` it recomputes the reference under autograd (exact second order).
     ``res_weight`` (line graph only): also the residual update y' of the reference, computed in
     the same pass over the rows (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
     ``segments`` (by target, by source): the CSR order the CUDA kernel walks (made once per graph;
@@ -364,8 +365,8 @@ LIB.define("attention_pair(Tensor rows, Tensor? weight, Tensor? row_index, Tenso
            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 LIB.define("attention_pair_backward(Tensor g_t, Tensor g_s, Tensor? g_y, Tensor rows, Tensor? weight, "
            "Tensor? row_index, Tensor messages, Tensor target, Tensor source, Tensor alpha, Tensor out_s, "
-           "Tensor out_t, Tensor lse_s, Tensor lse_t, Tensor? res_weight, bool want_rows, bool want_messages) -> "
-           "(Tensor, Tensor)")
+           "Tensor out_t, Tensor lse_s, Tensor lse_t, Tensor? res_weight, bool want_rows, bool want_messages, "
+           "bool want_weights) -> (Tensor, Tensor, Tensor)")
 
 
 def _attention_fake(rows, weight, row_index, messages, target, source, num_segments, res_weight, csr):
@@ -376,9 +377,11 @@ def _attention_fake(rows, weight, row_index, messages, target, source, num_segme
 
 
 def _attention_backward_fake(g_t, g_s, g_y, rows, weight, row_index, messages, target, source, alpha, out_s, out_t,
-                             lse_s, lse_t, res_weight, want_rows, want_messages):
-    return rows.new_empty(rows.shape if want_rows else (0,)), messages.new_empty(messages.shape if want_messages
-                                                                                 else (0,))
+                             lse_s, lse_t, res_weight, want_rows, want_messages, want_weights):
+    e, c = messages.shape
+    return (rows.new_empty(rows.shape if want_rows else (0,)),
+            messages.new_empty(messages.shape if want_messages else (0,)),
+            messages.new_empty((e, 2 * c) if want_weights and row_index is None else (0,)))
 
 
 def _attention_setup(ctx, inputs, output):
@@ -400,7 +403,7 @@ def _attention_backward(ctx, g_t, g_s, g_y, _g_alpha=None, g_lse_s=None, g_lse_t
     with_lse = g_lse_s is not None or g_lse_t is not None  # attention_pair_lse: the log-sum-exps are used
     g_lse = [torch.zeros_like(lse_t) if g_lse_t is None else g_lse_t,
              torch.zeros_like(lse_s) if g_lse_s is None else g_lse_s] if with_lse else []
-    if torch.is_grad_enabled() or ctx.want_weights:
+    if torch.is_grad_enabled():  # create_graph: the reference under autograd (exact second order)
         def ref_all(r, w, msg, *rw):
             if not with_lse:
                 return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
@@ -414,19 +417,32 @@ def _attention_backward(ctx, g_t, g_s, g_y, _g_alpha=None, g_lse_s=None, g_lse_t
             return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, g[3], ctx.no_csr
         g = recompute_backward(ref_all, (rows, w, m), (g_t, g_s, *g_lse))
         return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, ctx.no_csr
-    g_rows, g_m = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, weight, row_index, m, target, source,
-                                                           alpha, out_s, out_t, lse_s, lse_t, res_weight,
-                                                           ctx.want_rows, ctx.want_messages)
-    if with_lse and ctx.want_rows:
-        # ∂lse/∂α = p = exp(α − lse): one more term of ∂L/∂α, to the rows as the kernel's own
+    # weight gradients (first order, no graph): the projection's from ∂L/∂α, the residual's from G_y'
+    want_w = ctx.want_weights
+    g_rows, g_m, g_alpha = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, weight, row_index, m, target,
+                                                                    source, alpha, out_s, out_t, lse_s, lse_t,
+                                                                    res_weight, ctx.want_rows, ctx.want_messages,
+                                                                    want_w)
+    if with_lse and (ctx.want_rows or want_w):
+        # ∂lse/∂α = p = exp(α − lse): one more term of ∂L/∂α, to the rows (and weight) as the kernel's own
         c = m.shape[1]
         logits = alpha if row_index is None else rows.index_select(0, row_index)
         p_s = torch.exp(logits[:, :c] - lse_s.index_select(0, source))
         p_t = torch.exp(logits[:, c:] - lse_t.index_select(0, target))
-        g_alpha = torch.cat([p_s * g_lse[1].index_select(0, source), p_t * g_lse[0].index_select(0, target)], dim=1)
-        g_rows = g_rows + (g_alpha @ weight if row_index is None else
-                           rows.new_zeros(rows.shape).index_add_(0, row_index, g_alpha))
-    return (g_rows if ctx.want_rows else None, None, None, g_m if ctx.want_messages else None, None, None, None, None,
+        g_lse_alpha = torch.cat([p_s * g_lse[1].index_select(0, source), p_t * g_lse[0].index_select(0, target)],
+                                dim=1)
+        if ctx.want_rows:
+            g_rows = g_rows + (g_lse_alpha @ weight if row_index is None else
+                               rows.new_zeros(rows.shape).index_add_(0, row_index, g_lse_alpha))
+        if want_w and row_index is None:
+            g_alpha = g_alpha + g_lse_alpha
+    g_w = g_rw = None
+    if want_w:
+        if weight is not None and weight.requires_grad and row_index is None:
+            g_w = g_alpha.T @ rows
+        if ctx.res and res_weight.requires_grad and g_y is not None:
+            g_rw = (g_y * rows).sum(0).view(res_weight.shape)
+    return (g_rows if ctx.want_rows else None, g_w, None, g_m if ctx.want_messages else None, None, None, None, g_rw,
             ctx.no_csr)
 
 
@@ -459,7 +475,7 @@ def _attention_triton(rows, weight, row_index, messages, target, source, num_seg
 
 
 def _attention_backward_triton(g_t, g_s, g_y, rows, weight, row_index, messages, target, source, alpha, out_s, out_t,
-                               lse_s, lse_t, res_weight, want_rows, want_messages):
+                               lse_s, lse_t, res_weight, want_rows, want_messages, want_weights):
     """The CUDA kernel of ``matris::attention_pair_backward``: one edge-parallel Triton kernel for
     ∂L/∂α (both halves) and ∂L/∂m, then a GEMM (line graph) or an index_add (atom graph) for ∂L/∂rows."""
     e, c = messages.shape
@@ -482,7 +498,9 @@ def _attention_backward_triton(g_t, g_s, g_y, rows, weight, row_index, messages,
                 g_rows.addcmul_(res_weight, g_y)
         else:
             g_rows = rows.new_zeros(rows.shape).index_add_(0, row_index, g_alpha)
-    return g_rows, g_m if want_messages else messages.new_empty((0,))
+    keep = want_weights and row_index is None  # ∂L/∂α per row: the projection's weight gradient
+    return (g_rows, g_m if want_messages else messages.new_empty((0,)),
+            g_alpha if keep else messages.new_empty((0,)))
 
 
 if triton_available():

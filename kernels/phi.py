@@ -36,9 +36,16 @@ writes ``out``, the row statistics and the centred rows; its backward kernel giv
 ``G_core``, ``G_gate`` from them, then GEMMs and ``index_add`` give the rest. Both forms return
 the same tensors (the tests compare them).
 
-The fused backward gives input gradients only (the weights are frozen at inference, see
-``MatRIS.forward``). When weight gradients or a graph of the backward are wanted (training
-on forces), it recomputes the PyTorch reference under autograd: exact second derivatives.
+The fused backward gives the input gradients and, where weights train (the first-order passes
+of a training step), the weight gradients from its per-row terms: the forward then also keeps
+``hid`` (``keep_hidden``), the backward writes G_pre, G_core, G_gate and ∂L/∂cn, ∂L/∂gn, and
+
+    ∂L/∂W_r = G_preᵀ·R,   ∂L/∂b₁ = Σ G_pre,   ∂L/∂W_c = G_coreᵀ·hid_c,   ∂L/∂b_c = Σ G_core
+    ∂L/∂w_c = Σ ∂L/∂cn ⊙ core·r_c,   ∂L/∂(norm bias) = Σ ∂L/∂cn          (likewise the gate)
+
+are GEMMs over the rows and column sums. When a graph of the backward is wanted (``create_graph``:
+the force loss's second order), it recomputes the PyTorch reference under autograd: exact second
+derivatives.
 """
 
 from __future__ import annotations
@@ -112,38 +119,44 @@ def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weigh
         gate_norm_bias = gate_norm_bias if gate_norm_bias is not None else torch.zeros_like(gate_norm)
     else:
         core_norm_bias = gate_norm_bias = None
+    # training without a graph of the backward reads hid = silu(pre) for the second layers' weight gradients
+    weights = (row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
+               core_norm_bias, gate_norm_bias)
+    keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in weights)
     return torch.ops.matris.gated_phi(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias,
                                       core_norm, gate_norm, core_norm_bias, gate_norm_bias, projs, indices,
-                                      float(eps), layer, int(chunk))[0]
+                                      float(eps), layer, int(chunk), keep)[0]
 
 
 # ---------------------------------------------------------------------------- registered operators
 # matris::gated_phi (forward: the output and what the backward reads: slope = silu'(pre), core and gate
-# (centred for LayerNorm), r_c, r_g; σ(gn) is recomputed from gate and r_g) and
-# matris::gated_phi_backward (input gradients): CPU
-# kernels in the C++ library (csrc/cpu/phi.cpp), CUDA kernels in Triton (below). Autograd: the
-# backward operator where only input gradients are wanted (inference), else the reference under
-# autograd (weight gradients, create_graph: exact second order).
+# (centred for LayerNorm), r_c, r_g; σ(gn) is recomputed from gate and r_g; with keep_hidden also
+# hid = silu(pre), for the weight gradients) and matris::gated_phi_backward (input gradients; with
+# want_weights also G_pre [E, 2H], G_core, G_gate, ∂L/∂cn, ∂L/∂gn [E, d], whose GEMMs and column
+# sums are the weight gradients): CPU kernels in the C++ library (csrc/cpu/phi.cpp), CUDA kernels in
+# Triton (below). Autograd: the backward operator without a graph of the backward (inference, and
+# the first-order passes of a training step), else (create_graph) the reference under autograd:
+# exact second order.
 LIB.define("gated_phi(Tensor? rows, Tensor? row_weight, Tensor bias1, Tensor core_weight, Tensor core_bias, "
            "Tensor gate_weight, Tensor gate_bias, Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, "
-           "Tensor? gate_norm_bias, Tensor[] projections, Tensor[] indices, float eps, bool layer, SymInt chunk) -> "
-           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+           "Tensor? gate_norm_bias, Tensor[] projections, Tensor[] indices, float eps, bool layer, SymInt chunk, "
+           "bool keep_hidden) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 LIB.define("gated_phi_backward(Tensor grad, Tensor? row_weight, Tensor core_weight, Tensor gate_weight, "
            "Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, Tensor? gate_norm_bias, Tensor slope, "
            "Tensor core, Tensor gate, Tensor r_c, Tensor r_g, Tensor[] indices, SymInt[] projection_rows, "
-           "bool want_rows, bool[] want_projections, bool layer, SymInt chunk) -> Tensor[]")
+           "bool want_rows, bool[] want_projections, bool layer, SymInt chunk, bool want_weights) -> Tensor[]")
 
 
-def _phi_buffers(rows, indices, bias1, core_weight):
+def _phi_buffers(rows, indices, bias1, core_weight, keep_hidden=False):
     n = rows.shape[0] if rows is not None else indices[0].shape[0]
     two_h, d = bias1.shape[0], core_weight.shape[0]
-    shapes = ((n, d), (n, two_h), (n, d), (n, d), (n, 1), (n, 1))
+    shapes = ((n, d), (n, two_h), (n, d), (n, d), (n, 1), (n, 1), (n, two_h) if keep_hidden else (0,))
     return tuple(bias1.new_empty(shape) for shape in shapes)
 
 
 def _phi_fake(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
-              core_norm_bias, gate_norm_bias, projections, indices, eps, layer, chunk):
-    return _phi_buffers(rows, indices, bias1, core_weight)
+              core_norm_bias, gate_norm_bias, projections, indices, eps, layer, chunk, keep_hidden=False):
+    return _phi_buffers(rows, indices, bias1, core_weight, keep_hidden)
 
 
 def _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_projections):
@@ -156,16 +169,21 @@ def _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_
 
 def _phi_backward_fake(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias, gate_norm_bias,
                        slope, core, gate, r_c, r_g, indices, projection_rows, want_rows, want_projections, layer,
-                       chunk):
+                       chunk, want_weights=False):
     g_rows, g_projs = _phi_grad_buffers(grad, row_weight, slope, projection_rows, want_rows, want_projections)
-    return [g_rows, *g_projs]
+    return [g_rows, *g_projs, *(_phi_weight_buffers(slope, core) if want_weights else [])]
+
+
+def _phi_weight_buffers(slope, core):
+    """G_pre ``[E, 2H]``, G_core, G_gate, ∂L/∂cn, ∂L/∂gn ``[E, d]``: what the weight gradients are made of."""
+    return [torch.empty_like(slope), *[torch.empty_like(core) for _ in range(4)]]
 
 
 def _phi_setup(ctx, inputs, output):
-    (rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, layer, chunk) = inputs
-    _, slope, core, gate, r_c, r_g = output
+    (rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, layer, chunk) = inputs[:16]
+    _, slope, core, gate, r_c, r_g, hid = output
     ctx.set_materialize_grads(False)  # only the first output is differentiable; the others get None
-    ctx.save_for_backward(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g,
+    ctx.save_for_backward(rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g, hid,
                           *projs, *indices)
     ctx.eps, ctx.layer, ctx.chunk, ctx.n_terms = eps, layer, chunk, len(projs)
     ctx.want_rows = rows is not None and rows.requires_grad
@@ -176,13 +194,14 @@ def _phi_setup(ctx, inputs, output):
 
 def _phi_backward(ctx, grad, *_unused):
     saved = ctx.saved_tensors
-    rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g = saved[:16]
-    projs, indices = list(saved[16 : 16 + ctx.n_terms]), list(saved[16 + ctx.n_terms :])
+    rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g, hid = saved[:17]
+    projs, indices = list(saved[17 : 17 + ctx.n_terms]), list(saved[17 + ctx.n_terms :])
     eps, layer = ctx.eps, ctx.layer
+    tail = (None, None, None, None)  # eps, layer, chunk, keep_hidden
     if grad is None:  # Φ's output reaches no loss
-        return (None, None, *[None] * 9, [None] * len(projs), [None] * len(indices), None, None, None)
-    if torch.is_grad_enabled() or ctx.want_weights:
-        # create_graph or weight gradients: the reference under autograd (exact second order)
+        return (None, None, *[None] * 9, [None] * len(projs), [None] * len(indices), *tail)
+    if torch.is_grad_enabled() or (ctx.want_weights and hid.numel() == 0 and slope.shape[0] > 0):
+        # create_graph (or weight gradients without the forward's hid): the reference under autograd
         k = ctx.n_terms
         none = bias1.new_zeros(0)
 
@@ -198,13 +217,33 @@ def _phi_backward(ctx, grad, *_unused):
         g = recompute_backward(ref, inputs, grad)
         g_rows, g_rw = (g[0], g[1]) if rows is not None else (None, None)
         g_nb = (g[9], g[10]) if layer else (None, None)
-        return (g_rows, g_rw, *g[2:9], *g_nb, list(g[11:]), [None] * k, None, None, None)
+        return (g_rows, g_rw, *g[2:9], *g_nb, list(g[11:]), [None] * k, *tail)
+    want_w = ctx.want_weights
     grads = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, nbg, slope, core, gate, r_c, r_g,
                                                 indices, [p.shape[0] for p in projs], ctx.want_rows,
-                                                ctx.want_projections, layer, ctx.chunk)
+                                                ctx.want_projections, layer, ctx.chunk, want_w)
+    k = ctx.n_terms
     g_rows = grads[0] if ctx.want_rows else None
-    g_projs = [g if want else None for g, want in zip(grads[1:], ctx.want_projections)]
-    return (g_rows, *[None] * 10, g_projs, [None] * len(indices), None, None, None)
+    g_projs = [g if want else None for g, want in zip(grads[1 : 1 + k], ctx.want_projections)]
+    g_w = [None] * 10
+    if want_w:
+        g_w = _phi_weight_grads(rows, hid, core, gate, r_c, r_g, layer, *grads[1 + k :])
+        if rows is None:
+            g_w[0] = None
+    return (g_rows, *g_w, g_projs, [None] * len(indices), *tail)
+
+
+def _phi_weight_grads(rows, hid, core, gate, r_c, r_g, layer, g_pre, g_core, g_gate, g_cn, g_gn):
+    """The gradients of (row_weight, bias1, core/gate weight and bias, core/gate norm weight and bias)
+    from the backward's row gradients (first order, no graph): GEMMs over the rows and column sums.
+    ``core``, ``gate``: the stored rows (centred for LayerNorm), so ``core·r_c`` is the normalised row."""
+    h = hid.shape[1] // 2
+    g_rw = g_pre.T @ rows if rows is not None else None
+    g_wc, g_wg = g_core.T @ hid[:, :h], g_gate.T @ hid[:, h:]
+    g_nc = ((g_cn * core).T @ r_c).squeeze(1)
+    g_ng = ((g_gn * gate).T @ r_g).squeeze(1)
+    g_nbc, g_nbg = (g_cn.sum(0), g_gn.sum(0)) if layer else (None, None)
+    return [g_rw, g_pre.sum(0), g_wc, g_core.sum(0), g_wg, g_gate.sum(0), g_nc, g_ng, g_nbc, g_nbg]
 
 
 torch.library.register_fake("matris::gated_phi")(_phi_fake)
@@ -217,7 +256,7 @@ EPILOGUE_ROWS = 4  # rows per program of the epilogue kernels (4 × 128 tiles, a
 
 
 def _phi_triton(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
-                core_norm_bias, gate_norm_bias, projections, indices, eps, layer, chunk):
+                core_norm_bias, gate_norm_bias, projections, indices, eps, layer, chunk, keep_hidden=False):
     """The CUDA kernel of ``matris::gated_phi``: the outputs of the C++ kernel, from Triton and cuBLAS."""
     n = rows.shape[0] if rows is not None else indices[0].shape[0]
     two_h = bias1.shape[0]
@@ -226,37 +265,40 @@ def _phi_triton(rows, row_weight, bias1, core_weight, core_bias, gate_weight, ga
     if rows is not None:  # the per-row term, one GEMM; the kernel adds the gathered ones to it
         terms.insert(0, (rows @ row_weight.T, None))
     if n == 0:
-        hid = slope = bias1.new_empty((0, two_h))
+        hid, slope = bias1.new_empty((0, two_h)), bias1.new_empty((0, two_h))
     else:
         hid, slope = activate_with_slope(terms, bias1, "silu", n)
     core = torch.addmm(core_bias, hid[:, :h], core_weight.T)
     gate = torch.addmm(gate_bias, hid[:, h:], gate_weight.T)
-    del hid
+    if not keep_hidden:
+        hid = bias1.new_empty((0,))
     out = torch.empty_like(core)
     r_c, r_g = core.new_empty((n, 1)), core.new_empty((n, 1))
     if n:
         _epilogue_launch(core, gate, core_norm, gate_norm, core_norm_bias, gate_norm_bias, eps, layer,
                          None, out, r_c, r_g, None, None)
-    return out, slope, core, gate, r_c, r_g
+    return out, slope, core, gate, r_c, r_g, hid
 
 
 def _phi_backward_triton(grad, row_weight, core_weight, gate_weight, core_norm, gate_norm, core_norm_bias,
                          gate_norm_bias, slope, core, gate, r_c, r_g, indices, projection_rows, want_rows,
-                         want_projections, layer, chunk):
+                         want_projections, layer, chunk, want_weights=False):
     """The CUDA kernel of ``matris::gated_phi_backward`` (the formulas of the module docstring)."""
     n, two_h = slope.shape
     g_core, g_gate = torch.empty_like(core), torch.empty_like(gate)
+    g_cn, g_gn = (torch.empty_like(core), torch.empty_like(gate)) if want_weights else (None, None)
     if n:
         _epilogue_launch(core, gate, core_norm, gate_norm, core_norm_bias, gate_norm_bias, 0.0, layer,
-                         grad.contiguous(), None, r_c, r_g, g_core, g_gate)
+                         grad.contiguous(), None, r_c, r_g, g_core, g_gate, g_cn, g_gn)
     g_pre = torch.cat([g_core @ core_weight, g_gate @ gate_weight], dim=1).mul_(slope)
     g_rows = g_pre @ row_weight if want_rows else slope.new_empty((0,))
     g_projs = [slope.new_zeros((rows_k, two_h)).index_add_(0, idx, g_pre) if want else slope.new_empty((0,))
                for rows_k, idx, want in zip(projection_rows, indices, want_projections)]
-    return [g_rows, *g_projs]
+    return [g_rows, *g_projs, *((g_pre, g_core, g_gate, g_cn, g_gn) if want_weights else ())]
 
 
-def _epilogue_launch(core, gate, nc, ng, nbc, nbg, eps, layer, grad, out, r_c, r_g, g_core, g_gate):
+def _epilogue_launch(core, gate, nc, ng, nbc, nbg, eps, layer, grad, out, r_c, r_g, g_core, g_gate, g_cn=None,
+                     g_gn=None):
     n, d = core.shape
     dt = core.dtype
     eps_t = device_constants((float(eps),), dt, core.device)
@@ -267,8 +309,9 @@ def _epilogue_launch(core, gate, nc, ng, nbc, nbg, eps, layer, grad, out, r_c, r
     backward = grad is not None
     phi_epilogue_kernel[(triton.cdiv(n, block_r),)](
         core, gate, nc, ng, nbc, nbg, eps_t, grad if backward else core, out if out is not None else core,
-        r_c, r_g, g_core if backward else core, g_gate if backward else core, n, d, LAYER=bool(layer),
-        BACKWARD=backward, BLOCK_R=block_r, BLOCK_D=max(16, triton.next_power_of_2(d)))
+        r_c, r_g, g_core if backward else core, g_gate if backward else core,
+        g_cn if g_cn is not None else core, g_gn if g_gn is not None else core, n, d, LAYER=bool(layer),
+        BACKWARD=backward, KEEP=g_cn is not None, BLOCK_R=block_r, BLOCK_D=max(16, triton.next_power_of_2(d)))
 
 
 if triton_available():
@@ -277,11 +320,13 @@ if triton_available():
 
     @triton.jit
     def phi_epilogue_kernel(core_ptr, gate_ptr, nc_ptr, ng_ptr, nbc_ptr, nbg_ptr, eps_ptr, grad_ptr, out_ptr,
-                            rc_ptr, rg_ptr, gcore_ptr, ggate_ptr, n_rows, D, LAYER: tl.constexpr,
-                            BACKWARD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                            rc_ptr, rg_ptr, gcore_ptr, ggate_ptr, gcn_ptr, ggn_ptr, n_rows, D, LAYER: tl.constexpr,
+                            BACKWARD: tl.constexpr, KEEP: tl.constexpr, BLOCK_R: tl.constexpr,
+                            BLOCK_D: tl.constexpr):
         """The gated Φ's epilogue with SiLU, as the C++ kernel computes it. Forward: centres core and
         gate in place (LayerNorm), writes r = 1/sqrt(mean(x²) + eps) per row and
-        out = silu(cn) ⊙ σ(gn). Backward: G_core and G_gate from G and those (σ(gn) recomputed)."""
+        out = silu(cn) ⊙ σ(gn). Backward: G_core and G_gate from G and those (σ(gn) recomputed);
+        KEEP: also ∂L/∂cn and ∂L/∂gn (the norms' weight gradients read them)."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         rmask = rows < n_rows
@@ -318,8 +363,13 @@ if triton_available():
             tl.store(out_ptr + offs, cn * sc * sv, mask=mask)
         else:
             gr = tl.load(grad_ptr + offs, mask=mask, other=0.0)
-            xc = gr * sv * sc * (1.0 + cn * (1.0 - sc)) * wc  # ∂L/∂(core·r_c)
-            xg = gr * cn * sc * sv * (1.0 - sv) * wg  # ∂L/∂(gate·r_g)
+            gcn = gr * sv * sc * (1.0 + cn * (1.0 - sc))  # ∂L/∂cn
+            ggn = gr * cn * sc * sv * (1.0 - sv)  # ∂L/∂gn
+            if KEEP:
+                tl.store(gcn_ptr + offs, gcn, mask=mask)
+                tl.store(ggn_ptr + offs, ggn, mask=mask)
+            xc = gcn * wc  # ∂L/∂(core·r_c)
+            xg = ggn * wg  # ∂L/∂(gate·r_g)
             kc = tl.sum(xc * c, axis=1) * rc * rc * rc / D
             kg = tl.sum(xg * g, axis=1) * rg * rg * rg / D
             if LAYER:

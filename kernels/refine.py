@@ -16,8 +16,11 @@ The forward keeps the SiLU slope of the FFN's pre-activation ``[E, C]``; the bac
     G_ug = G_R[tgt] (+ G_in if smooth),   G_u = G_ug ⊙ g (+ G_in if not smooth)
     G_q  = index_add(src, G_ug ⊙ u ⊙ q[tgt]) + index_add(tgt, G_ug ⊙ u ⊙ q[src])
 
-Input gradients only (weights are frozen at inference); with weight gradients or a graph of
-the backward wanted, the reference is recomputed under autograd (exact second order).
+Where the weights train without a graph of the backward (a training step's first-order passes),
+the forward also keeps the FFN's activation a = silu(h + b₁), the backward writes G_h, and
+``∂L/∂W₂ = G_y'ᵀ·a``, ``∂L/∂W₁ = G_hᵀ·(u_g or u)``, ``∂L/∂w = Σ G_y' ⊙ y`` with the biases' column
+sums. With a graph of the backward wanted (``create_graph``), the reference is recomputed under
+autograd (exact second order).
 
 On CUDA a Triton kernel computes u_g (the envelope product, one pass), ``index_add`` sums R, the
 FFN runs as cuBLAS GEMMs with the bias and SiLU (and its slope) in the first layer's Triton kernel;
@@ -61,49 +64,55 @@ def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=
         return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
     if chunk is None:
         chunk = max(64, CHUNK_BYTES // (u.shape[1] * u.element_size()))
-    agg, y_new, _ = torch.ops.matris.refine_edges(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2,
-                                                  bool(smooth), int(chunk))
+    # training without a graph of the backward reads the FFN's hidden activation for W₂'s gradient
+    keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (w1, b1, w2, b2))
+    agg, y_new = torch.ops.matris.refine_edges(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2,
+                                               bool(smooth), int(chunk), keep)[:2]
     return agg if y is None else (agg, y_new)
 
 
 # ---------------------------------------------------------------------------- registered operators
-# matris::refine_edges (forward: R, y' and the FFN's SiLU slope) and matris::refine_edges_backward
-# (input gradients): CPU kernels in the C++ library (csrc/cpu/refine.cpp), CUDA kernels in Triton
-# (below). Autograd: the backward operator where only input gradients are wanted (inference), else
-# the reference under autograd (exact second order). Outputs: (R [n, C], y' [E, C], silu'(h) [E, C_h]);
-# without ``y`` (no edge update) the last two are empty.
+# matris::refine_edges (forward: R, y', the FFN's SiLU slope and, with keep_hidden, its activation) and
+# matris::refine_edges_backward (input gradients; with want_weights also G_h, for the weight
+# gradients): CPU kernels in the C++ library (csrc/cpu/refine.cpp), CUDA kernels in Triton (below).
+# Autograd: the backward operator without a graph of the backward (inference, and the first-order
+# passes of a training step), else the reference under autograd (exact second order). Outputs:
+# (R [n, C], y' [E, C], silu'(h) [E, C_h], silu(h) [E, C_h] or empty); without ``y`` (no edge
+# update) the last three are empty.
 LIB.define("refine_edges(Tensor u, Tensor q, Tensor src, Tensor tgt, SymInt num_segments, Tensor? y, "
-           "Tensor? res_weight, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, bool smooth, SymInt chunk) -> "
-           "(Tensor, Tensor, Tensor)")
+           "Tensor? res_weight, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, bool smooth, SymInt chunk, "
+           "bool keep_hidden) -> (Tensor, Tensor, Tensor, Tensor)")
 LIB.define("refine_edges_backward(Tensor g_agg, Tensor? g_ynew, Tensor u, Tensor q, Tensor src, Tensor tgt, "
            "Tensor? w1, Tensor? w2, Tensor h, Tensor? res_weight, bool smooth, SymInt chunk, bool want_u, "
-           "bool want_q, bool want_y) -> (Tensor, Tensor, Tensor)")
+           "bool want_q, bool want_y, bool want_weights) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
-def _refine_fake(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk):
+def _refine_fake(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk, keep_hidden):
     e, c = u.shape
     edges = y is not None
     return (u.new_empty((num_segments, c)), u.new_empty((e, w2.shape[0]) if edges else (0,)),
-            u.new_empty((e, w1.shape[0]) if edges else (0,)))
+            u.new_empty((e, w1.shape[0]) if edges else (0,)),
+            u.new_empty((e, w1.shape[0]) if edges and keep_hidden else (0,)))
 
 
 def _refine_backward_fake(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth, chunk, want_u, want_q,
-                          want_y):
+                          want_y, want_weights):
     return (u.new_empty(u.shape if want_u else (0,)), q.new_empty(q.shape if want_q else (0,)),
-            u.new_empty(g_ynew.shape if want_y and g_ynew is not None else (0,)))
+            u.new_empty(g_ynew.shape if want_y and g_ynew is not None else (0,)),
+            u.new_empty((u.shape[0], w1.shape[0]) if want_weights and g_ynew is not None else (0,)))
 
 
 def _refine_setup(ctx, inputs, output):
-    u, q, src, tgt, n, y, res_weight, w1, b1, w2, b2, smooth, chunk = inputs
+    u, q, src, tgt, n, y, res_weight, w1, b1, w2, b2, smooth, chunk, _keep = inputs
     ctx.set_materialize_grads(False)  # an output that reaches no loss gets None: its backward is skipped
-    ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, output[2])
+    ctx.save_for_backward(u, q, src, tgt, y, res_weight, w1, b1, w2, b2, output[2], output[3])
     ctx.n, ctx.smooth, ctx.chunk, ctx.edges = n, smooth, chunk, y is not None
     ctx.want = (u.requires_grad, q.requires_grad, y is not None and y.requires_grad)
     ctx.want_weights = any(t is not None and t.requires_grad for t in (res_weight, w1, b1, w2, b2))
 
 
 def _refine_backward(ctx, g_agg, g_ynew, *_unused):
-    u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h = ctx.saved_tensors
+    u, q, src, tgt, y, res_weight, w1, b1, w2, b2, h, act = ctx.saved_tensors
     n, smooth = ctx.n, ctx.smooth
     if g_agg is None:
         g_agg = u.new_zeros((n, u.shape[1]))
@@ -111,8 +120,10 @@ def _refine_backward(ctx, g_agg, g_ynew, *_unused):
         g_ynew = None
     if not ctx.edges and torch.is_grad_enabled():
         g = recompute_backward(lambda u_, q_: refine_edges_reference(u_, q_, src, tgt, n), (u, q), g_agg)
-        return g[0], g[1], *[None] * 11
-    if ctx.edges and (torch.is_grad_enabled() or ctx.want_weights):
+        return g[0], g[1], *[None] * 12
+    want_w = ctx.edges and ctx.want_weights
+    if ctx.edges and (torch.is_grad_enabled() or (want_w and act.numel() == 0 and u.shape[0] > 0)):
+        # create_graph (or weight gradients without the forward's activation): the reference under autograd
         def ref(u_, q_, y_, rw, w1_, w2_, *biases):
             bb = list(biases)
             b1_ = bb.pop(0) if b1 is not None else None
@@ -124,12 +135,19 @@ def _refine_backward(ctx, g_agg, g_ynew, *_unused):
         rest = list(g[6:])
         gb1 = rest.pop(0) if b1 is not None else None
         gb2 = rest.pop(0) if b2 is not None else None
-        return g[0], g[1], None, None, None, g[2], g[3], g[4], gb1, g[5], gb2, None, None
+        return g[0], g[1], None, None, None, g[2], g[3], g[4], gb1, g[5], gb2, None, None, None
     want_u, want_q, want_y = ctx.want
-    g_u, g_q, g_y = torch.ops.matris.refine_edges_backward(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth,
-                                                           ctx.chunk, want_u, want_q, want_y)
+    g_u, g_q, g_y, g_h = torch.ops.matris.refine_edges_backward(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight,
+                                                                smooth, ctx.chunk, want_u, want_q, want_y,
+                                                                want_w and g_ynew is not None)
+    g_w = [None] * 5  # res_weight, w1, b1, w2, b2
+    if want_w and g_ynew is not None:
+        # first order without a graph: GEMMs over the rows and column sums
+        x = u * (q.index_select(0, src) * q.index_select(0, tgt)) if smooth else u  # the FFN's input
+        g_w = [(g_ynew * y).sum(0).view(res_weight.shape), g_h.T @ x, g_h.sum(0) if b1 is not None else None,
+               g_ynew.T @ act, g_ynew.sum(0) if b2 is not None else None]
     return (g_u if want_u else None, g_q if want_q else None, None, None, None,
-            g_y if want_y and g_ynew is not None else None, None, None, None, None, None, None, None)
+            g_y if want_y and g_ynew is not None else None, *g_w, None, None, None)
 
 
 torch.library.register_fake("matris::refine_edges")(_refine_fake)
@@ -141,7 +159,7 @@ torch.library.register_autograd("matris::refine_edges", _refine_backward, setup_
 BLOCK_ROWS, BLOCK_COLS = 16, 64
 
 
-def _refine_triton(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk):
+def _refine_triton(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth, chunk, keep_hidden):
     """The CUDA kernel of ``matris::refine_edges``: the C++ kernel's outputs."""
     e, c = u.shape
     u, q = u.contiguous(), q.contiguous()
@@ -150,22 +168,23 @@ def _refine_triton(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, 
         _launch(u, q, src, tgt, u_g, None, None, None, None, None, False, False)
     agg = u.new_zeros((num_segments, c)).index_add_(0, tgt, u_g)
     if y is None:
-        return agg, u.new_empty((0,)), u.new_empty((0,))
+        return agg, u.new_empty((0,)), u.new_empty((0,)), u.new_empty((0,))
     pre = (u_g if smooth else u) @ w1.T
     if e:
         hid, slope = activate_with_slope([(pre, None)], b1, "silu", e)
     else:
-        hid = slope = pre
+        hid, slope = pre, torch.empty_like(pre)
     y_new = torch.addmm(b2, hid, w2.T) if b2 is not None else hid @ w2.T
-    return agg, y_new.addcmul_(res_weight, y), slope
+    return agg, y_new.addcmul_(res_weight, y), slope, hid if keep_hidden else u.new_empty((0,))
 
 
 def _refine_backward_triton(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight, smooth, chunk, want_u, want_q,
-                            want_y):
+                            want_y, want_weights):
     """The CUDA kernel of ``matris::refine_edges_backward`` (the formulas of the module docstring)."""
     e, c = u.shape
     edges = g_ynew is not None
-    g_in = ((g_ynew @ w2).mul_(h) @ w1) if edges else None  # G_in = (silu'(h) ⊙ G_y'·W₂)·W₁
+    g_h = (g_ynew @ w2).mul_(h) if edges else None  # G_h = silu'(h) ⊙ G_y'·W₂
+    g_in = g_h @ w1 if edges else None  # G_in = G_h·W₁
     g_u = torch.empty_like(u) if want_u else u.new_empty((0,))
     to_src = torch.empty_like(u) if want_q else None
     to_tgt = torch.empty_like(u) if want_q else None
@@ -174,7 +193,7 @@ def _refine_backward_triton(g_agg, g_ynew, u, q, src, tgt, w1, w2, h, res_weight
                 smooth, True, want_u=want_u, want_q=want_q)
     g_q = q.new_zeros(q.shape).index_add_(0, src, to_src).index_add_(0, tgt, to_tgt) if want_q else u.new_empty((0,))
     g_y = g_ynew * res_weight if edges and want_y else u.new_empty((0,))
-    return g_u, g_q, g_y
+    return g_u, g_q, g_y, g_h if edges and want_weights else u.new_empty((0,))
 
 
 def _launch(u, q, src, tgt, u_g, g_agg, g_in, g_u, to_src, to_tgt, smooth, backward, want_u=False, want_q=False):

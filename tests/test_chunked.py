@@ -60,11 +60,17 @@ def phi_norm(norm: str, d=6, seed=5) -> dict:
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("rows_term", [True, False])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_gated_phi_matches_reference(rows_term, chunk, norm):
+@pytest.mark.parametrize("weights", [False, True], ids=["inputs", "weights"])
+def test_gated_phi_matches_reference(rows_term, chunk, norm, weights):
+    """Values and first derivatives: of the inputs (the fused backward, as at inference), and with
+    ``weights`` of every weight too (the fused backward's weight gradients, as in a training step's
+    first-order passes)."""
     rows, rw, terms, w = phi_case(rows_term)
     eps = torch.finfo(F64).eps if norm == "rms" else 1e-5
     kw = phi_norm(norm)
     inputs = ([rows] if rows_term else []) + [p for p, _ in terms]
+    if weights:
+        inputs += ([rw] if rows_term else []) + w + [kw[k] for k in ("core_norm_bias", "gate_norm_bias") if k in kw]
     for x in inputs:
         x.requires_grad_(True)
     grad = torch.randn(37, 6, generator=_gen(1), dtype=F64)
@@ -149,13 +155,16 @@ def test_attention_pair_gradcheck_and_gradgradcheck(projected):
 
 @pytest.mark.usefixtures("loops")
 @pytest.mark.parametrize("chunk", [1, 6, 100])
-def test_attention_pair_with_the_residual_matches_reference(chunk):
+@pytest.mark.parametrize("weights", [False, True], ids=["inputs", "weights"])
+def test_attention_pair_with_the_residual_matches_reference(chunk, weights):
     """The line-graph form with the edges' residual y' = m + w ⊙ rows computed in the same pass: its
-    value and the gradients with y' used (∂L/∂m and ∂L/∂rows gain G_y' and w ⊙ G_y') or unused."""
+    value and the gradients with y' used (∂L/∂m and ∂L/∂rows gain G_y' and w ⊙ G_y') or unused;
+    with ``weights`` also the projection's and the residual weight's (the fused backward's)."""
     rows, w, _, m, tgt, src, n = attention_case(False, d=3)
     rw = torch.randn(1, 3, generator=_gen(4), dtype=F64)
-    rows.requires_grad_(True)
-    m.requires_grad_(True)
+    wanted = [rows, m] + ([w, rw] if weights else [])
+    for x in wanted:
+        x.requires_grad_(True)
     g = [torch.randn(n, 3, generator=_gen(2), dtype=F64), torch.randn(n, 3, generator=_gen(3), dtype=F64),
          torch.randn(m.shape, generator=_gen(5), dtype=F64)]
     want = attention_pair_reference(rows, w, None, m, tgt, src, n, res_weight=rw)
@@ -164,8 +173,8 @@ def test_attention_pair_with_the_residual_matches_reference(chunk):
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
     for used in (3, 2):
-        ga = torch.autograd.grad(got[:used], [rows, m], g[:used], retain_graph=True)
-        gb = torch.autograd.grad(want[:used], [rows, m], g[:used], retain_graph=True)
+        ga = torch.autograd.grad(got[:used], wanted, g[:used], retain_graph=True, allow_unused=True)
+        gb = torch.autograd.grad(want[:used], wanted, g[:used], retain_graph=True, allow_unused=True)
         for a, b in zip(ga, gb, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="line-graph"):
@@ -200,16 +209,21 @@ def refine_case(seed=0, e=29, b=6, c=4, bias=True):
 @pytest.mark.parametrize("smooth", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("chunk", [1, 7, 100])
-def test_refine_edges_matches_reference(smooth, bias, chunk):
+@pytest.mark.parametrize("weights", [False, True], ids=["inputs", "weights"])
+def test_refine_edges_matches_reference(smooth, bias, chunk, weights):
+    """Values and first derivatives of the inputs, with ``weights`` also of the FFN's and the
+    residual's weights (the fused backward's weight gradients)."""
     u, q, src, tgt, n, y, rw, w1, b1, w2, b2 = refine_case(bias=bias)
-    for t in (u, q, y):
+    wanted = [u, q, y] + ([t for t in (rw, w1, b1, w2, b2) if t is not None] if weights else [])
+    for t in wanted:
         t.requires_grad_(True)
     want = refine_edges_reference(u, q, src, tgt, n, y, rw, w1, b1, w2, b2, smooth)
     got = refine_edges(u, q, src, tgt, n, y, rw, w1, b1, w2, b2, smooth, chunk=chunk)
     gr, gy = torch.randn(n, 4, generator=_gen(5), dtype=F64), torch.randn(29, 4, generator=_gen(6), dtype=F64)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
-    for a, b in zip(torch.autograd.grad(got, [u, q, y], [gr, gy]), torch.autograd.grad(want, [u, q, y], [gr, gy])):
+    for a, b in zip(torch.autograd.grad(got, wanted, [gr, gy]), torch.autograd.grad(want, wanted, [gr, gy]),
+                    strict=True):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
 
 

@@ -24,7 +24,7 @@ RUNS = triton_available() if interpreting() else native.library() is not None
 pytestmark = pytest.mark.skipif(not RUNS, reason="no kernel: no C++ compiler (or triton under TRITON_INTERPRET=1)")
 
 
-def _phi_sample(dtype, e, layer, with_rows, seed=0, b=7, d_r=5, h=8, d=12):
+def _phi_sample(dtype, e, layer, with_rows, seed=0, b=7, d_r=5, h=8, d=12, keep_hidden=False):
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, grad=False, positive=False):
@@ -40,21 +40,21 @@ def _phi_sample(dtype, e, layer, with_rows, seed=0, b=7, d_r=5, h=8, d=12):
     weights = [r(2 * h), r(d, h), r(d), r(d, h), r(d), r(d, positive=True), r(d, positive=True)]
     norm_biases = [r(d), r(d)] if layer else [None, None]
     eps = 1e-5 if layer else torch.finfo(dtype).eps
-    args = (rows, row_weight, *weights, *norm_biases, projections, indices, eps, layer, 4)
+    args = (rows, row_weight, *weights, *norm_biases, projections, indices, eps, layer, 4, keep_hidden)
     return args
 
 
 def _samples():
     for dtype in (torch.float64, torch.float32):
         for layer in (False, True):
-            for e, with_rows in ((1, True), (37, True), (37, False), (0, True)):
-                yield pytest.param(dtype, layer, e, with_rows,
-                                   id=f"{str(dtype)[6:]}-{'layer' if layer else 'rms'}-{e}rows-{with_rows}")
+            for e, with_rows, keep in ((1, True, False), (37, True, True), (37, False, False), (0, True, True)):
+                yield pytest.param(dtype, layer, e, with_rows, keep,
+                                   id=f"{str(dtype)[6:]}-{'layer' if layer else 'rms'}-{e}rows-{with_rows}-keep{keep}")
 
 
-@pytest.mark.parametrize("dtype,layer,e,with_rows", list(_samples()))
-def test_gated_phi_operator_passes_opcheck(dtype, layer, e, with_rows):
-    args = _phi_sample(dtype, e, layer, with_rows)
+@pytest.mark.parametrize("dtype,layer,e,with_rows,keep", list(_samples()))
+def test_gated_phi_operator_passes_opcheck(dtype, layer, e, with_rows, keep):
+    args = _phi_sample(dtype, e, layer, with_rows, keep_hidden=keep)
     torch.library.opcheck(torch.ops.matris.gated_phi.default, args)
 
 
@@ -63,7 +63,7 @@ def test_gated_phi_operator_equals_its_reference_in_float64(layer):
     args = _phi_sample(torch.float64, 37, layer, True)
     rows, row_weight, *rest = args
     weights, (nbc, nbg), (projections, indices), eps = rest[:7], rest[7:9], rest[9:11], rest[11]
-    got = torch.ops.matris.gated_phi(*args)[0]
+    got = torch.ops.matris.gated_phi(*args)[0]  # keep_hidden False: the input gradients only
     want = gated_phi_reference(rows, row_weight, list(zip(projections, indices)), *weights, eps,
                                norm="layer" if layer else "rms", core_norm_bias=nbc, gate_norm_bias=nbg)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
@@ -134,7 +134,7 @@ def _refine_sample(dtype, e, edges, smooth, seed=2, b=5, n=6, c=6):
     tgt = torch.randint(0, n - 2, (e,), generator=g)  # nodes without edges
     ffn = (r(e, c, grad=True), r(1, c), r(c, c, scale=0.3), r(c), r(c, c, scale=0.3), r(c)) if edges else \
         (None,) * 6
-    return (r(e, c, grad=True), r(b, c, grad=True), src, tgt, n, *ffn, smooth, 4)
+    return (r(e, c, grad=True), r(b, c, grad=True), src, tgt, n, *ffn, smooth, 4, edges)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
@@ -150,11 +150,11 @@ def _every_output(seed=3):
     out = {}
     for layer in (False, True):
         args = _phi_sample(torch.float64, 37, layer, True, seed=seed)
-        fwd = torch.ops.matris.gated_phi(*args)
-        rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, lay, chunk = args
+        rows, row_weight, bias1, wc, bc, wg, bg, nc, ng, nbc, nbg, projs, indices, eps, lay, chunk, _ = args
+        fwd = torch.ops.matris.gated_phi(*args[:-1], True)  # keep_hidden: hid too
         grad = torch.randn(fwd[0].shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        bwd = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, nbg, *fwd[1:], indices,
-                                                  [p.shape[0] for p in projs], True, [True, True], lay, chunk)
+        bwd = torch.ops.matris.gated_phi_backward(grad, row_weight, wc, wg, nc, ng, nbc, nbg, *fwd[1:6], indices,
+                                                  [p.shape[0] for p in projs], True, [True, True], lay, chunk, True)
         out[f"phi-{layer}"] = [t.detach() for t in (*fwd, *bwd)]
     for form in ("line", "residual", "atom"):
         rows, w, ri, m, tgt, src, n, res, csr = _attention_sample(torch.float64, 37, form, seed=seed)
@@ -163,18 +163,18 @@ def _every_output(seed=3):
         g_t, g_s = (torch.randn(fwd[0].shape, generator=g, dtype=torch.float64) for _ in range(2))
         g_y = torch.randn(m.shape, generator=g, dtype=torch.float64) if res is not None else None
         bwd = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, w, ri, m, tgt, src, fwd[3], fwd[1],
-                                                       fwd[0], fwd[4], fwd[5], res, True, True)
+                                                       fwd[0], fwd[4], fwd[5], res, True, True, True)
         # α of the atom form is not returned by the CPU kernel either: both give an empty tensor
         out[f"attention-{form}"] = [t.detach() for t in (*fwd, *bwd)]
     for edges, smooth in ((True, False), (True, True), (False, False)):
         args = _refine_sample(torch.float64, 37, edges, smooth, seed=seed)
-        u, q, src, tgt, n, y, rw, w1, b1, w2, b2, sm, chunk = args
+        u, q, src, tgt, n, y, rw, w1, b1, w2, b2, sm, chunk, _ = args
         fwd = torch.ops.matris.refine_edges(*args)
         g = torch.Generator().manual_seed(seed)
         g_agg = torch.randn(fwd[0].shape, generator=g, dtype=torch.float64)
         g_y = torch.randn(u.shape, generator=g, dtype=torch.float64) if edges else None
         bwd = torch.ops.matris.refine_edges_backward(g_agg, g_y, u, q, src, tgt, w1, w2, fwd[2], rw, sm, chunk,
-                                                     True, True, edges)
+                                                     True, True, edges, True)
         out[f"refine-{edges}-{smooth}"] = [t.detach() for t in (*fwd, *bwd)]
     return out
 

@@ -20,7 +20,7 @@ Here a block is one autograd node whose backward is itself one differentiable no
   input gradients with ``create_graph``, and those differentiated against the incoming
   gradients: the second-order terms (``∂/∂x``, ``∂/∂G``, ``∂/∂θ``) of that block alone.
 - :class:`_Block`'s backward without a graph (the energy terms of the loss): the block recomputed
-  with autograd, first-order gradients of inputs and parameters.
+  with autograd on the fast kernels, first-order gradients of inputs and parameters.
 
 That is ``model.training_recompute = "blocks"`` (:data:`matris.model.model.RECOMPUTE_MODES`). With
 ``"rows"`` the same node nests: inside a block's recomputation with autograd, the widest work of
@@ -38,13 +38,14 @@ node's two extra passes):
 
 So at any moment the intermediates of one block are alive, those per angle for one chunk of
 rows only, next to the inputs and upstream gradients of all blocks (a few per-angle rows each):
-the numbers are in ``benchmarks/results/train_memory.json``. The nesting adds a forward and an
-input-gradient pass of the fast kernels, and a first-order pass of the composed ops (the nested
-node's own backward inside the block's second-order one), to the backward. The recomputations in which no
-parameter gradient is wanted run the call's fast kernels (the fused CPU operators or the Triton
-kernels); the others the composed ops, the references of the same formulas: the gradients equal
-the un-checkpointed ones to float rounding (``tests/test_recompute.py`` checks 1e-12 in float64,
-with the second-order terms, with the rows in several chunks).
+the numbers are in ``benchmarks/results/train_memory.json``. The nesting adds three passes of the
+fast kernels to the backward: a forward, an input-gradient pass and a first-order pass with weight
+gradients (the nested node's own backward inside the block's second-order one). The first-order
+recomputations run the call's fast kernels (the fused CPU operators or the Triton kernels, whose
+backwards give the weight gradients too); the second-order one the composed ops, the references of
+the same formulas: the gradients equal the un-checkpointed ones to float rounding
+(``tests/test_recompute.py`` checks 1e-12 in float64, with the second-order terms, with the rows
+in several chunks).
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ class _Spec:
     inputs marked in ``row_inputs`` and on whole other inputs only), and the backward passes
     recompute it ``chunk`` rows at a time, so only one chunk's intermediates are alive.
     ``row_outputs``: which outputs are row-wise (None: all); the others are sums over the rows
-    (``scatter_sum`` into nodes), whose upstream gradient every chunk reads whole."""
+    (``scatter_sum`` into nodes), whose upstream gradient every chunk reads whole. ``fast_first_order``:
+    the first-order backward with weight gradients runs the fast call (False: the composed call,
+    where that call nests row-chunked nodes whose own first-order backwards run fast, chunk by chunk:
+    the fast call would hold a whole block's rows)."""
 
     module: nn.Module
     arguments: object
@@ -85,6 +89,7 @@ class _Spec:
     row_inputs: tuple[bool, ...] = ()
     n_rows: int = 0
     row_outputs: tuple[bool, ...] | None = None
+    fast_first_order: bool = True
 
     def run(self, fast: bool, inputs, params=None, rows: slice | None = None):
         """The module on ``inputs`` (sliced to ``rows`` already where row-wise); ``params`` (tensors
@@ -140,16 +145,16 @@ class _Gathered:
 
 
 def recomputed(module: nn.Module, arguments, inputs: list, chunk: int = 0, row_inputs=(), n_rows: int = 0,
-               row_outputs=None) -> tuple[torch.Tensor, ...]:
+               row_outputs=None, fast_first_order: bool = True) -> tuple[torch.Tensor, ...]:
     """``module(*args, **kwargs)`` (a tuple of tensors), ``args, kwargs = arguments(inputs, True, None)``,
     as one autograd node that keeps only ``inputs`` and recomputes the rest in the backward passes
     (see the module docstring); ``arguments(inputs, False, rows)`` must give the same call with the
-    composed ops. ``chunk``, ``row_inputs``, ``n_rows``, ``row_outputs``: a row-wise module
-    recomputed ``chunk`` of its ``n_rows`` rows at a time (see :class:`_Spec`)."""
+    composed ops. ``chunk``, ``row_inputs``, ``n_rows``, ``row_outputs``, ``fast_first_order``: see
+    :class:`_Spec` (a row-wise module recomputed ``chunk`` of its ``n_rows`` rows at a time)."""
     named = list(module.named_parameters())
     names, params = tuple(n for n, _ in named), [p for _, p in named]
     spec = _Spec(module, arguments, names, len(inputs), chunk, tuple(row_inputs), n_rows,
-                 None if row_outputs is None else tuple(row_outputs))
+                 None if row_outputs is None else tuple(row_outputs), fast_first_order)
     return _Block.apply(spec, *inputs, *params)
 
 
@@ -165,7 +170,11 @@ def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: to
         g = dataclasses.replace(fast if use_fast else exact, rbf_pair=rbf_pair, rbf_3b=rbf_3b)
         return (h_, e_, a_, g), {"last": last}
 
-    return recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b])
+    # with row chunks (the rows mode) the first-order pass runs the composed call, whose nested
+    # row nodes run theirs fast chunk by chunk; a whole block's rows on the fast kernels would
+    # hold hundreds of MB per block of a 64-atom cell
+    return recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b],
+                      fast_first_order=exact.row_chunks is None)
 
 
 def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
@@ -242,7 +251,8 @@ class _Block(torch.autograd.Function):
         for rows in spec.slices():
             with torch.enable_grad():
                 xs = _detached(spec.take(inputs, rows), needs[:k])
-                out = spec.run(False, xs, rows=rows)
+                # the fast kernels: their first-order backwards give the weight gradients too
+                out = spec.run(spec.fast_first_order, xs, rows=rows)
                 total.add(_grads(out, xs + wanted, spec.cut(grads, rows)), rows)
         return (None, *total.out)
 

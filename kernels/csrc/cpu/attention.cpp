@@ -123,19 +123,21 @@ static inline void attn_bwd_row(const T* a, const T* mv, const T* out_s, const T
 // is in cache, wp packed [2c → K]; the whole [e, 2c] on the atom graph, summed into
 // g_rows[row_index] afterwards, threads owning channels). With gy (nullable, the residual's
 // gradient, line graph; then K = c): gm += gy and g_rows += rw ⊙ gy (one rounding, as addcmul_).
+// ga_keep (nullable, line graph, [e, 2c]): ∂L/∂α of every row is written there instead of a block
+// buffer (the projection's weight gradient is a GEMM over all rows of it: kernels/aggregate.py).
 template <typename T>
 void attn_bwd(const T* alpha, const i64* aidx, const T* m, const i64* src, const i64* tgt, i64 e, i64 c,
               const T* out_s, const T* out_t, const T* lse_s, const T* lse_t, const T* g_s, const T* g_t, T* gm,
-              const T* wp, i64 K, T* g_rows, const T* gy, const T* rw, T* ga_all, int nt) {
+              const T* wp, i64 K, T* g_rows, const T* gy, const T* rw, T* ga_all, T* ga_keep, int nt) {
     const i64 w = 2 * c;
 #pragma omp parallel num_threads(nt)
     {
         i64 b, en;
         split(e, b, en);
-        std::vector<T> block(aidx ? 0 : kBlock * w);
+        std::vector<T> block(aidx || ga_keep ? 0 : kBlock * w);
         for (i64 s = b; s < en; s += kBlock) {
             const i64 mb = std::min(kBlock, en - s);
-            T* ga = aidx ? ga_all + s * w : block.data();
+            T* ga = aidx ? ga_all + s * w : (ga_keep ? ga_keep + s * w : block.data());
             for (i64 i = 0; i < mb; ++i) {
                 const i64 r = s + i, os = src[r] * c, ot = tgt[r] * c;
                 const T* a = aidx ? alpha + aidx[r] * w : alpha + r * w;
@@ -225,11 +227,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     return {out_t, out_s, y_new, alpha, lse_s, lse_t};
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_pair_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_pair_backward(
     const at::Tensor& g_t_in, const at::Tensor& g_s_in, const Opt& g_y_in, const at::Tensor& rows,
     const Opt& weight, const Opt& row_index, const at::Tensor& messages, const at::Tensor& target,
     const at::Tensor& source, const at::Tensor& alpha_in, const at::Tensor& out_s, const at::Tensor& out_t,
-    const at::Tensor& lse_s, const at::Tensor& lse_t, const Opt& res_weight, bool want_rows, bool want_messages) {
+    const at::Tensor& lse_s, const at::Tensor& lse_t, const Opt& res_weight, bool want_rows, bool want_messages,
+    bool want_weights) {
     const auto dtype = messages.scalar_type();
     const bool atom = given(row_index);
     const i64 e = messages.size(0), c = messages.size(1), w = 2 * c;
@@ -245,9 +248,11 @@ std::tuple<at::Tensor, at::Tensor> attention_pair_backward(
     at::Tensor g_rows = want_rows ? (atom ? at::zeros(rows.sizes(), opts) : at::empty(rows.sizes(), opts))
                                   : at::empty({0}, opts);
     at::Tensor g_m = want_messages ? at::empty({e, c}, opts) : at::empty({0}, opts);
+    // ∂L/∂α per row for the projection's weight gradient (line graph)
+    at::Tensor g_alpha = want_weights && !atom ? at::empty({e, w}, opts) : at::empty({0}, opts);
     if (e == 0) {
         if (want_rows) g_rows.zero_();
-        return {g_rows, g_m};
+        return {g_rows, g_m, g_alpha};
     }
     const i64 K = atom ? 0 : rows.size(1);
     const at::Tensor wp = !atom && want_rows ? pack(*weight) : at::Tensor();
@@ -260,9 +265,10 @@ std::tuple<at::Tensor, at::Tensor> attention_pair_backward(
                            lse_t.data_ptr<scalar_t>(), g_s.data_ptr<scalar_t>(), g_t.data_ptr<scalar_t>(),
                            want_messages ? g_m.data_ptr<scalar_t>() : nullptr, data<scalar_t>(wp), K,
                            want_rows ? g_rows.data_ptr<scalar_t>() : nullptr, data<scalar_t>(g_y), data<scalar_t>(rw),
-                           data<scalar_t>(ga_all), threads());
+                           data<scalar_t>(ga_all), want_weights && !atom ? g_alpha.data_ptr<scalar_t>() : nullptr,
+                           threads());
     });
-    return {g_rows, g_m};
+    return {g_rows, g_m, g_alpha};
 }
 
 }  // namespace

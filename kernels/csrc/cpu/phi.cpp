@@ -72,17 +72,24 @@ static inline void gated_fwd_any(int layer, T* c, T* g, i64 d, const T* bc, cons
 // Its backward (input gradients): G → (G_core, G_gate), the formulas of kernels/phi.py; c and g
 // are the stored rows (centred for LayerNorm), whose gradient through x·r with r = rsqrt(mean(x²)
 // + eps) is r·X − x·r³·mean(X ⊙ x), X = ∂L/∂(x·r); LayerNorm's centring also subtracts r·mean(X).
-template <typename T, bool Layer>
+// Keep: also write ∂L/∂cn and ∂L/∂gn (the norms' outputs) to ocn, ogn, for the norms' weight gradients.
+template <typename T, bool Layer, bool Keep>
 static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* nc, const T* ng, const T* nbc,
-                                 const T* nbg, i64 d, T a, T bb, T* oc, T* og) {
+                                 const T* nbg, i64 d, T a, T bb, T* oc, T* og, T* ocn, T* ogn) {
     T dc = 0, dg = 0, mc = 0, mg = 0;
 #pragma omp simd reduction(+ : dc, dg, mc, mg)
     for (i64 j = 0; j < d; ++j) {
         const T cn = Layer ? c[j] * a * nc[j] + nbc[j] : c[j] * a * nc[j];
         const T sc = sigm(cn);
         const T sv = sigm(Layer ? g[j] * bb * ng[j] + nbg[j] : g[j] * bb * ng[j]);  // as the forward
-        const T xc = G[j] * sv * sc * (T(1) + cn * (T(1) - sc)) * nc[j];  // ∂L/∂(core·rc)
-        const T xg = G[j] * cn * sc * sv * (T(1) - sv) * ng[j];            // ∂L/∂(gate·rg)
+        const T gcn = G[j] * sv * sc * (T(1) + cn * (T(1) - sc));  // ∂L/∂cn
+        const T ggn = G[j] * cn * sc * sv * (T(1) - sv);              // ∂L/∂gn
+        if (Keep) {
+            ocn[j] = gcn;
+            ogn[j] = ggn;
+        }
+        const T xc = gcn * nc[j];  // ∂L/∂(core·rc)
+        const T xg = ggn * ng[j];  // ∂L/∂(gate·rg)
         oc[j] = xc;
         og[j] = xg;
         dc += xc * c[j];
@@ -106,11 +113,17 @@ static inline void gated_bwd_row(const T* c, const T* g, const T* G, const T* nc
 
 template <typename T>
 static inline void gated_bwd_any(int layer, const T* c, const T* g, const T* G, const T* nc, const T* ng,
-                                 const T* nbc, const T* nbg, i64 d, T a, T bb, T* oc, T* og) {
-    if (layer)
-        gated_bwd_row<T, true>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og);
-    else
-        gated_bwd_row<T, false>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og);
+                                 const T* nbc, const T* nbg, i64 d, T a, T bb, T* oc, T* og, T* ocn, T* ogn) {
+    if (ocn) {
+        if (layer)
+            gated_bwd_row<T, true, true>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og, ocn, ogn);
+        else
+            gated_bwd_row<T, false, true>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og, ocn, ogn);
+    } else if (layer) {
+        gated_bwd_row<T, true, false>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og, ocn, ogn);
+    } else {
+        gated_bwd_row<T, false, false>(c, g, G, nc, ng, nbc, nbg, d, a, bb, oc, og, ocn, ogn);
+    }
 }
 
 
@@ -122,29 +135,32 @@ template <typename T> static inline void prefetch_row(const T* row, i64 w) {
 // Forward: pre = rows·W_r (rows nullable) + b₁ + Σ_k P_k[idx_k]; hid = silu(pre), pre ← silu'(pre);
 // core = hid_c·W_c, gate = hid_g·W_g; then the gated epilogue (gated_fwd_row, biases added there).
 // wr, wc, wg: packed (pack) [dr → 2H], [H → d], [H → d]; rows [n, dr] with row stride ldr.
+// hid_out (nullable, [n, 2H]): hid is written there instead of a block buffer (the second layers'
+// weight gradients read it: training without a graph of the backward).
 template <typename T>
 void phi_fwd(const T* rows, i64 ldr, i64 dr, const T* wr, i64 n, i64 h, const T* bias, int nterms,
              const T* const* projs, const i64* const* idx, const T* wc, const T* wg, i64 d, const T* bc, const T* bg,
              const T* nc, const T* ng, const T* nbc, const T* nbg, int layer, T eps, T* pre, T* core, T* gate, T* rc,
-             T* rg, T* out, int nt) {
+             T* rg, T* out, T* hid_out, int nt) {
     const i64 w = 2 * h;
 #pragma omp parallel num_threads(nt)
     {
         i64 b, e;
         split(n, b, e);
-        std::vector<T> hid(kBlock * w);
+        std::vector<T> buffer(hid_out ? 0 : kBlock * w);
         for (i64 s = b; s < e; s += kBlock) {
             const i64 m = std::min(kBlock, e - s);
             T* p = pre + s * w;
+            T* hid = hid_out ? hid_out + s * w : buffer.data();
             // the block's gathered rows (random rows of tables larger than L2) are requested
             // before its first GEMM, which then hides their latency
             for (int k = 0; k < nterms; ++k)
                 for (i64 r = s; r < s + m; ++r) prefetch_row(projs[k] + idx[k][r] * w, w);
             if (rows) gemm_serial(rows + s * ldr, m, dr, ldr, wr, w, p, w, (const T*)nullptr, 0);
             for (i64 r = 0; r < m; ++r)
-                gather_silu_row(p + r * w, hid.data() + r * w, w, bias, rows == nullptr, nterms, projs, idx, s + r, 1);
-            gemm_serial(hid.data(), m, h, w, wc, d, core + s * d, d, (const T*)nullptr, 0);
-            gemm_serial(hid.data() + h, m, h, w, wg, d, gate + s * d, d, (const T*)nullptr, 0);
+                gather_silu_row(p + r * w, hid + r * w, w, bias, rows == nullptr, nterms, projs, idx, s + r, 1);
+            gemm_serial((const T*)hid, m, h, w, wc, d, core + s * d, d, (const T*)nullptr, 0);
+            gemm_serial((const T*)hid + h, m, h, w, wg, d, gate + s * d, d, (const T*)nullptr, 0);
             for (i64 r = s; r < s + m; ++r)
                 gated_fwd_any<T, true>(layer, core + r * d, gate + r * d, d, bc, bg, nc, ng, nbc, nbg, eps, rc + r,
                                        rg + r, out + r * d);
@@ -156,30 +172,36 @@ void phi_fwd(const T* rows, i64 ldr, i64 dr, const T* wr, i64 n, i64 h, const T*
 // G_pre = silu'(pre) ⊙ [G_core·W_cᵀ ‖ G_gate·W_gᵀ], G_rows = G_pre·W_r (g_rows nullable) by
 // blocks of rows; every `chunk` rows the chunk's G_pre is scattered to the projections' gradients
 // outs_k[idx_k] (threads own channel ranges, rows in order: the same sums for any thread count).
-// wc, wg: packed [d → H]; wr: packed [2H → dr].
+// wc, wg: packed [d → H]; wr: packed [2H → dr]. With keep (weight gradients wanted), G_pre, G_core,
+// G_gate, ∂L/∂cn and ∂L/∂gn of every row are written to keep[0..4] ([n, 2H], then [n, d] each) instead
+// of block buffers: the weight gradients are GEMMs over all rows of those (kernels/phi.py).
 template <typename T>
 void phi_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* rg, const T* nc, const T* ng,
              const T* nbc, const T* nbg, int layer, const T* pre, i64 n, i64 d, i64 h, const T* wc, const T* wg,
-             const T* wr, i64 dr, T* g_rows, int nterms, T* const* outs, const i64* const* idx, i64 chunk, int nt) {
+             const T* wr, i64 dr, T* g_rows, int nterms, T* const* outs, const i64* const* idx, i64 chunk,
+             T* const* keep, int nt) {
     const i64 w = 2 * h;
-    std::vector<T> gh(std::min(chunk, n) * w);
+    std::vector<T> gh(keep ? 0 : std::min(chunk, n) * w);
 #pragma omp parallel num_threads(nt)
     {
-        std::vector<T> gc(kBlock * d), gg(kBlock * d);
+        std::vector<T> gc(keep ? 0 : kBlock * d), gg(keep ? 0 : kBlock * d);
         for (i64 s0 = 0; s0 < n; s0 += chunk) {
             const i64 k = std::min(chunk, n - s0);
+            T* ghc = keep ? keep[0] + s0 * w : gh.data();  // the chunk's G_pre
             i64 b, e;
             split(k, b, e);
             for (i64 s = b; s < e; s += kBlock) {
                 const i64 m = std::min(kBlock, e - s), r0 = s0 + s;
+                T* bc_ = keep ? keep[1] + r0 * d : gc.data();
+                T* bg_ = keep ? keep[2] + r0 * d : gg.data();
                 for (i64 r = 0; r < m; ++r) {
                     const i64 o = (r0 + r) * d;
                     gated_bwd_any(layer, core + o, gate + o, grad + o, nc, ng, nbc, nbg, d, rc[r0 + r], rg[r0 + r],
-                                  gc.data() + r * d, gg.data() + r * d);
+                                  bc_ + r * d, bg_ + r * d, keep ? keep[3] + o : nullptr, keep ? keep[4] + o : nullptr);
                 }
-                T* gp = gh.data() + s * w;
-                gemm_serial(gc.data(), m, d, d, wc, h, gp, w, pre + r0 * w, w);
-                gemm_serial(gg.data(), m, d, d, wg, h, gp + h, w, pre + r0 * w + h, w);
+                T* gp = ghc + s * w;
+                gemm_serial((const T*)bc_, m, d, d, wc, h, gp, w, pre + r0 * w, w);
+                gemm_serial((const T*)bg_, m, d, d, wg, h, gp + h, w, pre + r0 * w + h, w);
                 if (g_rows) gemm_serial((const T*)gp, m, w, w, wr, dr, g_rows + r0 * dr, dr, (const T*)nullptr, 0);
             }
             if (nterms) {
@@ -187,7 +209,7 @@ void phi_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* 
                 i64 j0, j1;
                 channel_range(w, j0, j1);
                 for (i64 r = 0; r < k; ++r) {
-                    const T* src = gh.data() + r * w;
+                    const T* src = ghc + r * w;
                     for (int t = 0; t < nterms; ++t) {
                         T* o = outs[t] + idx[t][s0 + r] * w;
 #pragma omp simd
@@ -203,12 +225,12 @@ void phi_bwd(const T* grad, const T* core, const T* gate, const T* rc, const T* 
 using Tensors = std::vector<at::Tensor>;
 using Opt = std::optional<at::Tensor>;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_phi(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_phi(
     const Opt& rows_in, const Opt& row_weight, const at::Tensor& bias1_in, const at::Tensor& core_weight,
     const at::Tensor& core_bias_in, const at::Tensor& gate_weight, const at::Tensor& gate_bias_in,
     const at::Tensor& core_norm_in, const at::Tensor& gate_norm_in, const Opt& core_norm_bias,
     const Opt& gate_norm_bias, at::TensorList projections, at::TensorList indices, double eps, bool layer,
-    int64_t chunk) {
+    int64_t chunk, bool keep_hidden) {
     (void)chunk;  // the forward needs no chunks: rows never scatter
     const auto dtype = bias1_in.scalar_type();
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "matris::gated_phi takes float32 or float64, got ", dtype);
@@ -242,7 +264,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                                  : at::Tensor();
     auto opts = bias1.options();
     at::Tensor out = at::empty({n, d}, opts), pre = at::empty({n, two_h}, opts), core = at::empty({n, d}, opts),
-               gate = at::empty({n, d}, opts), r_c = at::empty({n, 1}, opts), r_g = at::empty({n, 1}, opts);
+               gate = at::empty({n, d}, opts), r_c = at::empty({n, 1}, opts), r_g = at::empty({n, 1}, opts),
+               hid = keep_hidden ? at::empty({n, two_h}, opts) : at::empty({0}, opts);
     const at::Tensor wr = has_rows ? pack(row_weight->t()) : at::Tensor();
     const at::Tensor wc = pack(core_weight.t()), wg = pack(gate_weight.t());
     AT_DISPATCH_FLOATING_TYPES(dtype, "matris_gated_phi", [&] {
@@ -259,9 +282,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                           gate_norm.data_ptr<scalar_t>(), data<scalar_t>(nbc), data<scalar_t>(nbg), (int)layer,
                           (scalar_t)eps, pre.data_ptr<scalar_t>(), core.data_ptr<scalar_t>(),
                           gate.data_ptr<scalar_t>(), r_c.data_ptr<scalar_t>(), r_g.data_ptr<scalar_t>(),
-                          out.data_ptr<scalar_t>(), threads());
+                          out.data_ptr<scalar_t>(), keep_hidden ? hid.data_ptr<scalar_t>() : nullptr, threads());
     });
-    return {out, pre, core, gate, r_c, r_g};
+    return {out, pre, core, gate, r_c, r_g, hid};
 }
 
 Tensors gated_phi_backward(const at::Tensor& grad_in, const Opt& row_weight, const at::Tensor& core_weight,
@@ -270,7 +293,7 @@ Tensors gated_phi_backward(const at::Tensor& grad_in, const Opt& row_weight, con
                            const at::Tensor& slope, const at::Tensor& core, const at::Tensor& gate,
                            const at::Tensor& r_c, const at::Tensor& r_g, at::TensorList indices,
                            at::IntArrayRef projection_rows, bool want_rows, c10::List<bool> want_projections,
-                           bool layer, int64_t chunk) {
+                           bool layer, int64_t chunk, bool want_weights) {
     const auto dtype = slope.scalar_type();
     TORCH_CHECK(indices.size() == projection_rows.size() && indices.size() == want_projections.size(),
                 "matris::gated_phi_backward: one index, row count and flag per projection");
@@ -302,21 +325,30 @@ Tensors gated_phi_backward(const at::Tensor& grad_in, const Opt& row_weight, con
             result.push_back(at::empty({0}, opts));
         }
     }
+    // weight gradients: G_pre [n, 2H], G_core, G_gate, ∂L/∂cn, ∂L/∂gn [n, d] (see phi_bwd)
+    Tensors keep;
+    if (want_weights) {
+        keep.push_back(at::empty({n, two_h}, opts));
+        for (int k = 0; k < 4; ++k) keep.push_back(at::empty({n, d}, opts));
+        result.insert(result.end(), keep.begin(), keep.end());
+    }
     if (n == 0) return result;
     const at::Tensor wc = pack(core_weight), wg = pack(gate_weight);
     const at::Tensor wr = want_rows ? pack(*row_weight) : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES(dtype, "matris_gated_phi_backward", [&] {
-        std::vector<scalar_t*> op;
+        std::vector<scalar_t*> op, kp;
         std::vector<const i64*> ip;
         for (size_t k = 0; k < wanted.size(); ++k) {
             op.push_back(wanted[k].data_ptr<scalar_t>());
             ip.push_back(wanted_idx[k].data_ptr<i64>());
         }
+        for (auto& t : keep) kp.push_back(t.data_ptr<scalar_t>());
         phi_bwd<scalar_t>(grad.data_ptr<scalar_t>(), core.data_ptr<scalar_t>(), gate.data_ptr<scalar_t>(),
                           r_c.data_ptr<scalar_t>(), r_g.data_ptr<scalar_t>(), core_norm.data_ptr<scalar_t>(),
                           gate_norm.data_ptr<scalar_t>(), data<scalar_t>(nbc), data<scalar_t>(nbg), (int)layer, slope.data_ptr<scalar_t>(), n, d, h, wc.data_ptr<scalar_t>(),
                           wg.data_ptr<scalar_t>(), data<scalar_t>(wr), dr, want_rows ? g_rows.data_ptr<scalar_t>() : nullptr,
-                          (int)op.size(), op.data(), ip.data(), std::max<int64_t>(1, chunk), threads());
+                          (int)op.size(), op.data(), ip.data(), std::max<int64_t>(1, chunk),
+                          want_weights ? kp.data() : nullptr, threads());
     });
     return result;
 }

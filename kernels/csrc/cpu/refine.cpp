@@ -30,16 +30,17 @@ static inline void refine_bwd_row(const T* gr, const T* gi, const T* ur, const T
 // Forward: per block of rows, u_g = u ⊙ q[src] ⊙ q[tgt] into the chunk's buffer, then (y given)
 // h = (u_g or u)·W₁ (kept: ← silu'(h + b₁)), y' = silu(h + b₁)·W₂ + b₂ + w ⊙ y; every `chunk` rows
 // the chunk's u_g is summed into agg[tgt] (threads own channel ranges, rows in order).
-// w1p: packed [C → H]; w2p: packed [H → C]; b1, b2 nullable.
+// w1p: packed [C → H]; w2p: packed [H → C]; b1, b2 nullable. act_out (nullable, [e, H]): the FFN's
+// hidden activation silu(h + b₁) is written there instead of a block buffer (W₂'s weight gradient).
 template <typename T>
 void refine_fwd_whole(const T* u, const T* q, const i64* src, const i64* tgt, i64 e, i64 c,
                              const T* y, const T* rw, const T* w1p, const T* b1, const T* w2p,
                              const T* b2, i64 hd, int smooth, i64 chunk, T* agg, T* h, T* y_new,
-                             int nt) {
+                             T* act_out, int nt) {
     std::vector<T> ugc(std::min(chunk, e) * c);
 #pragma omp parallel num_threads(nt)
     {
-        std::vector<T> act(y ? kBlock * hd : 0);
+        std::vector<T> buffer(y && !act_out ? kBlock * hd : 0);
         for (i64 s0 = 0; s0 < e; s0 += chunk) {
             const i64 k = std::min(chunk, e - s0);
             i64 b, en;
@@ -56,11 +57,12 @@ void refine_fwd_whole(const T* u, const T* q, const i64* src, const i64* tgt, i6
                     for (i64 j = 0; j < c; ++j) o[j] = ur[j] * (qs[j] * qt[j]);
                 }
                 if (!y) continue;
+                T* act = act_out ? act_out + r0 * hd : buffer.data();
                 gemm_serial(smooth ? ugc.data() + s * c : u + r0 * c, mb, c, c, w1p, hd, h + r0 * hd, hd, (const T*)nullptr, 0);
                 for (i64 i = 0; i < mb; ++i)
-                    gather_silu_row(h + (r0 + i) * hd, act.data() + i * hd, hd, b1, 0, 0, (const T* const*)nullptr,
+                    gather_silu_row(h + (r0 + i) * hd, act + i * hd, hd, b1, 0, 0, (const T* const*)nullptr,
                                     (const i64* const*)nullptr, 0, 1);
-                gemm_serial(act.data(), mb, hd, hd, w2p, c, y_new + r0 * c, c, (const T*)nullptr, 0);
+                gemm_serial((const T*)act, mb, hd, hd, w2p, c, y_new + r0 * c, c, (const T*)nullptr, 0);
                 for (i64 r = r0; r < r0 + mb; ++r) {
                     T* o = y_new + r * c;
                     const T* yr = y + r * c;
@@ -91,16 +93,17 @@ void refine_fwd_whole(const T* u, const T* q, const i64* src, const i64* tgt, i6
 // rows; then refine_bwd_row (G_u into g_u, nullable; the two terms of G_q into the chunk's
 // buffers), and every `chunk` rows those terms are summed into g_q by source, then by target.
 // w2p: packed [C → H] (W₂ [C, H] as it is); w1p: packed [H → C]. With g_y (nullable), also the
-// residual's G_y = rw ⊙ G_y'.
+// residual's G_y = rw ⊙ G_y'. gh_out (nullable, [e, H]): G_h of every row is written there instead of
+// a block buffer (W₁'s weight gradient).
 template <typename T>
 void refine_bwd_whole(const T* g_agg, const T* g_ynew, const T* u, const T* q, const i64* src,
                              const i64* tgt, i64 e, i64 c, const T* h, const T* w2p, const T* w1p, i64 hd,
-                             int smooth, T* g_u, T* g_q, T* g_y, const T* rw, i64 chunk, int nt) {
+                             int smooth, T* g_u, T* g_q, T* g_y, const T* rw, i64 chunk, T* gh_out, int nt) {
     const i64 kc = std::min(chunk, e);
     std::vector<T> ps(g_q ? kc * c : 0), pt(g_q ? kc * c : 0);
 #pragma omp parallel num_threads(nt)
     {
-        std::vector<T> gh(g_ynew ? kBlock * hd : 0), gin(g_ynew ? kBlock * c : 0);
+        std::vector<T> buffer(g_ynew && !gh_out ? kBlock * hd : 0), gin(g_ynew ? kBlock * c : 0);
         auto rows = [&](i64 s, i64 r0, i64 mb, auto has_in, auto has_u, auto has_q) {
             for (i64 i = 0; i < mb; ++i) {
                 const i64 r = r0 + i;
@@ -126,8 +129,9 @@ void refine_bwd_whole(const T* g_agg, const T* g_ynew, const T* u, const T* q, c
 #pragma omp simd
                             for (i64 j = 0; j < c; ++j) o[j] = gr[j] * rw[j];
                         }
-                    gemm_serial(g_ynew + r0 * c, mb, c, c, w2p, hd, gh.data(), hd, h + r0 * hd, hd);
-                    gemm_serial(gh.data(), mb, hd, hd, w1p, c, gin.data(), c, (const T*)nullptr, 0);
+                    T* gh = gh_out ? gh_out + r0 * hd : buffer.data();
+                    gemm_serial(g_ynew + r0 * c, mb, c, c, w2p, hd, gh, hd, h + r0 * hd, hd);
+                    gemm_serial((const T*)gh, mb, hd, hd, w1p, c, gin.data(), c, (const T*)nullptr, 0);
                     if (g_u && g_q) rows(s, r0, mb, Y{}, Y{}, Y{});
                     else if (g_u) rows(s, r0, mb, Y{}, Y{}, N{});
                     else if (g_q) rows(s, r0, mb, Y{}, N{}, Y{});
@@ -167,12 +171,12 @@ static bool given(const Opt& t) { return t.has_value() && t->defined(); }
 // about 2 MiB of rows per scatter chunk
 static i64 default_chunk(i64 c, size_t size) { return std::max<i64>(64, (i64(2) << 20) / std::max<i64>(1, c * size)); }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> refine_edges(const at::Tensor& u_in, const at::Tensor& q_in,
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> refine_edges(const at::Tensor& u_in, const at::Tensor& q_in,
                                                             const at::Tensor& src_in, const at::Tensor& tgt_in,
                                                             int64_t num_segments, const Opt& y_in,
                                                             const Opt& res_weight, const Opt& w1, const Opt& b1_in,
                                                             const Opt& w2, const Opt& b2_in, bool smooth,
-                                                            int64_t chunk) {
+                                                            int64_t chunk, bool keep_hidden) {
     const auto dtype = u_in.scalar_type();
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "matris::refine_edges takes float32 or float64, got ",
                 dtype);
@@ -189,7 +193,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> refine_edges(const at::Tensor& u_
     const i64 hd = edges ? w1->size(0) : 0;
     at::Tensor y_new = edges ? at::empty({e, w2->size(0)}, opts) : at::empty({0}, opts);
     at::Tensor h = edges ? at::empty({e, hd}, opts) : at::empty({0}, opts);
-    if (e == 0) return {agg, y_new, h};
+    at::Tensor act = edges && keep_hidden ? at::empty({e, hd}, opts) : at::empty({0}, opts);
+    if (e == 0) return {agg, y_new, h, act};
     at::Tensor y, rw, w1p, w2p, b1, b2;
     if (edges) {
         y = y_in->contiguous();
@@ -208,15 +213,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> refine_edges(const at::Tensor& u_
                                    tgt.data_ptr<i64>(), e, c, data<scalar_t>(y), data<scalar_t>(rw),
                                    data<scalar_t>(w1p), data<scalar_t>(b1), data<scalar_t>(w2p), data<scalar_t>(b2), hd,
                                    (int)smooth, chunk, agg.data_ptr<scalar_t>(), data<scalar_t>(h),
-                                   data<scalar_t>(y_new), threads());
+                                   data<scalar_t>(y_new), edges && keep_hidden ? act.data_ptr<scalar_t>() : nullptr,
+                                   threads());
     });
-    return {agg, y_new, h};
+    return {agg, y_new, h, act};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> refine_edges_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> refine_edges_backward(
     const at::Tensor& g_agg_in, const Opt& g_ynew_in, const at::Tensor& u_in, const at::Tensor& q_in,
     const at::Tensor& src_in, const at::Tensor& tgt_in, const Opt& w1, const Opt& w2, const at::Tensor& h,
-    const Opt& res_weight, bool smooth, int64_t chunk, bool want_u, bool want_q, bool want_y) {
+    const Opt& res_weight, bool smooth, int64_t chunk, bool want_u, bool want_q, bool want_y, bool want_weights) {
     const auto dtype = u_in.scalar_type();
     const at::Tensor u = u_in.contiguous(), q = q_in.contiguous(), src = src_in.contiguous(), tgt = tgt_in.contiguous(),
                      g_agg = g_agg_in.contiguous();
@@ -228,7 +234,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> refine_edges_backward(
     at::Tensor g_u = want_u ? at::empty(u.sizes(), opts) : at::empty(none, opts);
     at::Tensor g_q = want_q ? at::zeros(q.sizes(), opts) : at::empty(none, opts);
     at::Tensor g_y = at::empty(want_y && ffn ? edge_shape : none, opts);
-    if (e == 0) return {g_u, g_q, g_y};
+    const bool keep = want_weights && ffn;  // G_h per row: W₁'s weight gradient
+    at::Tensor g_h = keep ? at::empty({e, w1->size(0)}, opts) : at::empty(none, opts);
+    if (e == 0) return {g_u, g_q, g_y, g_h};
     at::Tensor g_ynew, w1p, w2p, rw;
     i64 hd = 0;
     if (ffn) {
@@ -248,9 +256,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> refine_edges_backward(
                                    (int)smooth, want_u ? g_u.data_ptr<scalar_t>() : nullptr,
                                    want_q ? g_q.data_ptr<scalar_t>() : nullptr,
                                    want_y && ffn ? g_y.data_ptr<scalar_t>() : nullptr, data<scalar_t>(rw), chunk,
-                                   threads());
+                                   keep ? g_h.data_ptr<scalar_t>() : nullptr, threads());
     });
-    return {g_u, g_q, g_y};
+    return {g_u, g_q, g_y, g_h};
 }
 
 }  // namespace
