@@ -170,11 +170,12 @@ def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: to
         g = dataclasses.replace(fast if use_fast else exact, rbf_pair=rbf_pair, rbf_3b=rbf_3b)
         return (h_, e_, a_, g), {"last": last}
 
-    # with row chunks (the rows mode) the first-order pass runs the composed call, whose nested
-    # row nodes run theirs fast chunk by chunk; a whole block's rows on the fast kernels would
-    # hold hundreds of MB per block of a 64-atom cell
-    return recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b],
-                      fast_first_order=exact.row_chunks is None)
+    # where rows nest (the rows mode, rows that make several chunks) the first-order pass runs the
+    # composed call, whose nested row nodes run theirs fast chunk by chunk: a whole block's rows
+    # on the fast kernels would hold hundreds of MB per block of a 64-atom cell
+    rc = exact.row_chunks
+    nests = rc is not None and (rc.splits(exact.angle_atom.shape[0]) or rc.splits(exact.edge_target.shape[0]))
+    return recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b], fast_first_order=not nests)
 
 
 def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
