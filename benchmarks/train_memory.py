@@ -19,11 +19,11 @@ Cases: rocksalt MgO (a = 4.21 Å, rattled 0.05 Å) of 8, 16 and 64 atoms (``mgo8
 (``examples/configs/data/emt_finetune.extxyz``: fcc metals of 1 to 8 atoms), its 2 and 16 (the
 example config's ``max_structures``) largest structures (``emt2``, ``emt16``).
 
-Modes (``MatRIS.training_recompute``): ``none`` (every block's graph kept), ``blocks`` (blocks
-recomputed in the backward passes), ``rows`` (``blocks``, and inside each block the line-graph
-steps' work per angle and the atom graph's Φ by row chunks where they make more than one): the
-forward and the first-order passes on the fused CPU operators, the second order in the composed
-ops; and ``blocks-composed``, ``rows-composed`` (the same with the composed ops everywhere,
+Modes (``MatRIS.training_recompute``): ``none`` (every block's graph kept; composed ops),
+``blocks`` (blocks recomputed in the backward passes), ``rows`` (``blocks``, and inside each block
+the line-graph steps' work per angle and the atom graph's Φ by row chunks where they make more
+than one): these two run the forward and the first-order passes on the fused CPU operators, the
+second order in the composed ops; and ``blocks-composed``, ``rows-composed`` (the same with the composed ops everywhere,
 ``MATRIS_KERNELS=torch``). A mode
 whose memory model predicts more than this machine has free is skipped, with the prediction
 recorded. Every row also gives the memory model's prediction

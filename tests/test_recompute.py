@@ -81,9 +81,10 @@ def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, di
 
 @pytest.mark.skipif(native.library() is None, reason="no C++ compiler: the fused CPU operators are off")
 @pytest.mark.parametrize("mode", ["blocks", "rows"])
-def test_checkpointed_training_step_runs_the_fused_operators_where_no_weight_gradient_is_wanted(mode):
-    """The block forward and the input gradients of the force computation run the fused CPU
-    operators; the second-order recomputation runs the composed ops (weight gradients)."""
+def test_checkpointed_training_step_runs_the_fused_operators_in_its_first_order_passes(mode):
+    """The block forward, the input gradients of the force computation and the loss's first-order
+    pass (with the weights' gradients) run the fused CPU operators; the second-order recomputation
+    runs the composed ops."""
     model = _model()
     g = _graph(model)
     model.training_recompute = mode
@@ -91,8 +92,12 @@ def test_checkpointed_training_step_runs_the_fused_operators_where_no_weight_gra
         _loss_grads(model, g)
     counts = log.counts()
     blocks = model.config.num_layers
-    # each block: its forward, then its recomputation for the forces' input gradients
-    assert counts["gated_phi"] >= 2 * 2 * blocks and counts["gated_phi_backward"] >= 2 * blocks
+    # each block: its forward, its recomputation for the forces' input gradients, and its
+    # first-order recomputation with weight gradients (the forward keeping hid for them)
+    assert counts["gated_phi"] >= 3 * 2 * blocks and counts["gated_phi_backward"] >= 2 * 2 * blocks
+    with_weights = {name: sum(bool(args[-1]) for args in calls) for name, calls in log.calls.items()}
+    assert with_weights["gated_phi"] >= 2 * blocks and with_weights["gated_phi_backward"] >= 2 * blocks
+    assert with_weights["attention_pair_backward"] >= 1 and with_weights["refine_edges_backward"] >= 1
     model.training_recompute = "none"
     with OperatorLog() as log:
         _loss_grads(model, g)
