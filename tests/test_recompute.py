@@ -97,7 +97,9 @@ def test_checkpointed_training_step_runs_the_fused_operators_in_its_first_order_
     assert counts["gated_phi"] >= 3 * 2 * blocks and counts["gated_phi_backward"] >= 2 * 2 * blocks
     with_weights = {name: sum(bool(args[-1]) for args in calls) for name, calls in log.calls.items()}
     assert with_weights["gated_phi"] >= 2 * blocks and with_weights["gated_phi_backward"] >= 2 * blocks
-    assert with_weights["attention_pair_backward"] >= 1 and with_weights["refine_edges_backward"] >= 1
+    assert with_weights["refine_edges_backward"] >= 1
+    if mode == "blocks":  # rows: this graph's angles make two chunks, whose attention sums are not the operator
+        assert with_weights["attention_pair_backward"] >= 1
     model.training_recompute = "none"
     with OperatorLog() as log:
         _loss_grads(model, g)
