@@ -109,3 +109,35 @@ def test_dry_run_prints_the_memory_plan_and_training_refuses_what_cannot_fit(tmp
     err = capsys.readouterr().err
     assert "need about" in err and "raise data.max_memory" in err
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any step
+
+
+def test_available_memory_honours_the_memory_cgroup(tmp_path):
+    """A job's memory cgroup (SLURM ``--mem``, a container's limit) bounds what the memory model may
+    plan with: MemAvailable is the whole node's there. v1 and v2 layouts, the page cache that the
+    kernel reclaims not counted as used, an ancestor's tighter limit, and no limit at all."""
+    from matris.model.model import cgroup_headroom
+
+    def write(folder, **files):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name.replace("__", ".")).write_text(text)
+
+    v1 = tmp_path / "v1"
+    write(v1 / "memory", memory__limit_in_bytes=str(2**63 - 4096), memory__usage_in_bytes="1")
+    write(v1 / "memory" / "job", memory__limit_in_bytes=str(8 << 30), memory__usage_in_bytes=str(3 << 30),
+          memory__stat=f"cache 5\ntotal_inactive_file {1 << 30}\n")
+    (tmp_path / "cg1").write_text("4:memory:/job\n1:cpu:/\n0::/\n")
+    assert cgroup_headroom(str(tmp_path / "cg1"), str(v1)) == (8 << 30) - (2 << 30)
+
+    v2 = tmp_path / "v2"
+    write(v2, memory__current="0")
+    write(v2 / "slurm", memory__max=str(6 << 30), memory__current=str(1 << 30))
+    write(v2 / "slurm" / "step", memory__max="max", memory__current=str(1 << 30),
+          memory__stat=f"anon 1\ninactive_file {1 << 29}\n")
+    (tmp_path / "cg2").write_text("0::/slurm/step\n")
+    assert cgroup_headroom(str(tmp_path / "cg2"), str(v2)) == 5 << 30  # the parent's limit binds
+
+    write(v2 / "free", memory__max="max", memory__current="7")
+    (tmp_path / "cg3").write_text("0::/free\n")
+    assert cgroup_headroom(str(tmp_path / "cg3"), str(v2)) is None
+    assert cgroup_headroom(str(tmp_path / "missing"), str(v2)) is None

@@ -52,22 +52,89 @@ FRAMEWORK_BYTES = 512 * 2**20
 
 
 def available_memory(device: torch.device) -> int:
-    """Bytes of memory free for new tensors on ``device`` (CPU: MemAvailable plus what the heap
-    keeps free for reuse, :mod:`matris.kernels.heap`)."""
+    """Bytes of memory free for new tensors on ``device`` (CPU: MemAvailable, or less where the
+    process's memory cgroup allows less (a SLURM job's ``--mem``, a container's limit: MemAvailable
+    is the whole node's there), plus what the heap keeps free for reuse, :mod:`matris.kernels.heap`)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    free = None
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 + heap.free_bytes()
+                    free = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = 8 * 2**30
+    headroom = cgroup_headroom()
+    if headroom is not None:
+        free = min(free, headroom)
+    return free + heap.free_bytes()
+
+
+def cgroup_headroom(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's memory cgroup and its ancestors still allow: the least of limit − usage
+    over those with a limit, usage without the reclaimable page cache (``inactive_file``); None
+    where no limit is set or nothing can be read. cgroup v2 (``memory.max``, ``memory.current``)
+    and v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``)."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 8 * 2**30
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []  # (folder of the process's cgroup, file names)
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # v2: the unified hierarchy, at the root or under unified/
+            for base in (Path(root), Path(root) / "unified"):
+                candidates.append((base, rel, ("memory.max", "memory.current", "inactive_file")))
+        elif "memory" in controllers.split(","):
+            candidates.append((Path(root) / "memory", rel, ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                             "total_inactive_file")))
+    best = None
+    for base, rel, (limit_name, usage_name, cache_key) in candidates:
+        if not (base / limit_name).exists() and not (base / rel / limit_name).exists():
+            continue
+        folder = base / rel
+        # the process's cgroup and its ancestors (a namespaced container sees its own at the root)
+        chain = [folder, *folder.parents] if folder != base else [base]
+        for cg in chain:
+            if not str(cg).startswith(str(base)):
+                break
+            room = _cgroup_room(cg, limit_name, usage_name, cache_key)
+            if room is not None:
+                best = room if best is None else min(best, room)
+    return best
+
+
+def _cgroup_room(folder: Path, limit_name: str, usage_name: str, cache_key: str) -> int | None:
+    """limit − (usage − inactive page cache) of one cgroup folder, or None (no limit, unreadable)."""
+    try:
+        limit_text = (folder / limit_name).read_text().strip()
+        usage = int((folder / usage_name).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 2**60:  # v1's "no limit"
+        return None
+    cache = 0
+    try:
+        for line in (folder / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == cache_key:
+                cache = int(value)
+                break
+    except (OSError, ValueError):
+        pass
+    return max(0, int(limit_text) - max(0, usage - cache))
 
 
 @dataclass
