@@ -3,6 +3,7 @@
     python benchmarks/train_memory.py                          # the default cases, JSON to stdout's table
     python benchmarks/train_memory.py --json benchmarks/results/train_memory.json
     python benchmarks/train_memory.py --cases mgo16 emt16 --modes rows blocks none
+    python benchmarks/train_memory.py --cases mgo64 --modes rows --breakdown    # where the step's time goes
 
 A step is what ``matris train`` does per batch: energy, forces and stress with ``create_graph``, a
 loss on all three (the magnetic moments' head is off: fine-tuning data rarely has them), the
@@ -28,6 +29,12 @@ second order in the composed ops; and ``blocks-composed``, ``rows-composed`` (th
 whose memory model predicts more than this machine has free is skipped, with the prediction
 recorded. Every row also gives the memory model's prediction
 (``MatRIS.training_fixed_bytes + estimated_training_bytes``) against the measured peak.
+
+``--breakdown``: the timed steps' seconds per kind of recomputation node
+(:mod:`matris.model.recompute`), each exclusive of the nodes it runs inside it, per step: a block's
+forward, its input gradients for the forces, its first-order pass with weight gradients and its
+second-order pass, and the same for the row chunks nested in them (``rows``); the rest is the
+model outside the blocks, the loss and the optimiser.
 """
 
 from __future__ import annotations
@@ -72,7 +79,48 @@ def structures(case: str):
     raise SystemExit(f"unknown case {case!r}; use one of {CASES}")
 
 
-def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2) -> dict:
+BREAKDOWN = {("_Block", "forward"): "forward", ("_BlockVJP", "forward"): "input gradients (forces)",
+             ("_Block", "backward"): "first order with weight gradients", ("_BlockVJP", "backward"): "second order"}
+
+
+class _Breakdown:
+    """Seconds per kind of recomputation node, each exclusive of the nodes inside it (see --breakdown)."""
+
+    def __init__(self):
+        from matris.model import recompute
+
+        self.seconds, self._stack, self._saved = {}, [], []
+        for cls in (recompute._Block, recompute._BlockVJP):
+            for name in ("forward", "backward"):
+                self._saved.append((cls, name, cls.__dict__[name]))
+                setattr(cls, name, staticmethod(self._timed(cls, name, getattr(cls, name))))
+
+    def _timed(self, cls, name, fn):
+        def run(*args, **kwargs):
+            import torch
+
+            spec = args[1] if name == "forward" else args[0].spec
+            if name == "backward" and torch.is_grad_enabled():  # only launches the input-gradient node
+                return fn(*args, **kwargs)
+            key = ("row chunks: " if spec.chunk else "blocks: ") + BREAKDOWN[(cls.__name__, name)]
+            self._stack.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                inner = self._stack.pop()
+                self.seconds[key] = self.seconds.get(key, 0.0) + dt - inner
+                if self._stack:
+                    self._stack[-1] += dt
+        return run
+
+    def close(self):
+        for cls, name, fn in self._saved:
+            setattr(cls, name, fn)
+
+
+def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, breakdown: bool = False) -> dict:
     """One (case, mode) in this process: the model, the batch, the steps and the peaks."""
     import resource
 
@@ -103,12 +151,16 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2) -> di
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    times = []
+    times, parts = [], None
     for k in range(warmup + steps):
+        if k == warmup and breakdown:
+            parts = _Breakdown()
         t0 = time.perf_counter()
         step()
         if k >= warmup:
             times.append(time.perf_counter() - t0)
+    if parts is not None:
+        parts.close()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
     predicted = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(n_atoms, n_bonds, n_angles))
@@ -117,6 +169,9 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2) -> di
            "peak_rss_bytes": peak_rss, "baseline_rss_bytes": base, "predicted_bytes": predicted}
     if dev.type == "cuda":
         row["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+    if parts is not None:
+        per_step = {k: v / steps for k, v in sorted(parts.seconds.items())}
+        row["breakdown_seconds"] = dict(per_step, rest=sum(times) / steps - sum(per_step.values()))
     return row
 
 
@@ -228,6 +283,8 @@ def main(argv=None) -> int:
     p.add_argument("--update", action="store_true",
                    help="with --json: replace only the rows measured now in that file (its provenance records "
                         "this run as an update)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also record each row's seconds per kind of recomputation node (see above)")
     p.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a results file and exit")
     p.add_argument("--worker", nargs=2, metavar=("CASE", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -236,7 +293,7 @@ def main(argv=None) -> int:
         print(table(data["rows"], live=True) + "\n\n" + gpu_table(gpu_sizes()))
         return 0
     if args.worker:
-        print("ROW " + json.dumps(worker(*args.worker, args.steps, args.device, args.warmup)))
+        print("ROW " + json.dumps(worker(*args.worker, args.steps, args.device, args.warmup, args.breakdown)))
         return 0
 
     rows = []
@@ -252,7 +309,8 @@ def main(argv=None) -> int:
                 if mode.endswith("-composed"):
                     env["MATRIS_KERNELS"] = "torch"
                 proc = subprocess.run([sys.executable, __file__, "--worker", case, mode, "--steps", str(args.steps),
-                                       "--warmup", str(args.warmup), "--device", args.device],
+                                       "--warmup", str(args.warmup), "--device", args.device,
+                                       *(["--breakdown"] if args.breakdown else [])],
                                       capture_output=True, text=True, env=env)
                 found = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
                 if proc.returncode != 0 or not found:
@@ -265,6 +323,10 @@ def main(argv=None) -> int:
             print(table([row]).splitlines()[-1], flush=True)
     print()
     print(table(rows))
+    for row in rows:
+        if "breakdown_seconds" in row:
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in row["breakdown_seconds"].items())
+            print(f"\n{row['case']}/{row['mode']}, seconds per step: {parts}")
     sizes = gpu_sizes()
     print("\nwhat the memory model implies for GPUs (float32, AdamW + EMA, MgO-like cells):")
     print(gpu_table(sizes))
