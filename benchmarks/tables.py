@@ -185,6 +185,12 @@ def train_memory(name: str = "train_memory") -> str:
         "`estimated_training_bytes` of this version of the code." if d["meta"].get("cpu") else "")
     text += ("\n\nWhat the memory model implies for GPUs (float32, AdamW + EMA; angles of MgO-like cells per "
              "batch, and how many 64-atom MgO cells that is):\n\n" + gpu_table(gpu_sizes()))
+    for row in d["rows"]:
+        parts = row.get("breakdown_seconds")
+        if parts:  # --breakdown: where the step's time goes
+            text += (f"\n\nWhere a step's {row['step_seconds']:.1f} s go ({row['case']}, `{row['mode']}`; each "
+                     "kind of recomputation node without the nodes it runs inside it):\n\n| part | s per step |"
+                     "\n|---|---:|\n" + "\n".join(f"| {k} | {v:.1f} |" for k, v in parts.items()))
     return text
 
 
