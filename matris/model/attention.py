@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..kernels import Segments, attention_pair, scatter_sum, segment_max, softmax_aggregate_reference
-from .layers import RowRecompute, apply_phi, call_phi, phi
+from .layers import RowRecompute, apply_phi, call_phi, phi, project_terms
 
 
 def pool_directed(m: torch.Tensor) -> torch.Tensor:
@@ -98,13 +98,15 @@ class SeparableAttention(nn.Module):
         with torch.no_grad():
             alpha = y @ self._logit_weight().T
             shift = [segment_max(alpha[:, k * d : (k + 1) * d], index, n) for k, index in ((1, tgt), (0, src))]
+        # Φ_edge's first layer on the bonds, once (not per chunk): [n, 2·d_hidden] per term
+        (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(x, tgt), (x, src)], d)
 
         def arguments(inputs, use_fast, cut):
             t, s = (tgt, src) if cut is None else (tgt[cut], src[cut])
             return (*inputs, t, s, *shift, n), {"fused": use_fast and rows.fast}
 
-        n_t, d_t, n_s, d_s, y_new = recomputed(_AttentionRows(self), arguments, [y, x], rows.chunk,
-                                               row_inputs=(True, False), n_rows=y.shape[0],
+        n_t, d_t, n_s, d_s, y_new = recomputed(_AttentionRows(self), arguments, [y, p_t, p_s], rows.chunk,
+                                               row_inputs=(True, False, False), n_rows=y.shape[0],
                                                row_outputs=(False, False, False, False, True))
         # a bond without angles has N = D = 0: its sums are 0, as the softmax's
         t_agg = n_t / torch.where(d_t > 0, d_t, torch.ones_like(d_t))
@@ -127,16 +129,18 @@ class SeparableAttention(nn.Module):
 
 class _AttentionRows(nn.Module):
     """The per-angle part of a line-graph attention step, row-wise in the angles ``y`` (see
-    :meth:`SeparableAttention._line_by_rows`): ``(y [A, d_y], x [B, d_x]) → (N_t, D_t, N_s, D_s)``
-    ``[B, d_y]`` (sums over the rows) and ``y' = m + w ⊙ y`` ``[A, d_y]``."""
+    :meth:`SeparableAttention._line_by_rows`): ``(y [A, d_y], p_t, p_s [B, 2·d_hidden]) → (N_t, D_t,
+    N_s, D_s)`` ``[B, d_y]`` (sums over the rows) and ``y' = m + w ⊙ y`` ``[A, d_y]``; ``p_t``,
+    ``p_s``: the bonds' projections by Φ_edge's first layer (:func:`matris.model.layers.project_terms`),
+    gathered at ``tgt`` and ``src``."""
 
     def __init__(self, attention: SeparableAttention):
         super().__init__()
         self.attention = attention
 
-    def forward(self, y, x, tgt, src, shift_t, shift_s, n: int, fused: bool = False):
+    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, fused: bool = False):
         att = self.attention
-        m = att.edge_nonlinear_update.forward_terms([(y, None), (x, tgt), (x, src)], fused)
+        m = att.edge_nonlinear_update.forward_terms([(y, None)], fused, [(p_t, tgt), (p_s, src)])
         alpha_s, alpha_t = (y @ att._logit_weight().T).split(y.shape[-1], dim=-1)
         sums = []
         for alpha, shift, index in ((alpha_t, shift_t, tgt), (alpha_s, shift_s, src)):

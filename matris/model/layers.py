@@ -58,21 +58,19 @@ class MLP(nn.Module):
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 
 
-def first_layer(linears: list[nn.Linear], act: str, terms: list[Term], fused: bool = False) -> torch.Tensor:
+def first_layer(linears: list[nn.Linear], act: str, terms: list[Term], fused: bool = False,
+                projected: list[Term] = ()) -> torch.Tensor:
     """``act(Σ_k (f_k · W[:, cols_k]ᵀ)[idx_k] + b)`` for the Linears stacked along their outputs.
 
     terms: ``(features [n_k, d_k], index [n_edges] or None)`` in the column order of the
-    concatenation they replace; index None means the rows are already per edge.
-    Returns ``[n_edges, Σ out]``, equal to ``act(cat(linears)(cat([f_k[idx_k]])))``. The
-    gathers, sum, bias and activation are one Triton kernel with ``fused`` (on CUDA).
+    concatenation they replace, from its first column; index None means the rows are already per
+    edge. projected: the other terms' projections ``(f_k · W[:, cols_k]ᵀ [n_k, Σ out], index)``,
+    made beforehand (:func:`project_terms`). Returns ``[n_edges, Σ out]``, equal to
+    ``act(cat(linears)(cat([f_k[idx_k]])))``. The gathers, sum, bias and activation are one
+    Triton kernel with ``fused`` (on CUDA).
     """
     weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
-    projections = []
-    col = 0
-    for feat, index in terms:
-        width = feat.shape[-1]
-        projections.append((feat @ weight[:, col : col + width].T, index))
-        col += width
+    projections = _projections(weight, terms, 0) + list(projected)
     bias = None
     if linears[0].bias is not None:
         bias = torch.cat([lin.bias for lin in linears]) if len(linears) > 1 else linears[0].bias
@@ -80,6 +78,31 @@ def first_layer(linears: list[nn.Linear], act: str, terms: list[Term], fused: bo
         return gather_sum_activate(projections, bias, act, backend="triton")
     # index_select per term: its backward is index_add, faster than index_put
     return gather_sum_activate_reference(projections, bias, act)
+
+
+def _projections(weight: torch.Tensor, terms: list[Term], col: int) -> list[Term]:
+    """``[(f_k · W[:, cols_k]ᵀ, idx_k)]`` for ``terms`` placed from column ``col`` of ``weight``."""
+    out = []
+    for feat, index in terms:
+        width = feat.shape[-1]
+        out.append((feat @ weight[:, col : col + width].T, index))
+        col += width
+    return out
+
+
+def project_terms(module: nn.Module, terms: list[Term], col: int) -> list[Term]:
+    """The first-layer projections ``(f_k · W[:, cols_k]ᵀ [n_k, Σ out], idx_k)`` of Φ's ``terms``
+    placed from column ``col`` of its input: what ``forward_terms(..., projected=)`` takes. A
+    row-chunked recomputation (:mod:`matris.model.recompute`) takes the per-node terms so,
+    projected once per step rather than once per chunk of rows."""
+    return _projections(first_weight(module), terms, col)
+
+
+def first_weight(module: nn.Module) -> torch.Tensor:
+    """Φ's first-layer weight ``[Σ out, d_in]`` (the gated MLP's core and gate rows stacked)."""
+    if isinstance(module, GatedMLP):
+        return torch.cat([module.mlp_core.layers[0].weight, module.mlp_gate.layers[0].weight])
+    return module[0].layers[0].weight
 
 
 class GatedMLP(nn.Module):
@@ -110,18 +133,19 @@ class GatedMLP(nn.Module):
         return (self.act_name == "silu" and self.mlp_core.layers[0].bias is not None
                 and not (self.training and self.mlp_core.layers[2].p > 0))
 
-    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
+    def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation.
-        ``fused``: the fused kernels (see the class docstring) or, False, the composed PyTorch ops."""
+        ``fused``: the fused kernels (see the class docstring) or, False, the composed PyTorch ops.
+        ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``."""
         core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
         if fused and self.chunkable:
-            return self._fused(terms)
-        fused = _triton_pieces(fused, terms[0][0])
-        hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, fused))
+            return self._fused(terms, projected)
+        fused = _triton_pieces(fused, (list(terms) + list(projected))[0][0])
+        hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, fused, projected))
         h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
         return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate), fused)
 
-    def _fused(self, terms: list[Term]) -> torch.Tensor:
+    def _fused(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = torch.cat([c0.weight, g0.weight])
@@ -134,6 +158,7 @@ class GatedMLP(nn.Module):
                 rows, row_weight = feat, w
             else:
                 gathered.append((feat @ w.T, index))
+        gathered += list(projected)
         cn, gn = self.core_norm, self.gate_norm
         eps = cn.eps if cn.eps is not None else torch.finfo(weight.dtype).eps
         return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,
@@ -158,11 +183,11 @@ def _triton_pieces(fused: bool, x: torch.Tensor) -> bool:
 class NormedMLP(nn.Sequential):
     """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``."""
 
-    def forward_terms(self, terms: list[Term], fused: bool = False) -> torch.Tensor:
+    def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
         # no gate: ``fused`` fuses the first layer's gathers only (Triton, on CUDA)
-        fused = _triton_pieces(fused, terms[0][0])
+        fused = _triton_pieces(fused, (list(terms) + list(projected))[0][0])
         layers = self[0].layers
-        hidden = layers[2](first_layer([layers[0]], self[0].act_name, terms, fused))
+        hidden = layers[2](first_layer([layers[0]], self[0].act_name, terms, fused, projected))
         return self[1](layers[3](hidden))
 
 

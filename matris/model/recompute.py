@@ -58,12 +58,14 @@ from torch import nn
 from torch.func import functional_call
 
 from .block import BlockGraph
-from .layers import term_rows
+from .layers import project_terms, term_rows
 
 # rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
-# the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 8192
-# rows of width 128 ≈ 0.25 GB (float32)
-CHUNK_ROWS = 8192
+# the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 4096
+# rows of width 128 ≈ 0.13 GB (float32). Twice that measured 0.4 GB more peak RSS for a 64-atom
+# oxide cell and 6 % less time (the heap's free blocks between chunks' tensors count in RSS;
+# benchmarks/train_memory.py)
+CHUNK_ROWS = 4096
 
 
 @dataclass(eq=False)
@@ -182,15 +184,21 @@ def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> to
     """``module.forward_terms(terms)`` (Φ: ``terms`` as in :func:`matris.model.layers.first_layer`)
     as a node recomputed ``chunk`` rows at a time in the backward passes: inside a block's
     second-order recomputation, Φ's intermediates (the widest of the block) are then alive for one
-    chunk of rows only. ``fast``: the fused operators where no weight gradient is wanted."""
-    feats = [f for f, _ in terms]
-    indices = [i for _, i in terms]
-    row_inputs = tuple(i is None for i in indices)
+    chunk of rows only. The terms gathered per row are projected by the first layer here, once,
+    and the node takes the projections (per chunk they would be projected again). ``fast``: the
+    fused operators where no weight gradient is wanted."""
     n_rows = term_rows(terms)
+    lead = [] if terms[0][1] is not None else [terms[0]]  # a per-row term stays in the node
+    rest = project_terms(module, terms[len(lead):], sum(f.shape[-1] for f, _ in lead))
+    parts = lead + rest
+    feats = [f for f, _ in parts]
+    indices = [i for _, i in parts]
+    row_inputs = tuple(i is None for i in indices)
 
     def arguments(inputs, use_fast, rows):
         cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
-        return ([(f, i) for f, i in zip(inputs, cut)],), {"fused": use_fast and fast}
+        pairs = list(zip(inputs, cut))
+        return (pairs[: len(lead)], pairs[len(lead):]), {"fused": use_fast and fast}
 
     (out,) = recomputed(_PhiTerms(module), arguments, feats, chunk, row_inputs, n_rows)
     return out
@@ -203,8 +211,8 @@ class _PhiTerms(nn.Module):
         super().__init__()
         self.phi = phi
 
-    def forward(self, terms, fused=False):
-        return (self.phi.forward_terms(terms, fused),)
+    def forward(self, terms, projected, fused=False):
+        return (self.phi.forward_terms(terms, fused, projected),)
 
 
 def _detached(tensors, wanted):

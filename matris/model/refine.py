@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import refine_edges, refine_edges_reference, scatter_sum
 from .attention import pool_directed
-from .layers import RowRecompute, apply_phi, call_phi, ffn, phi
+from .layers import RowRecompute, apply_phi, call_phi, ffn, phi, project_terms
 
 
 class Refine(nn.Module):
@@ -88,13 +88,17 @@ class Refine(nn.Module):
 
         h, atom = extra
         n = x.shape[0]
+        # Φ's first layer on the atoms and bonds and the envelope, once (not per chunk)
+        (p_h, _), (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(h, atom), (x, tgt), (x, src)],
+                                                     y.shape[-1])
+        q = self.learnable_envelope(basis)
 
         def arguments(inputs, use_fast, cut):
             idx = (tgt, src, atom) if cut is None else (tgt[cut], src[cut], atom[cut])
             return (*inputs, *idx, n), {"fused": use_fast and rows.fast, "update_edges": update_edges}
 
-        out = recomputed(_RefineRows(self), arguments, [y, x, h, basis], rows.chunk,
-                         row_inputs=(True, False, False, False), n_rows=y.shape[0],
+        out = recomputed(_RefineRows(self), arguments, [y, p_h, p_t, p_s, q], rows.chunk,
+                         row_inputs=(True, False, False, False, False), n_rows=y.shape[0],
                          row_outputs=(False, True) if update_edges else (False,))
         x_new = torch.addcmul(self.node_FFN(out[0]), self.node_res_weight, x)
         return x_new, (out[1] if update_edges else y)
@@ -102,17 +106,19 @@ class Refine(nn.Module):
 
 class _RefineRows(nn.Module):
     """The per-angle part of a line-graph Refine, row-wise in the angles ``y`` (see
-    :meth:`Refine._line_by_rows`): ``(y [A, d_y], x [B, d_x], h [N, d_n], basis [B, K])`` →
-    ``R = Σ_{tgt} u ⊙ g`` ``[B, d_y]`` (a sum over the rows) and, ``update_edges``, ``y'`` ``[A, d_y]``."""
+    :meth:`Refine._line_by_rows`): ``(y [A, d_y], p_h [N, 2·d_hidden], p_t, p_s [B, 2·d_hidden],
+    q [B, d_y])`` → ``R = Σ_{tgt} u ⊙ g`` ``[B, d_y]`` (a sum over the rows) and, ``update_edges``,
+    ``y'`` ``[A, d_y]``; ``p_*``: the atoms' and bonds' projections by Φ's first layer
+    (:func:`matris.model.layers.project_terms`), gathered at ``atom``, ``tgt`` and ``src``; ``q``:
+    the bonds' envelope ``W_env·basis``."""
 
     def __init__(self, refine: Refine):
         super().__init__()
         self.refine = refine
 
-    def forward(self, y, x, h, basis, tgt, src, atom, n: int, fused: bool = False, update_edges: bool = True):
+    def forward(self, y, p_h, p_t, p_s, q, tgt, src, atom, n: int, fused: bool = False, update_edges: bool = True):
         r = self.refine
-        u = r.edge_nonlinear_update.forward_terms([(y, None), (h, atom), (x, tgt), (x, src)], fused)
-        q = r.learnable_envelope(basis)
+        u = r.edge_nonlinear_update.forward_terms([(y, None)], fused, [(p_h, atom), (p_t, tgt), (p_s, src)])
         ffn = r.edge_FFN.layers
         if not update_edges:
             return (refine_edges(u, q, src, tgt, n) if fused else refine_edges_reference(u, q, src, tgt, n),)
