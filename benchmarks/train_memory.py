@@ -4,6 +4,8 @@
     python benchmarks/train_memory.py --json benchmarks/results/train_memory.json
     python benchmarks/train_memory.py --cases mgo16 emt16 --modes rows blocks none
     python benchmarks/train_memory.py --cases mgo64 --modes rows --breakdown    # where the step's time goes
+    python benchmarks/train_memory.py --cases mgo64 --layers 2    # every mode side by side, where ten
+                                                                  # blocks' whole graph would not fit
 
 A step is what ``matris train`` does per batch: energy, forces and stress with ``create_graph``, a
 loss on all three (the magnetic moments' head is off: fine-tuning data rarely has them), the
@@ -126,12 +128,12 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, break
 
     import torch
 
-    from matris import GraphBatch, MatRIS, MatRISConfig
+    from matris import GraphBatch
     from matris.structures import to_system
 
     torch.manual_seed(0)
     dev = torch.device(device)
-    model = MatRIS(MatRISConfig.published_10m()).to(dev).train()
+    model = published().to(dev).train()
     model.training_recompute = recompute_mode(mode)
     if mode.endswith("-composed"):
         model.kernel_backend = "torch"
@@ -164,8 +166,9 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, break
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
     predicted = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(n_atoms, n_bonds, n_angles))
-    row = {"case": case, "mode": mode, "device": str(dev), "structures": len(systems), "atoms": n_atoms,
-           "bonds": n_bonds, "angles": n_angles, "step_seconds": statistics.median(times), "all_seconds": times,
+    row = {"case": case, "mode": mode, "layers": LAYERS, "device": str(dev), "structures": len(systems),
+           "atoms": n_atoms, "bonds": n_bonds, "angles": n_angles, "step_seconds": statistics.median(times),
+           "all_seconds": times,
            "peak_rss_bytes": peak_rss, "baseline_rss_bytes": base, "predicted_bytes": predicted}
     if dev.type == "cuda":
         row["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(dev))
@@ -185,15 +188,30 @@ def free_bytes() -> int:
     return 0
 
 
+# blocks of the model measured (--layers): the published 10, or fewer, so that a batch whose whole
+# graph does not fit in memory with ten blocks is measured in every mode side by side
+LAYERS = 10
+
+
+def published(layers: int | None = None):
+    """The published 10M architecture (random weights), with ``layers`` interaction blocks (default
+    :data:`LAYERS`)."""
+    import dataclasses
+
+    from matris import MatRIS, MatRISConfig
+
+    return MatRIS(dataclasses.replace(MatRISConfig.published_10m(), num_layers=layers or LAYERS))
+
+
 def predicted(case: str, mode: str) -> dict:
     """The memory model's prediction for a (case, mode), without running it, with the batch's sizes."""
     import torch
 
-    from matris import GraphBatch, MatRIS, MatRISConfig
+    from matris import GraphBatch
     from matris.structures import to_system
 
     torch.manual_seed(0)
-    model = MatRIS(MatRISConfig.published_10m())
+    model = published()
     model.training_recompute = recompute_mode(mode)
     g = GraphBatch.from_systems([to_system(a) for a in structures(case)], model.cutoff, model.three_body_cutoff)
     sizes = {"atoms": int(g.n_atoms.sum()), "bonds": g.num_bonds, "angles": g.num_angles}
@@ -242,10 +260,9 @@ def model_prediction(row: dict) -> int:
     a refit of the model shows against the committed measurements."""
     import torch
 
-    from matris import MatRIS, MatRISConfig
 
     torch.manual_seed(0)
-    model = MatRIS(MatRISConfig.published_10m())
+    model = published(row.get("layers"))
     mode = recompute_mode(row["mode"])
     return model.training_fixed_bytes(ema=False, recompute=mode) + int(model.estimated_training_bytes(
         row["atoms"], row["bonds"], row["angles"], recompute=mode))
@@ -286,8 +303,14 @@ def main(argv=None) -> int:
     p.add_argument("--breakdown", action="store_true",
                    help="also record each row's seconds per kind of recomputation node (see above)")
     p.add_argument("--markdown", default=None, metavar="JSON", help="print the table of a results file and exit")
+    p.add_argument("--layers", type=int, default=10,
+                   help="interaction blocks of the model (default: the published 10); fewer measure a batch whose "
+                        "whole graph would not fit with ten in every mode, side by side (a step's time and memory "
+                        "are nearly all in the blocks)")
     p.add_argument("--worker", nargs=2, metavar=("CASE", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    global LAYERS
+    LAYERS = args.layers
     if args.markdown:
         data = json.loads(Path(args.markdown).read_text())
         print(table(data["rows"], live=True) + "\n\n" + gpu_table(gpu_sizes()))
@@ -310,7 +333,7 @@ def main(argv=None) -> int:
                     env["MATRIS_KERNELS"] = "torch"
                 proc = subprocess.run([sys.executable, __file__, "--worker", case, mode, "--steps", str(args.steps),
                                        "--warmup", str(args.warmup), "--device", args.device,
-                                       *(["--breakdown"] if args.breakdown else [])],
+                                       "--layers", str(args.layers), *(["--breakdown"] if args.breakdown else [])],
                                       capture_output=True, text=True, env=env)
                 found = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
                 if proc.returncode != 0 or not found:
@@ -335,7 +358,8 @@ def main(argv=None) -> int:
         from matris.atomic import write_json
 
         meta = provenance(argv, model_name="MatRIS published 10M architecture (MatRISConfig.published_10m()), "
-                                           "random weights")
+                                           "random weights" + ("" if args.layers == 10 else
+                                                               f", {args.layers} interaction blocks instead of 10"))
         result = {"meta": meta, "rows": rows, "gpu_sizes": sizes}
         if args.update and Path(args.json).is_file():
             old = json.loads(Path(args.json).read_text())

@@ -36,6 +36,10 @@ node's two extra passes):
   per bond, which cancels;
 - the atom graph's Φ on the directed bonds (:func:`recomputed_phi`).
 
+Such a node takes the per-node terms of Φ's first layer already projected
+(:func:`matris.model.layers.project_terms`: the bonds' and atoms' ``x·W_kᵀ``, once per step), so a
+chunk's recomputation multiplies only its own rows, not every bond again per chunk.
+
 So at any moment the intermediates of one block are alive, those per angle for one chunk of
 rows only, next to the inputs and upstream gradients of all blocks (a few per-angle rows each):
 the numbers are in ``benchmarks/results/train_memory.json``. The nesting adds three passes of the
