@@ -185,12 +185,18 @@ def train_memory(name: str = "train_memory") -> str:
         "`estimated_training_bytes` of this version of the code." if d["meta"].get("cpu") else "")
     text += ("\n\nWhat the memory model implies for GPUs (float32, AdamW + EMA; angles of MgO-like cells per "
              "batch, and how many 64-atom MgO cells that is):\n\n" + gpu_table(gpu_sizes()))
-    for row in d["rows"]:
-        parts = row.get("breakdown_seconds")
-        if parts:  # --breakdown: where the step's time goes
-            text += (f"\n\nWhere a step's {row['step_seconds']:.1f} s go ({row['case']}, `{row['mode']}`; each "
-                     "kind of recomputation node without the nodes it runs inside it):\n\n| part | s per step |"
-                     "\n|---|---:|\n" + "\n".join(f"| {k} | {v:.1f} |" for k, v in parts.items()))
+    timed = {r["mode"]: r for r in d["rows"] if r["case"] == "mgo64" and r.get("breakdown_seconds")
+             and r["mode"] in ("blocks", "rows")}
+    if timed:  # --breakdown: where the step's time goes
+        modes = list(timed)
+        keys = sorted({k for r in timed.values() for k in r["breakdown_seconds"]}, key=lambda k: (k == "rest", k))
+        text += ("\n\nWhere a step's time goes (MgO64, seconds per step; each kind of recomputation node without "
+                 "the nodes it runs inside it):\n\n| part | " + " | ".join(f"`{m}`" for m in modes) + " |\n|---|"
+                 + "---:|" * len(modes) + "\n" + "\n".join(
+                     f"| {k} | " + " | ".join(f"{timed[m]['breakdown_seconds'][k]:.1f}" if k in
+                                              timed[m]["breakdown_seconds"] else "–" for m in modes) + " |"
+                     for k in keys)
+                 + "\n| step | " + " | ".join(f"{timed[m]['step_seconds']:.1f}" for m in modes) + " |")
     return text
 
 

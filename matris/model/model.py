@@ -47,7 +47,7 @@ TRAIN_ROWS = {"none": (0, 180), "blocks": (265, 2.5), "rows": (40, 2.5)}
 # MatRIS.training_fixed_bytes). A chunk recomputed on its own keeps about 145 (fitted with
 # TRAIN_ROWS); rows that make one chunk are computed with the rest of the block, as in "blocks",
 # which counts 265 − 40 more than "rows" per row, the bonds' and atoms' rows too (a tenth more
-# than the angles' in oxide cells: MgO8 measured 1.89 GB in both modes), so the bound is that
+# than the angles' in oxide cells), so the bound is that
 TRAIN_CHUNK_FLOATS = 250
 FRAMEWORK_BYTES = 512 * 2**20
 
