@@ -606,6 +606,19 @@ def training(sec, device, smoke):
         f"triton {1e3 * res['triton']['s']:.1f} ms, "
         f"reference {1e3 * res['torch']['s']:.1f} ms, speedup {res['speedup']:.2f}×, "
         f"peak {res['triton']['peak_gb']:.1f} / {res['torch']['peak_gb']:.1f} GB")
+    # the recompute modes of training (MatRIS.training_recompute), Triton path: peak memory
+    # (torch.cuda.max_memory_allocated) and time, against the memory model
+    model.kernel_backend = "triton"
+    res["recompute"] = {}
+    for mode in ("none", "blocks", "rows"):
+        model.training_recompute = mode
+        reset_peak(device)
+        took, peak = median_time(step, device, repeat=3), peak_mem_gb(device)
+        need = (model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(
+            g.num_atoms, g.num_bonds, g.num_angles))) / 2**30
+        res["recompute"][mode] = {"s": took, "peak_gb": peak, "model_gb": need}
+        log(f"   recompute {mode:6s}: {1e3 * took:.1f} ms, peak {peak:.2f} GB (memory model {need:.2f} GB)")
+    model.training_recompute = None
     return res
 
 
