@@ -225,11 +225,11 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     one batch, in each recompute mode."""
     import torch
 
-    from matris import GraphBatch, MatRIS, MatRISConfig
+    from matris import GraphBatch
     from matris.structures import to_system
 
     torch.manual_seed(0)
-    model = MatRIS(MatRISConfig.published_10m())
+    model = published(10)
     g = GraphBatch.from_systems([to_system(a) for a in structures("mgo64")], model.cutoff, model.three_body_cutoff)
     n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
     out = []

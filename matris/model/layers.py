@@ -148,7 +148,7 @@ class GatedMLP(nn.Module):
     def _fused(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
-        weight = torch.cat([c0.weight, g0.weight])
+        weight = first_weight(self)
         rows = row_weight = None
         gathered, col = [], 0
         for feat, index in terms:
