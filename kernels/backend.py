@@ -20,8 +20,15 @@ import torch
 BACKENDS = ("auto", "triton", "fused", "torch")
 
 
-@functools.lru_cache(maxsize=1)
+@torch.compiler.assume_constant_result
 def triton_available() -> bool:
+    """Whether triton imports here (a constant for torch.compile: Dynamo takes the answer instead of
+    tracing the import, and does not warn about the cache behind it)."""
+    return _triton_imports()
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_imports() -> bool:
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401

@@ -25,6 +25,7 @@ not loaded: the Triton kernels serve CPU tensors there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -101,6 +103,26 @@ def _torch_flags() -> tuple[list[str], list[str]]:
 def build(force: bool = False) -> Path:
     """Compile the operators' sources (once per sources, compiler, flags, torch and CPU) and return
     the library's path."""
+    cxx, compile_flags, link_flags, lib = _target()
+    if lib.is_file() and not force:
+        return lib
+    folder = lib.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with _build_lock(folder):
+        if lib.is_file() and not force:  # another process built it while this one waited
+            return lib
+        # a first call that compiles for a minute in silence looks hung: say what happens, once
+        _say(f"compiling the fused CPU kernels for this CPU and torch {torch.__version__} (once; about a minute); "
+             f"cached in {folder}")
+        start = time.perf_counter()
+        _compile_and_link(cxx, compile_flags, link_flags, lib)
+        _say(f"compiled the fused CPU kernels in {time.perf_counter() - start:.0f} s")
+    return lib
+
+
+def _target() -> tuple[str, list[str], list[str], Path]:
+    """The compiler, its flags and where the library of these sources, compiler, flags, torch and
+    CPU is cached."""
     cxx = _compiler()
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
@@ -113,11 +135,38 @@ def build(force: bool = False) -> Path:
     for part in (version, " ".join(FLAGS + compile_flags + link_flags), torch.__version__,
                  str(torch.version.git_version), _cpu_identity(), sys.platform):
         digest.update(part.encode())
-    folder = cache_root() / digest.hexdigest()[:16]
-    lib = folder / "libmatris_ops.so"
-    if lib.is_file() and not force:
-        return lib
-    folder.mkdir(parents=True, exist_ok=True)
+    lib = cache_root() / digest.hexdigest()[:16] / "libmatris_ops.so"
+    return cxx, compile_flags, link_flags, lib
+
+
+def _say(text: str) -> None:
+    """A progress line on stderr (not a warning: nothing is wrong, and filters must not hide it)."""
+    print(f"matris: {text}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """Processes that start together (a SLURM array, DDP ranks) compile once: the others wait for
+    the first and load its library."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): concurrent builds are still safe, only repeated
+        yield
+        return
+    with open(folder / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            _say(f"waiting for another process that is compiling the fused CPU kernels in {folder}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _compile_and_link(cxx: str, compile_flags: list[str], link_flags: list[str], lib: Path) -> None:
+    folder = lib.parent
     with tempfile.TemporaryDirectory(prefix=".build.", dir=folder) as tmp:
         objects = [Path(tmp) / f"{src.stem}.o" for src in SOURCES]
         # the sources compile in parallel (each takes seconds: torch's headers)
@@ -134,7 +183,6 @@ def build(force: bool = False) -> Path:
         if proc.returncode != 0:
             raise NativeBuildError(f"linking the fused CPU library failed:\n{proc.stderr.strip()[-2000:]}")
         os.replace(out, lib)
-    return lib
 
 
 _enabled = True

@@ -28,8 +28,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise MatRISInputError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from exc
+    except (RuntimeError, TypeError):
+        raise MatRISInputError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise MatRISInputError(
             f"device {device!r} was requested but this PyTorch build sees no CUDA GPU; use device='cpu' or 'auto'"

@@ -38,7 +38,7 @@ def require(module: str, extra: str, feature: str, package: str | None = None) -
             what = f"the {name} package, whose dependency {missing} is not installed"
         else:
             what = f"the {name} package, which is not installed"
-        raise MissingExtraError(f"{feature} needs {what}: {install_hint(extra)}") from exc
+        raise MissingExtraError(f"{feature} needs {what}: {install_hint(extra)}") from None
 
 
 __all__ = ["DISTRIBUTION", "install_hint", "require"]

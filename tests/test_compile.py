@@ -10,6 +10,7 @@ compiled`` and ``benchmarks/gpu.py`` measure the Inductor backend.
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,30 @@ def test_compiled_cpu_model_runs_the_fused_operators_without_graph_breaks():
             assert (a - b).abs().max() <= 1e-12 * b.abs().max(), key
     assert 1 <= torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+
+
+@pytest.mark.slow
+def test_compiling_says_so_once_and_our_code_gives_dynamo_nothing_to_warn_about(capfd):
+    """The first compiled call says on stderr that it compiles (it takes a while), later ones say
+    nothing; tracing our code raises no Dynamo warning (one about an lru_cache-wrapped helper
+    in kernels/backend.py reached users before)."""
+    import torch._dynamo
+    import torch._dynamo.utils
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.warn_once_cache.clear()  # Dynamo warns once per process: see them all here
+    model = load_fixture_model("small_sh_float64").compile(backend="eager")
+    rng = np.random.default_rng(0)
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate(model, [rattled_si(0, rng)])
+        first = capfd.readouterr().err
+        evaluate(model, [rattled_si(1, rng)])
+    assert first.count("matris: compiling the model with torch.compile") == 1, first
+    assert "compiling" not in capfd.readouterr().err
+    dynamo = [str(w.message) for w in caught if "_dynamo" in w.filename or "Dynamo" in str(w.message)]
+    assert not dynamo, dynamo
 
 
 def test_compiled_model_trains_eagerly_and_copies():

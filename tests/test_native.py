@@ -3,6 +3,9 @@ float64 (widths that are whole vectors, less than one, and a vector and a part),
 thread counts, and how the library is built, cached and turned off. (gradcheck, gradgradcheck and
 more shapes: tests/test_chunked.py; opcheck: tests/test_operators.py.)"""
 
+import re
+import threading
+import time
 import warnings
 
 import pytest
@@ -92,9 +95,10 @@ def test_results_do_not_depend_on_the_thread_count(dtype):
 
 
 @pytest.mark.slow
-def test_build_is_cached_atomic_and_keyed_by_its_sources(tmp_path, monkeypatch):
+def test_build_is_cached_atomic_and_keyed_by_its_sources(tmp_path, monkeypatch, capfd):
     """The library is built once per sources (and compiler, flags, torch, CPU): the same sources
-    give the cached file, any edit a new build in a folder of its own, never a stale library."""
+    give the cached file, any edit a new build in a folder of its own, never a stale library. A
+    build says so on stderr (a first call must not look hung); a cached load says nothing."""
     monkeypatch.setenv("MATRIS_NATIVE_CACHE", str(tmp_path / "elsewhere"))
     assert native.cache_root() == tmp_path / "elsewhere"
     monkeypatch.delenv("MATRIS_NATIVE_CACHE")
@@ -105,14 +109,48 @@ def test_build_is_cached_atomic_and_keyed_by_its_sources(tmp_path, monkeypatch):
                       '    m.def("twice(Tensor x) -> Tensor");\n}\n')
     monkeypatch.setattr(native, "SOURCES", (source,))
     monkeypatch.setattr(native, "HEADERS", ())
+    capfd.readouterr()
     lib = native.build()
     assert lib.is_file() and lib.parent.parent == tmp_path / "native"
+    said = capfd.readouterr().err.splitlines()
+    assert len(said) == 2 and said[0].startswith("matris: compiling the fused CPU kernels"), said
+    assert str(lib.parent) in said[0]
+    assert re.fullmatch(r"matris: compiled the fused CPU kernels in \d+ s", said[1]), said
     stamp = lib.stat().st_mtime_ns
     assert native.build() == lib and lib.stat().st_mtime_ns == stamp  # cached: not rebuilt
-    assert not [p for p in lib.parent.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    assert capfd.readouterr().err == ""
+    assert not [p for p in lib.parent.iterdir() if p.name.startswith(".build")]  # no temporary left behind
     source.write_text(source.read_text() + "// edited\n")
     edited = native.build()
     assert edited.parent != lib.parent and edited.is_file()
+
+
+def test_a_build_in_progress_is_waited_for_not_repeated(tmp_path, monkeypatch, capfd):
+    """Processes that start together compile once: one that finds the build lock taken waits,
+    says so, and loads the library the first one made (here made by the test)."""
+    fcntl = pytest.importorskip("fcntl")
+    monkeypatch.delenv("MATRIS_NATIVE_CACHE", raising=False)
+    monkeypatch.setenv("MATRIS_CACHE", str(tmp_path))
+    source = tmp_path / "never_compiled.cpp"
+    source.write_text("#error this build must not run\n")
+    monkeypatch.setattr(native, "SOURCES", (source,))
+    monkeypatch.setattr(native, "HEADERS", ())
+    folder = native._target()[3].parent
+    folder.mkdir(parents=True)
+    capfd.readouterr()
+    result = {}
+    with open(folder / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=lambda: result.setdefault("lib", native.build()))
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive()  # blocked on the lock, not compiling
+        (folder / "libmatris_ops.so").write_bytes(b"made by the first process")
+        fcntl.flock(held, fcntl.LOCK_UN)
+        waiter.join(timeout=30)
+    assert result["lib"] == folder / "libmatris_ops.so"
+    err = capfd.readouterr().err
+    assert "waiting for another process" in err and "matris: compiling" not in err
 
 
 @pytest.fixture

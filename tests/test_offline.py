@@ -52,6 +52,8 @@ def test_no_network_fails_at_once_with_one_message(unreachable, cache):
     assert "cannot reach 127.0.0.1: the connection was refused" in message
     assert "MATRIS_OFFLINE=1" in message and str(cache / "models" / "M.pth.tar") in message
     assert "\n" not in message and not (cache / "models" / "M.pth.tar").exists()
+    # one traceback in Python too: the failures behind the message are in it, not chained below it
+    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
 def test_no_network_from_the_command_line(unreachable, cache, capsys):
@@ -62,6 +64,20 @@ def test_no_network_from_the_command_line(unreachable, cache, capsys):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("matris predict: error: cannot download test-offline"), err
     assert "MATRIS_OFFLINE=1" in lines[0] and "; trying http" not in err  # no "failed; trying the mirror" line
+
+
+def test_errors_that_repeat_their_cause_do_not_chain_it():
+    """A user's mistake reads as one traceback whose last line says what to do, not as the same
+    cause chained several times above it."""
+    from matris.devices import resolve_device
+    from matris.extras import require
+
+    with pytest.raises(MatRISInputError) as info:
+        resolve_device("gpu:0")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    with pytest.raises(MatRISInputError) as info:
+        require("no_such_module_for_matris", "train", "a test feature")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
 def test_a_url_that_does_not_resolve(cache):

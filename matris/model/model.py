@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -381,6 +382,10 @@ class MatRIS(nn.Module):
         block_kernels = self.kernels_for(positions.device) if recompute_mode != "none" else None
         if compiled:
             if self._compiled is None:
+                # the first compiled call traces and generates code for tens of seconds to minutes
+                # (CPU): say so rather than look hung
+                print("matris: compiling the model with torch.compile on its first call (tens of seconds to a few "
+                      "minutes; later calls and MD steps reuse it)", file=sys.stderr, flush=True)
                 self._compiled = torch.compile(self._energy, **self._compile_options)
             energy_fn = self._compiled
         else:
@@ -733,7 +738,7 @@ class MatRIS(nn.Module):
         try:
             model = cls(MatRISConfig.from_dict(dict(config)))
         except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{source}: invalid config: {exc}") from exc
+            raise CheckpointError(f"{source}: invalid config: {exc}") from None
         weight = state_dict.get(ckpt_io.REFERENCE_KEY)
         if weight is not None:
             model.reference_energy = ReferenceEnergy(int(weight.shape[-1]))

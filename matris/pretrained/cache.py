@@ -140,7 +140,7 @@ def verify_checkpoint(path: str | os.PathLike, entry: ModelEntry | None = None, 
             warnings.simplefilter("ignore")  # unknown config keys: the strict state-dict match decides
             MatRIS.from_state(contents.config, contents.state_dict, source=label)
     except (CheckpointError, TypeError, ValueError) as exc:
-        raise VerificationError(f"{label}: not a valid MatRIS checkpoint: {exc}") from exc
+        raise VerificationError(f"{label}: not a valid MatRIS checkpoint: {exc}") from None
     return sha
 
 
@@ -254,15 +254,15 @@ def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, w
         except DownloadError as exc:
             failures.append(exc)
     if all(isinstance(exc, UnreachableError) for exc in failures):
-        raise UnreachableError(_no_network_message(urls, path, what, failures)) from failures[-1]
+        raise UnreachableError(_no_network_message(urls, path, what, failures)) from None
     if all(isinstance(exc, VerificationError) for exc in failures):
         if len(failures) == 1:
             raise failures[0]
-        raise VerificationError(" | ".join(map(str, failures))) from failures[-1]
+        raise VerificationError(" | ".join(map(str, failures))) from None
     text = str(failures[0]) if len(urls) == 1 else (
         f"could not download {what} from any of its {len(urls)} URLs: "
         + " | ".join(f"{url}: {exc}" for url, exc in zip(urls, failures)))
-    raise DownloadError(f"{text} Or {_by_hand(urls, path)}.") from failures[-1]
+    raise DownloadError(f"{text} Or {_by_hand(urls, path)}.") from None
 
 
 def _no_network_message(urls: tuple[str, ...], path: Path, what: str, failures: list[DownloadError]) -> str:
@@ -298,13 +298,13 @@ def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str
         sha = verify(part)
     except VerificationError as exc:
         if not resumed:
-            raise _failed_verification(exc, what) from exc
+            raise _failed_verification(exc, what) from None
         # The first bytes came from an earlier, interrupted run: maybe of an older file. Once more, from zero.
         part, _ = fetch_to_part(url, path, progress=progress, label=path.name)
         try:
             sha = verify(part)
         except VerificationError as exc2:
-            raise _failed_verification(exc2, what) from exc2
+            raise _failed_verification(exc2, what) from None
     os.replace(part, path)
     _update_record(path, sha, url)
     return path

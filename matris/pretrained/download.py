@@ -206,7 +206,7 @@ def fetch_to_part(url: str, dest: str | os.PathLike, *, progress: bool | None = 
                 f"could not download {url}: {settings.retries + 1} attempts in a row failed, the last with "
                 f"{last_error}. Check the network (or set MATRIS_OFFLINE=1 to use cached models only) and run "
                 f"again{kept}."
-            ) from last_error
+            ) from None
         time.sleep(settings.backoff * 2 ** max(failures - 1, 0))
 
 
@@ -230,14 +230,14 @@ def _attempt(opener, url: str, part: Path, timeout: float, progress: bool, label
         if exc.code in RETRY_STATUS:
             raise _Retryable(f"HTTP {exc.code} {exc.reason}") from exc
         hint = " (the URL may be outdated: update matris or report it)" if exc.code in (403, 404, 410) else ""
-        raise DownloadError(f"downloading {url} failed: HTTP {exc.code} {exc.reason}{hint}") from exc
+        raise DownloadError(f"downloading {url} failed: HTTP {exc.code} {exc.reason}{hint}") from None
     except DownloadError:
         raise
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         why = unreachable_reason(exc)
         if why is not None:  # no network: retrying would only make the user wait
             host = urllib.parse.urlsplit(url).hostname or url
-            raise UnreachableError(f"cannot reach {host}: {why}", host, why) from exc
+            raise UnreachableError(f"cannot reach {host}: {why}", host, why) from None
         raise _Retryable(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from exc
 
     with response:

@@ -109,7 +109,7 @@ def equation_of_state(
             v0, e0, b = fit.fit()
     except (RuntimeError, ValueError) as exc:
         raise MatRISInputError(f"the {eos} fit failed ({exc}); relax the structure first (matris relax) so that "
-                               "the minimum lies inside the sampled volumes") from exc
+                               "the minimum lies inside the sampled volumes") from None
     name = atoms.info.get("name") or atoms.get_chemical_formula()
     if not volumes.min() <= v0 <= volumes.max():
         raise MatRISInputError(
