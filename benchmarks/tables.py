@@ -550,7 +550,7 @@ def system_size(name: str = "system_size_cpu") -> str:
         least = rows.get((atoms, "2"))
         at2 = f"{least['peak_rss_GB']:.1f} GB" if least else "–"
         lines.append(f"| Si{atoms} | {r['angles']:,} | {r['level']} | {r['peak_rss_GB']:.1f} GB | {at2} |")
-    lines.append("\nLevel picked: by the model, for the memory this machine had free "
+    lines.append("\nLevel picked: by the model, for the memory the machine above had free "
                  "([Large systems and memory](memory.md)). Peak memory: the whole process's peak resident set "
                  "size (Python, torch, the model and the call).")
     return "\n".join(lines)

@@ -12,6 +12,12 @@
 - ``{{ cli_reference() }}``: the ``--help`` of every ``matris`` command and subcommand, from the
   argparse parsers themselves.
 - ``{{ readme_links() }}``: nothing (a check): every ``docs/*.md`` link in README.md must exist.
+- ``<!-- generated: table("cpu_speed", "speed") -->`` … ``<!-- /generated -->``: the same calls,
+  with their output committed between the two comments, so that the page reads with its
+  numbers on GitHub too (where ``{{ … }}`` would show as is). ``python docs/hooks.py PAGE.md``
+  rewrites a page's regions from ``benchmarks/results/``, ``--check`` fails when one is stale
+  (``tests/test_docs.py`` checks every page), and the build renders them again. A figure's
+  region holds a link to the figure on the site, which draws it.
 - Math written as ``$...$`` / ``$$...$$`` (pymdownx.arithmatex) is turned into MathML at build
   time, which browsers render natively: the site needs no JavaScript and no network for it.
 
@@ -116,23 +122,27 @@ def fragments(markdown: str) -> str:
                                   f'{_caption_html(m.group(2))}</small></p>', markdown)
 
 
+def _call(functions: dict, name: str, args: str, text: str, where: str) -> str:
+    """One placeholder's output: ``name(args)`` with literal arguments, as ``text`` wrote it."""
+    if name not in functions:
+        raise ValueError(f"{where}: unknown placeholder {{{{ {name}(...) }}}}; known: {', '.join(functions)}")
+    try:  # literal arguments, positional and by keyword: table("cpu_speed", history=True)
+        call = ast.parse(f"f({args})", mode="eval").body
+        parsed = [ast.literal_eval(a) for a in call.args]
+        keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        if None in keywords:
+            raise ValueError("no ** arguments")
+    except (SyntaxError, ValueError) as exc:
+        raise ValueError(f"{where}: bad arguments in {text}: {exc}") from exc
+    return str(functions[name](*parsed, **keywords))
+
+
 def expand(markdown: str, where: str = "page") -> str:
     """Fill in every ``{{ name(args) }}`` placeholder; unknown names and bad arguments raise."""
     functions = _functions(where)
 
     def replace(match: re.Match) -> str:
-        name, args = match.group(1), match.group(2)
-        if name not in functions:
-            raise ValueError(f"{where}: unknown placeholder {{{{ {name}(...) }}}}; known: {', '.join(functions)}")
-        try:  # literal arguments, positional and by keyword: table("cpu_speed", history=True)
-            call = ast.parse(f"f({args})", mode="eval").body
-            parsed = [ast.literal_eval(a) for a in call.args]
-            keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-            if None in keywords:
-                raise ValueError("no ** arguments")
-        except (SyntaxError, ValueError) as exc:
-            raise ValueError(f"{where}: bad arguments in {match.group(0)}: {exc}") from exc
-        text = str(functions[name](*parsed, **keywords))
+        text = _call(functions, match.group(1), match.group(2), match.group(0), where)
         # a placeholder indented inside a block (an admonition, a list) keeps its indentation
         line_start = markdown.rfind("\n", 0, match.start()) + 1
         indent = markdown[line_start:match.start()]
@@ -143,8 +153,76 @@ def expand(markdown: str, where: str = "page") -> str:
     return PLACEHOLDER.sub(replace, markdown).replace("\\{{", "{{")
 
 
+# a region whose output is committed in the page: <!-- generated: name(args) -->OUTPUT<!-- /generated -->
+GENERATED = re.compile(r"<!-- generated: (\w+)\((.*?)\) -->(.*?)<!-- /generated -->", re.S)
+
+
+def site_url() -> str:
+    """The site's address (``site_url`` in mkdocs.yml), ending in ``/``."""
+    url = re.search(r"^site_url:\s*(\S+)", (ROOT / "mkdocs.yml").read_text(), re.M).group(1)
+    return url.rstrip("/") + "/"
+
+
+def _figure_link(name: str, where: str) -> str:
+    """A figure's stand-in where the site's drawing is not at hand (the page read on GitHub)."""
+    _importable()
+    from benchmarks import figures
+
+    if name not in figures.FIGURES:
+        raise KeyError(f"{where}: no figure {name!r}; known: {', '.join(figures.FIGURES)}")
+    page = where.replace("\\", "/").removesuffix(".md").removesuffix("index")
+    url = f"{site_url()}{page}/" if page else site_url()
+    return (f"*Figure ({name.replace('_', ' ')}): drawn when the site is built, [see it on the site]({url}).* "
+            f"{figures.caption(name)}")
+
+
+def generate(markdown: str, where: str = "page", site: bool = False) -> str:
+    """Every ``<!-- generated: … -->`` region of a page rendered again from the result files:
+    for the committed page (``site=False``: a figure is a link to the site) or for the site."""
+    functions = _functions(where)
+    if not site:
+        functions["figure"] = lambda name: _figure_link(name, where)
+
+    def replace(match: re.Match) -> str:
+        name, args, old = match.group(1), match.group(2), match.group(3)
+        text = _call(functions, name, args, match.group(0)[:match.group(0).index("-->") + 3], where)
+        line_start = markdown.rfind("\n", 0, match.start()) + 1
+        block = not markdown[line_start:match.start()].strip() and old.startswith("\n")
+        if block:  # on lines of its own, with blank lines around (Markdown in an HTML comment's wake)
+            text = f"\n\n{text}\n\n"
+        elif "\n" in text:
+            raise ValueError(f"{where}: {name}({args}) gives several lines; put its region on lines of its own")
+        return f"<!-- generated: {name}({args}) -->{text}<!-- /generated -->"
+
+    return GENERATED.sub(replace, markdown)
+
+
 def on_page_markdown(markdown, page, config, files):
-    return fragments(expand(markdown, page.file.src_path))
+    where = page.file.src_path
+    return fragments(expand(generate(markdown, where, site=True), where))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python docs/hooks.py [--check] PAGE.md...``: render the generated regions of pages."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("pages", nargs="+", type=Path)
+    parser.add_argument("--check", action="store_true", help="only report pages whose regions are stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in args.pages:
+        text = path.read_text()
+        new = generate(text, path.resolve().relative_to(ROOT / "docs").as_posix())
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new)
+    for path in stale:
+        print(f"{path}: {'stale' if args.check else 'rewritten'}")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 def on_files(files, config):

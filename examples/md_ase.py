@@ -4,8 +4,10 @@
 
 NVT (Langevin) of 64-atom Si at 300 K for 200 fs, logging to md_ase.log and writing a
 trajectory, then NVE from the equilibrated state with the energy printed as it goes. The
-bundled demo checkpoint (random weights) is used without an argument: the dynamics are
-stable but not silicon's. ``matris.simulate.md`` and ``matris md`` do the same in one call,
+bundled model, matris-demo (a small MatRIS distilled from CHGNet 0.3.0; its model card is
+matris/assets/matris-demo.md), is used without an argument: the dynamics are stable, with the
+errors of a small model (the model card gives them); for science pass a checkpoint of a
+published model such as matris-10m-oam. ``matris.simulate.md`` and ``matris md`` do the same in one call,
 with progress, restart files and resumption.
 """
 

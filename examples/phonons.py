@@ -4,7 +4,8 @@
 
 Relaxes the 2-atom primitive cell tightly first (phonons need a minimum), then uses a
 2×2×2 supercell (16 atoms). Writes phonons-Si.png and phonopy_params.yaml. With the bundled
-demo checkpoint (random weights) the bands are stable but are not silicon's.
+model, matris-demo (distilled from CHGNet 0.3.0; model card: matris/assets/matris-demo.md), the
+bands show the workflow at a small model's accuracy; for science pass a published model.
 """
 
 import sys

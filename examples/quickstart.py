@@ -2,8 +2,9 @@
 
     python examples/quickstart.py [checkpoint.pth.tar]
 
-Without an argument it uses the bundled demo checkpoint (random weights: numbers for
-checking an installation, not physics).
+Without an argument it uses the bundled model, matris-demo (distilled from CHGNet 0.3.0; model
+card: matris/assets/matris-demo.md): numbers for checking an installation; for science pass a
+published model.
 """
 
 import sys

@@ -3,7 +3,8 @@
     python examples/relax.py [structure-file] [checkpoint.pth.tar]
 
 Without arguments it relaxes a strained, rattled 8-atom Si cell with the bundled demo
-checkpoint (random weights: it shows the workflow, not silicon). Any file ASE reads works;
+model, matris-demo (distilled from CHGNet 0.3.0; model card: matris/assets/matris-demo.md): it
+shows the workflow; for science pass a published model. Any file ASE reads works;
 pymatgen Structures are accepted too and come back as Structures.
 """
 

@@ -117,35 +117,201 @@ def test_some_pages_have_runnable_examples():
             "README.md"} <= names
 
 
-DRIVER = textwrap.dedent("""
-    import json, subprocess, sys
-    blocks = json.loads(sys.stdin.read())
-    namespace = {"__name__": "__main__"}
+def run_blocks(blocks: list[tuple[str, str, str]], cwd: Path, env: dict, timeout: float = 600):
+    """Run each block in a fresh process (Python in its own interpreter, bash in its own shell),
+    in page order in ``cwd``: a block sees no variable, import or setting of the blocks before
+    it, only the files they wrote (a tutorial's run folder), as a reader who pastes it into a new
+    session. Returns ``(where, completed process)`` of the first block that fails, else None."""
     for language, code, where in blocks:
-        print(f"--- running {where} ({language})", flush=True)
         if language == "python":
-            exec(compile(code, where, "exec"), namespace)
+            command = [sys.executable, "-c", code]
         elif language == "bash":
-            subprocess.run(["bash", "-euo", "pipefail", "-c", code], check=True)
+            command = ["bash", "-euo", "pipefail", "-c", code]
         else:
-            raise SystemExit(f"{where}: cannot run a {language!r} block")
+            raise ValueError(f"{where}: cannot run a {language!r} block")
+        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            return where, proc
+    return None
+
+
+def test_each_block_runs_in_a_fresh_process(tmp_path):
+    """The runner itself: a block that leans on an earlier block's variables or imports fails;
+    files an earlier block wrote are there."""
+    env = dict(os.environ)
+    assert run_blocks([("python", "x = 1", "a"), ("python", "print(x)", "b")], tmp_path, env)[0] == "b"
+    assert run_blocks([("python", "import json", "a"), ("python", "json.dumps(1)", "b")], tmp_path, env)[0] == "b"
+    assert run_blocks([("python", "open('f.txt', 'w').write('1')", "a"), ("bash", "cat f.txt", "b"),
+                       ("python", "assert open('f.txt').read() == '1'", "c")], tmp_path, env) is None
+
+
+# --------------------------------------------------------------------- what the core install holds
+def _distribution(requirement: str) -> str:
+    from packaging.requirements import Requirement
+
+    return Requirement(requirement).name
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def core_distributions(transitive: bool = False) -> set[str]:
+    """The distributions ``pip install matris-mlip`` installs: the core dependencies (and, with
+    ``transitive``, theirs, as installed here), read from the installed package's metadata."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    core, todo = {"matris-mlip"}, ["matris-mlip"]
+    while todo:
+        name = todo.pop()
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in requires:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue  # an extra, or another platform
+            dist = _canonical(req.name)
+            if dist not in core:
+                core.add(dist)
+                if transitive:
+                    todo.append(dist)
+        if not transitive and name == "matris-mlip":
+            break
+    return core
+
+
+def imported_modules(code: str) -> set[str]:
+    """The top-level modules a Python block imports."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def extra_modules(code: str, core: set[str]) -> dict[str, set[str]]:
+    """``{module: its distributions}`` of every module the block imports that neither the
+    standard library nor the core distributions provide."""
+    from importlib import metadata
+
+    where = metadata.packages_distributions()
+    out = {}
+    for module in imported_modules(code):
+        if module in sys.stdlib_module_names:
+            continue
+        dists = {_canonical(d) for d in where.get(module, [module])}
+        if not dists & core:
+            out[module] = dists
+    return out
+
+
+def says_what_it_needs(code: str, dists: set[str]) -> bool:
+    """Whether a block names, in a ``pip install`` line, one of ``dists`` or an extra of
+    matris-mlip that brings one of them."""
+    from importlib import metadata
+
+    extras = {}
+    for text in metadata.requires("matris-mlip") or []:
+        match = re.search(r'extra == "([\w-]+)"', text)
+        if match:
+            extras.setdefault(match.group(1), set()).add(_canonical(_distribution(text)))
+    for line in code.splitlines():
+        if "pip install" not in line:
+            continue
+        named = {_canonical(w) for w in re.findall(r"[\w.-]+", line.split("pip install", 1)[1])}
+        named |= {d for extra in re.findall(r"matris-mlip\[([\w,-]+)\]", line)
+                  for e in extra.split(",") for d in extras.get(e, ())}
+        if named & dists:
+            return True
+    return False
+
+
+def test_readme_python_needs_only_the_core_or_says_its_extra():
+    """Every Python block of the README runs on ``pip install matris-mlip`` alone, or says in a
+    comment which ``pip install`` it needs; the README's install line is the core."""
+    core = core_distributions()
+    assert {"torch", "ase", "numpy", "matris-mlip"} <= core and "pymatgen" not in core
+    blocks = [(code, line) for language, code, line in runnable_blocks(README) if language == "python"]
+    assert blocks and any(not extra_modules(code, core) for code, _ in blocks), \
+        "the README should show a Python block that the core install runs"
+    for code, line in blocks:
+        for module, dists in extra_modules(code, core).items():
+            assert says_what_it_needs(code, dists), (
+                f"README.md:{line}: imports {module}, which `pip install matris-mlip` does not install; "
+                f"say so in the block (# needs {module}: pip install {sorted(dists)[0]})")
+    # the check itself
+    assert not says_what_it_needs("from pymatgen.core import Structure", {"pymatgen"})
+    assert says_what_it_needs("# pip install 'matris-mlip[discovery]'\nimport pymatgen", {"pymatgen"})
+
+
+# Installed as sitecustomize for a block that must run on the core install: importing a module
+# that only a distribution outside the core provides fails as if it were not installed.
+CORE_ONLY = textwrap.dedent("""
+    import importlib.abc, json, os, sys
+
+    BLOCKED = set(json.loads(os.environ["MATRIS_DOCS_BLOCKED_MODULES"]))
+
+    class CoreOnly(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r} (not in the core install)", name=name)
+            return None
+
+    sys.meta_path.insert(0, CoreOnly())
 """)
+
+
+def core_only_env(env: dict, folder: Path) -> dict:
+    """``env`` for a process that can import only the standard library, the core install and
+    what it pulls in (as installed here)."""
+    import json
+    from importlib import metadata
+
+    core = core_distributions(transitive=True)
+    blocked = sorted(module for module, dists in metadata.packages_distributions().items()
+                     if not {_canonical(d) for d in dists} & core and module not in sys.stdlib_module_names)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(CORE_ONLY)
+    path = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
+    return dict(env, PYTHONPATH=path, MATRIS_DOCS_BLOCKED_MODULES=json.dumps(blocked))
+
+
+def test_core_only_blocks_extras(tmp_path):
+    env = core_only_env(dict(os.environ), tmp_path / "site")
+    assert run_blocks([("python", "import ase, numpy, torch, matris", "core")], tmp_path, env) is None
+    failed = run_blocks([("python", "import pymatgen.core", "extra")], tmp_path, env)
+    assert failed and "not in the core install" in failed[1].stderr
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=_where)
 @pytest.mark.slow
 def test_runnable_examples_run(page, tmp_path):
-    """The page's marked blocks in order (Python in one interpreter, bash in a shell), offline,
-    in a fresh directory with the repository's examples/ beside them, as a user would run them."""
-    import json
-
+    """The page's marked blocks in order, each in a fresh process (Python in its own interpreter,
+    bash in its own shell), offline, in a fresh directory with the repository's examples/ beside
+    them, as a user would run them. The README's Python blocks that need nothing beyond the core
+    install run where nothing else can be imported."""
     blocks = [(lang, code, f"{page.relative_to(ROOT)}:{line}") for lang, code, line in runnable_blocks(page)]
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "examples").symlink_to(ROOT / "examples")
     env = dict(os.environ, MATRIS_OFFLINE="1", MATRIS_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="2",
                MPLBACKEND="Agg", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(blocks), cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{page.name}: an example failed\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    core = core_distributions()
+    for block in blocks:
+        language, code, where = block
+        core_only = page == README and language == "python" and not extra_modules(code, core)
+        failed = run_blocks([block], work, core_only_env(env, tmp_path / "core-only") if core_only else env)
+        if failed:
+            proc = failed[1]
+            pytest.fail(f"{where}: an example failed\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
 
 
 @pytest.mark.slow
@@ -166,6 +332,7 @@ def test_site_builds_strict(tmp_path):
     assert "matris discovery relax" in cli and "matris data build" in cli
     perf = (site / "performance" / "index.html").read_text()
     assert "benchmarks/results/cpu_speed.json" in perf and "{{" not in perf
+    assert "see it on the site" not in perf  # the committed page's stand-in for a figure, not the site's
     # a user page: no commit hashes or working-tree states (the development page keeps those)
     assert "uncommitted" not in perf and "commit <code>" not in perf
     assert "commit <code>" in (site / "development" / "index.html").read_text()
@@ -248,6 +415,119 @@ def test_placeholders_fail_loudly():
     assert hooks.fragments("  <!-- fragment: a GPU -->") == '  <p class="matris-needs"><small>Needs: a GPU</small></p>'
     mathml = hooks.to_mathml('<span class="arithmatex">\\(E = mc^2\\)</span>')
     assert mathml.startswith("<math") and "arithmatex" not in mathml
+
+
+def _hooks():
+    sys.path.insert(0, str(DOCS))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(DOCS))
+    return hooks
+
+
+@pytest.mark.parametrize("page", [p for p in USER_PAGES if p != README], ids=_where)
+def test_generated_regions_are_current(page):
+    """A page's committed ``<!-- generated: … -->`` regions are what docs/hooks.py makes from
+    benchmarks/results/ now: rerun ``python docs/hooks.py PAGE`` after a result file changes."""
+    hooks = _hooks()
+    text = page.read_text()
+    assert hooks.generate(text, page.relative_to(DOCS).as_posix()) == text, (
+        f"{_where(page)}: its generated tables are stale; run python docs/hooks.py {_where(page)}")
+
+
+def test_performance_page_reads_on_github():
+    """The performance page carries its numbers in the Markdown (GitHub shows ``{{ … }}`` as is)."""
+    text = (DOCS / "performance.md").read_text()
+    assert not re.search(r"(?<!\\)\{\{", text), "write a generated region, not a {{ placeholder }}"
+    assert text.count("<!-- generated: table(") >= 10 and "benchmarks/results/cpu_speed.json" in text
+    hooks = _hooks()
+    region = '<!-- generated: value("nve_cpu", "atoms") --><!-- /generated -->'
+    assert hooks.generate(region) == '<!-- generated: value("nve_cpu", "atoms") -->64<!-- /generated -->'
+    linked = hooks.generate('<!-- generated: figure("eos") -->\n<!-- /generated -->', "simulations.md")
+    assert "https://matris-mlip.github.io/matris-mlip/simulations/" in linked and "](figures/" not in linked
+    assert "](figures/eos.svg)" in hooks.generate('<!-- generated: figure("eos") -->\n<!-- /generated -->',
+                                                  "simulations.md", site=True)
+
+
+# Words that tie a page to one machine or one moment. A measured number names its machine (CPU
+# model, GPU) and its result file; text states what holds, not when it was written.
+NOTEBOOK_PHRASES = [
+    r"\bthis (?:machine|box|laptop|host|computer|CPU|GPU|node)\b", r"\bat hand\b",
+    r"\bthis \d+[- ]?(?:core|cpu|CPU|GB|GiB)", r"\bwhen this was written\b", r"\btoday(?:'s)?\b",
+    r"\byesterday\b", r"\bas of (?:now|today|this)\b", r"\bat the time of writing\b", r"\bright now\b",
+    r"\bfor now\b", r"\bour (?:machine|box|GPU|CPU)\b", r"\bon my\b", r"\bwe (?:measured|ran|tried)\b",
+    r"\bhere,? (?:on|with) (?:a|the|this|our) (?:\d+-core|machine|CPU|GPU)",
+]
+# (page, phrase) pairs that are not about a machine or a moment
+NOTEBOOK_ALLOWED: set[tuple[str, str]] = set()
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=_where)
+def test_pages_are_reference_text_not_a_lab_notebook(page):
+    where = _where(page)
+    found = []
+    for number, line in enumerate(page.read_text().split("\n"), 1):
+        for pattern in NOTEBOOK_PHRASES:
+            for match in re.finditer(pattern, line, re.I):
+                if (where, match.group(0).lower()) not in NOTEBOOK_ALLOWED:
+                    found.append(f"{where}:{number}: {match.group(0)!r} in {line.strip()[:100]!r}")
+    assert not found, ("phrases that tie the page to one machine or one moment; name the machine (CPU "
+                       "model, GPU) and the result file, or say what holds:\n" + "\n".join(found))
+
+
+def _command_parsers() -> dict:
+    """``{"relax": parser, "discovery relax": parser, ...}`` of the ``matris`` command."""
+    import argparse
+
+    from matris.cli import build_parser
+
+    out = {}
+
+    def walk(parser, name):
+        out[name] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, subparser in action.choices.items():
+                    walk(subparser, f"{name} {sub}".strip())
+
+    walk(build_parser(), "")
+    return out
+
+
+COMMAND = re.compile(r"\bmatris ([a-z][a-z-]*(?: [a-z][a-z-]*)?)((?:(?!\bmatris )[^`|#\n])*)")
+
+
+def unknown_options(text: str, parsers: dict) -> list[str]:
+    """``matris CMD --flag`` in ``text`` whose flag CMD does not have (config overrides such as
+    ``--trainer.max_steps`` are keys of a config, not flags)."""
+    bad = []
+    for number, line in enumerate(text.split("\n"), 1):
+        for match in COMMAND.finditer(line):
+            words = match.group(1)
+            command = words if words in parsers else words.split()[0]
+            if command not in parsers:
+                continue
+            options = {o for action in parsers[command]._actions for o in action.option_strings}
+            for flag in re.findall(r"(?<![\w.-])(--?[a-zA-Z][\w-]*)(?![\w.])", match.group(2)):
+                if flag not in options:
+                    bad.append(f"{number}: matris {command} {flag}")
+    return bad
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=_where)
+def test_command_lines_use_options_that_exist(page):
+    """Every ``matris CMD --option`` a page writes is an option of that command's parser."""
+    parsers = _command_parsers()
+    bad = unknown_options(page.read_text(), parsers)
+    assert not bad, f"{_where(page)}: options the command does not have (see matris CMD --help):\n" + "\n".join(bad)
+
+
+def test_unknown_options_are_found():
+    parsers = _command_parsers()
+    assert unknown_options("matris relax a.cif --bogus 1 and matris md b --nope", parsers) == [
+        "1: matris relax --bogus", "1: matris md --nope"]
+    assert unknown_options("matris train --config tiny --trainer.max_steps 5", parsers) == []
 
 
 def test_readme_is_a_landing_page_whose_links_resolve():
