@@ -6,12 +6,18 @@
 The recipes live once, in ``examples/configs/`` of the source tree, and install as the package
 data ``matris/recipes_data/`` (pyproject.toml maps one onto the other); data paths inside a
 recipe are relative to its file, so ``tiny`` trains from an installed wheel in any folder.
+
+Relative paths in any config file are resolved against that file's folder (not the current
+folder): a config and its data move together. To change a recipe, copy it with its data
+(:func:`copy`, ``matris recipes --copy NAME DIR``); a lone copy of the YAML file would look
+for the data beside itself.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 from .errors import MatRISInputError
@@ -65,6 +71,43 @@ def find(name_or_path: str | os.PathLike) -> Path:
                            f"the recipes {', '.join(names())} (matris recipes lists them)")
 
 
+def data_files(path: str | os.PathLike) -> list[Path]:
+    """The data files a recipe names by a relative path that exist beside it (what :func:`copy` copies)."""
+    from .extras import require
+
+    yaml = require("yaml", "train", "reading a training config")
+    path = find(path)
+    data = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("data") or {}
+    names = [data.get(k) or [] for k in ("train", "val", "test")]
+    names += [d.get(k) or [] for d in data.get("datasets") or [] for k in ("train", "val", "test")]
+    out: list[Path] = []
+    for name in (n for group in names for n in ([group] if isinstance(group, str) else group)):
+        file = path.parent / str(name)
+        if not Path(name).is_absolute() and ".." not in Path(name).parts and file.is_file() and file not in out:
+            out.append(file)
+    return out
+
+
+def copy(name: str, folder: str | os.PathLike = ".", overwrite: bool = False) -> Path:
+    """Copy recipe ``name`` and the data files it names into ``folder``, keeping their relative
+    paths, so that the copy trains as it is (``matris train --config FOLDER/NAME.yaml``); returns
+    the copied YAML file. Existing files are kept unless ``overwrite=True`` (``--overwrite``)."""
+    source = find(name)
+    folder = Path(folder)
+    pairs = [(source, folder / source.name)]
+    pairs += [(f, folder / f.relative_to(source.parent)) for f in data_files(source)]
+    existing = [str(dst) for _, dst in pairs if dst.exists()]
+    if existing and not overwrite:
+        raise MatRISInputError(f"{', '.join(existing)} already exist(s): pass overwrite=True (--overwrite) to "
+                               "replace them, or copy into another folder")
+    for src, dst in pairs:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp")  # copied, then renamed: never half a file under the real name
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    return pairs[0][1]
+
+
 def _description(path: Path) -> str:
     """The first sentence of the comment block at the top of a recipe, up to the first colon
     outside parentheses and without a closing parenthesis (the details are for the file's reader)."""
@@ -90,4 +133,4 @@ def _description(path: Path) -> str:
     return sentence.rstrip(" ,;")
 
 
-__all__ = ["available", "find", "folder", "names"]
+__all__ = ["available", "copy", "data_files", "find", "folder", "names"]

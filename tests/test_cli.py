@@ -60,3 +60,40 @@ def test_recipes_are_listed_and_taken_by_name(capsys, tmp_path, monkeypatch):
     assert "from_checkpoint: demo" in capsys.readouterr().out
     assert main(["train", "--config", "tiyn"]) == 2
     assert "tiny" in capsys.readouterr().err  # the error lists the recipes
+
+
+def test_a_copied_recipe_trains_as_it_is_and_a_lone_copy_says_what_paths_resolve_against(capsys, tmp_path,
+                                                                                          monkeypatch):
+    """Relative data paths in a config resolve against the config file's folder: --copy brings
+    the data along; a lone copy of the YAML names that rule and the absolute path it tried."""
+    import shutil
+    from pathlib import Path
+
+    from matris import recipes
+    from matris.train import TrainConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["recipes", "--copy", "tiny", "mine"]) == 0
+    assert "train with: matris train --config mine/tiny.yaml" in capsys.readouterr().out
+    assert (tmp_path / "mine" / "data" / "emt_train.extxyz").read_bytes() == \
+        (recipes.folder() / "data" / "emt_train.extxyz").read_bytes()
+    config = TrainConfig.from_yaml("mine/tiny.yaml")
+    config.check_data_paths()  # the copy is valid as it is
+    assert Path(config.data.train[0]).resolve() == (tmp_path / "mine" / "data" / "emt_train.extxyz").resolve()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    assert main(["recipes", "--copy", "tiny", "mine"]) == 2  # an earlier copy is kept ...
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["recipes", "--copy", "tiny", "mine", "--overwrite"]) == 0  # ... unless asked
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "mine").rglob("*")) == ["data", "emt_train.extxyz", "notes.txt",
+                                                                       "tiny.yaml"]  # no temp files left
+
+    shutil.copy(recipes.find("tiny"), tmp_path / "lone.yaml")  # what `cp $(matris recipes --path tiny) .` makes
+    assert main(["train", "--config", "lone.yaml", "--trainer.out_dir", "run"]) == 2
+    err = capsys.readouterr().err
+    assert "data file 'data/emt_train.extxyz' does not exist" in err
+    assert f"resolved against the config file's folder ({tmp_path.resolve()})" in err
+    assert str((tmp_path / "data" / "emt_train.extxyz").resolve()) in err and "matris recipes --copy" in err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    assert main(["train", "--config", "lone.yaml", "--data.train", "[nope.extxyz]"]) == 2
+    assert "resolved against the current folder" in capsys.readouterr().err

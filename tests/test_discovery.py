@@ -147,6 +147,8 @@ def test_killed_shards_resume_without_loss_or_duplicates(tmp_path):
     reports = [relax_shard(src, out, shard=Shard(i, 2), relaxer=fake_relaxer(calls)) for i in range(2)]
     assert [r.skipped for r in reports] == [3, 3] and sum(r.relaxed for r in reports) == 13 - 6
     assert len(calls) == len(set(calls)) == 7  # only the unfinished structures were relaxed again
+    again = relax_shard(src, out, shard=Shard(0, 2), relaxer=fake_relaxer(calls))  # a finished shard: says so
+    assert again.relaxed == 0 and "were already done in" in again.summary() and "--out" in again.summary()
     for i in range(2):  # the tail was cut before appending: every line parses
         for line in (out / f"shard-{i}-of-2.jsonl").read_text().splitlines():
             json.loads(line)

@@ -84,6 +84,7 @@ def test_md_resumes_bit_identically_after_an_interruption(tmp_path, model64, ens
     assert [f.info["md_step"] for f in frames] == [0, 4, 8, 10, 12, 16]
     again = md(si2(rattle=0.02), steps=16, trajectory=traj, **kw)  # already done: nothing to run
     assert again.resumed_from == 16 and len(read(traj, ":")) == 6
+    assert again.loaded and again.steps_per_s > 0  # the speed of the run that finished it, not 0
 
 
 def test_md_continues_from_the_trajectory_alone_and_refuses_a_foreign_restart(tmp_path, model64):
@@ -93,7 +94,7 @@ def test_md_continues_from_the_trajectory_alone_and_refuses_a_foreign_restart(tm
     with pytest.warns(UserWarning, match="no restart file"):
         r = md(si2(rattle=0.02), ensemble="nvt", steps=9, trajectory=traj, loginterval=3, model=model64)
     assert r.resumed_from == 6 and [f.info["md_step"] for f in read(traj, ":")] == [0, 3, 6, 9]
-    with pytest.raises(MatRISInputError, match="timestep_fs.*--no-resume"):
+    with pytest.raises(MatRISInputError, match="timestep_fs.*--overwrite"):
         md(si2(rattle=0.02), ensemble="nvt", steps=12, timestep=0.5, trajectory=traj, loginterval=3, model=model64)
     with pytest.raises(MatRISInputError, match="another structure"):
         md(bulk("C", "diamond", a=3.57), ensemble="nvt", steps=12, trajectory=traj, loginterval=3, model=model64)
@@ -189,6 +190,30 @@ def test_batched_nve_follows_the_ase_trajectory(model64):
         md_batch([start], ensemble="npt", model=model64)
 
 
+def test_md_rerun_of_a_finished_run_says_so_and_overwrite_starts_afresh(tmp_path, model64, capfd):
+    """The rerun rule (matris.rerun): finished → one line and the old numbers; unfinished → one
+    line and resume; overwrite=True → afresh, removing only the run's own two files."""
+    traj = tmp_path / "md.extxyz"
+    kw = dict(ensemble="nvt", loginterval=3, model=model64, trajectory=traj)
+    first = md(si2(rattle=0.02), steps=6, **kw)
+    (tmp_path / "notes.txt").write_text("mine")
+    capfd.readouterr()
+    again = md(si2(rattle=0.02), steps=6, **kw)
+    err = capfd.readouterr().err
+    assert "holds a finished run (step 6, steps=6)" in err and "overwrite=True (--overwrite)" in err
+    assert err.count("\n") == 1
+    assert again.loaded and again.steps == 6 and again.resumed_from == 6
+    assert (again.steps_per_s, again.ns_per_day) == (first.steps_per_s, first.ns_per_day)  # the run's own speed
+    assert again.to_dict()["loaded"] is True and again.to_dict()["ns_per_day"] > 0
+    np.testing.assert_array_equal(again.atoms.positions, first.atoms.positions)
+    more = md(si2(rattle=0.02), steps=9, **kw)
+    assert "resuming the run in" in capfd.readouterr().err and not more.loaded and more.resumed_from == 6
+    fresh = md(si2(rattle=0.02), steps=3, overwrite=True, **kw)
+    assert "resuming" not in capfd.readouterr().err and fresh.resumed_from == 0 and not fresh.loaded
+    assert [f.info["md_step"] for f in read(traj, ":")] == [0, 3]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 # ---------------------------------------------------------------------------- CLI
 def test_cli_relax_writes_results_and_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -202,7 +227,14 @@ def test_cli_relax_writes_results_and_resumes(tmp_path, monkeypatch, capsys):
     assert len(read(rows[0]["trajectory"], ":")) == rows[0]["steps"] + 1
     capsys.readouterr()
     assert main(["relax", "Si.extxyz", "--out-dir", "out"]) == 0
-    assert "2 of 2 structures already relaxed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "all 2 of 2 structures already relaxed" in err and "--overwrite" in err and "--out-dir" in err
+    other = {"key": "other-run", "energy_eV": -1.0}
+    (tmp_path / "out" / "results.json").write_text(json.dumps([other] + rows))
+    assert main(["relax", "Si.extxyz", "--out-dir", "out", "--overwrite", "--steps", "2"]) == 0
+    again = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(again) == 3 and again[0] == other  # a row of another structure is kept
+    assert [r["steps"] for r in again[1:]] == [2, 2]  # the given ones are relaxed again
     if importlib.util.find_spec("torch_sim") is not None:
         assert main(["relax", "Si.extxyz", "--out-dir", "batch", "--batch", "--dtype", "float64"]) == 0
         batch_rows = json.loads((tmp_path / "batch" / "results.json").read_text())
@@ -222,6 +254,10 @@ def test_cli_md_eos_phonons(tmp_path, monkeypatch, capsys):
     assert "resumed from step 6" in err and "ns/day" in err and "steps/s" in err
     summary = json.loads((tmp_path / "md.json").read_text())
     assert summary["steps"] == 9 and summary["resumed_from"] == 6
+    assert main(["md", "POSCAR", "--steps", "9", "--loginterval", "3", "--trajectory", "md.traj", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "holds a finished run" in err and "--overwrite" in err and "nothing was run now" in err
+    assert json.loads((tmp_path / "md.json").read_text())["ns_per_day"] == summary["ns_per_day"]
     assert read(summary["final_structure"]).get_chemical_formula() == "Si2"
     assert main(["md", "POSCAR", "--ensemble", "npt", "--timestep", "0.5", "--steps", "12",
                  "--trajectory", "md.traj", "--quiet"]) == 2  # another run's restart file: refused

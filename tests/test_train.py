@@ -193,8 +193,46 @@ def test_training_with_missing_labels(emt, tmp_path):
     for p in result.module.model.parameters():
         assert torch.isfinite(p).all()
     cfg["trainer"]["resume"] = "never"  # a finished run is never overwritten silently
-    with pytest.raises(MatRISInputError, match="already holds a run"):
+    with pytest.raises(MatRISInputError, match="already holds a run.*--overwrite"):
         fit(TrainConfig.from_dict(cfg))
+
+
+@pytest.mark.slow
+def test_rerun_of_a_finished_run_says_so_and_overwrite_starts_afresh(emt, tmp_path, capfd):
+    """The rerun rule (matris.rerun) for training, and no Lightning tips or deprecations in its output:
+    finished (step >= max_steps) → one line, nothing trained, the models as they are; unfinished →
+    one line, resumed; overwrite=True → the run's own outputs removed (others kept), afresh."""
+    cfg = micro_config(tmp_path / "run", [emt["train"]], emt["cache"], trainer={"max_steps": 3},
+                       data={"val_fraction": 0.25})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    first = fit(TrainConfig.from_dict(cfg))
+    err = capfd.readouterr().err
+    for noise in ("Tip:", "litlogger", "GPU available", "TPU available", "LeafSpec", "could not find the monitored",
+                  "`Trainer.fit` stopped"):
+        assert noise not in err, (noise, err)
+    model_bytes = first.last_model.read_bytes()
+
+    cfg["trainer"]["max_steps"] = 2  # below the checkpoint's step: nothing to train
+    again = fit(TrainConfig.from_dict(cfg))
+    err = capfd.readouterr().err
+    assert again.loaded and again.module is None and again.metrics == first.metrics
+    assert "holds a finished run" in err and "at step 3, and trainer.max_steps is 2" in err
+    assert "raise --trainer.max_steps above 3" in err and "--overwrite" in err
+    assert again.last_model.read_bytes() == model_bytes and _ckpt_step(ckpt) == 3
+
+    cfg["trainer"]["max_steps"] = 4
+    more = fit(TrainConfig.from_dict(cfg))
+    err = capfd.readouterr().err
+    assert "resuming from" in err and not more.loaded and _ckpt_step(ckpt) == 4
+    assert "exists and is not empty" not in err
+
+    cfg["trainer"]["max_steps"] = 2
+    fresh = fit(TrainConfig.from_dict(cfg), overwrite=True)
+    assert "removed the earlier run's" in capfd.readouterr().err and not fresh.loaded and _ckpt_step(ckpt) == 2
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "run" / "logs" / "csv").iterdir()) == ["version_0"]
 
 
 def _ckpt_step(path: Path) -> int:

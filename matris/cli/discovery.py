@@ -114,6 +114,9 @@ def run_kappa(args: argparse.Namespace) -> int:
                        retry_failed=args.retry_failed)
     print(f"shard {report['shard']}: {report['computed']} computed, {report['failed']} failed, {report['skipped']} "
           f"done before; results in {report['path']}", file=sys.stderr)
+    if report["skipped"] and not report["computed"] and not report["failed"]:  # the rerun rule (matris.rerun)
+        print(f"shard {report['shard']} was already complete in {report['path']}: nothing computed now "
+              "(--retry-failed computes failed ones again; another --out folder starts afresh)", file=sys.stderr)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -14,7 +15,9 @@ Run MD of one structure (frame --index of FILE, default the last) with live prog
 (steps/s, ns/day, T, E) on stderr. Every --loginterval steps a frame goes to the trajectory
 (.extxyz or .traj) and the restart file TRAJECTORY.restart.json is rewritten. After an
 interruption, run the same command again: it continues from the restart file (or the last
-frame) up to --steps in total. --no-resume starts afresh and overwrites them.
+frame) up to --steps in total. A run already at --steps is reported as finished (with the
+speed it had) and not run again. --overwrite starts afresh, replacing the trajectory and the
+restart file (only those).
 
 At the end it writes the final structure (TRAJECTORY stem + .final.extxyz) and a summary
 JSON (--json, default TRAJECTORY stem + .json).
@@ -45,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectory", default=None, help="trajectory file (default: FILE stem + .md.extxyz)")
     p.add_argument("--loginterval", type=int, default=10, help="steps between frames (default: 10)")
     p.add_argument("--restart", default=None, help="restart file (default: TRAJECTORY.restart.json)")
-    p.add_argument("--no-resume", action="store_true", help="start afresh, overwriting trajectory and restart")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh, replacing the trajectory and restart file of an earlier run")
+    p.add_argument("--no-resume", dest="overwrite", action="store_true", help=argparse.SUPPRESS)  # the older name
     p.add_argument("--json", dest="json_path", default=None, help="summary JSON (default: TRAJECTORY stem + .json)")
     p.add_argument("--quiet", action="store_true", help="no progress")
 
@@ -61,13 +66,16 @@ def run(args: argparse.Namespace) -> int:
     result = md(atoms, ensemble=args.ensemble, temperature=args.temperature, pressure=args.pressure,
                 timestep=args.timestep, steps=args.steps, thermostat=args.thermostat, friction=args.friction,
                 tdamp=args.tdamp, pdamp=args.pdamp, trajectory=traj, loginterval=args.loginterval,
-                restart=args.restart, resume=not args.no_resume, init_temperature=args.init_temperature,
+                restart=args.restart, overwrite=args.overwrite, init_temperature=args.init_temperature,
                 seed=args.seed, model=load_model(args), progress=not args.quiet)
     final = write_structure(stem.with_name(stem.name + ".final.extxyz"), result.atoms)
     summary = {"file": args.file, "ensemble": args.ensemble, **result.to_dict(), "final_structure": str(final)}
     write_json(args.json_path or stem.with_name(stem.name + ".json"), summary)
-    if result.resumed_from:
+    if result.resumed_from and not result.loaded:
         print(f"resumed from step {result.resumed_from}", file=sys.stderr)
+    speed = ("speed not recorded" if math.isnan(result.steps_per_s) else
+             f"{result.steps_per_s:.2f} steps/s, {result.ns_per_day:.4f} ns/day")
     print(f"{result.steps} steps ({result.time_ps:.3f} ps): mean T {summary['mean_temperature_K']:.1f} K, "
-          f"{result.steps_per_s:.2f} steps/s, {result.ns_per_day:.4f} ns/day; trajectory {traj}", file=sys.stderr)
+          f"{speed}{' (the earlier run: nothing was run now)' if result.loaded else ''}; trajectory {traj}",
+          file=sys.stderr)
     return 0

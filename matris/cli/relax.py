@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..rerun import notice
 from .common import (
     add_model_arguments,
     check_inputs,
@@ -27,7 +28,8 @@ cell force is below --fmax eV/Å, at most --steps steps.
 For each structure it writes OUT/NAME.relaxed.extxyz (final structure with energy, forces,
 stress) and OUT/NAME.relax.extxyz (every step; --trajectory-format traj for ASE .traj),
 and adds a row to OUT/results.json after each structure. Rerunning the same command skips
-the structures already in results.json (a long job resumes); --force redoes them.
+the structures already in results.json (a long job resumes; when all are there, it says so
+and relaxes nothing); --overwrite relaxes the given structures again, keeping the other rows.
 
 --batch relaxes all structures together on one device with torch-sim (pip install
 'matris-mlip[sim]'): much faster on a GPU. It writes no per-step trajectories.
@@ -54,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default="relaxed", help="output folder (default: relaxed)")
     p.add_argument("--trajectory-format", default="extxyz", choices=["extxyz", "traj", "none"],
                    help="per-step trajectory format, or none (default: extxyz)")
-    p.add_argument("--force", action="store_true", help="redo structures already in results.json")
+    p.add_argument("--overwrite", action="store_true",
+                   help="relax the given structures again even if results.json holds them (other rows are kept)")
+    p.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)  # the older name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     check_pressure(args.pressure, not args.fixed_cell, None if args.batch else args.cell_filter)
     out = Path(args.out_dir)
     results_path = out / "results.json"
-    done = ({} if args.force or not results_path.exists()
-            else {r["key"]: r for r in json.loads(results_path.read_text())})
+    # with --overwrite the rows of other structures stay: only the given ones are redone
+    done = {r["key"]: r for r in json.loads(results_path.read_text())} if results_path.exists() else {}
     atoms = read_structures(args.files, args.index)
     check_structures(atoms)
     keys, seen = [], set()
@@ -79,10 +83,14 @@ def run(args: argparse.Namespace) -> int:
         key = key if key not in seen else f"{key}-{k}"
         seen.add(key)
         keys.append(key)
-    todo = [(key, a) for key, a in zip(keys, atoms) if key not in done]
+    todo = [(key, a) for key, a in zip(keys, atoms) if args.overwrite or key not in done]
+    if not todo:
+        notice(f"relax: all {len(atoms)} of {len(atoms)} structures already relaxed in {results_path}: nothing "
+               "relaxed now; --overwrite relaxes them again, or give another --out-dir")
+        return 0
     if len(todo) < len(atoms):
-        print(f"{len(atoms) - len(todo)} of {len(atoms)} structures already relaxed in {results_path}; "
-              "skipping them (--force redoes them)", file=sys.stderr)
+        notice(f"relax: resuming: {len(atoms) - len(todo)} of {len(atoms)} structures already relaxed in "
+               f"{results_path} are skipped, {len(todo)} to go (--overwrite relaxes them all again)")
     model = load_model(args)
     _header()
     t0 = time.perf_counter()

@@ -17,6 +17,8 @@ command line as --section.key VALUE (values are read as YAML: 1e-3, true, null, 
 Outputs go to trainer.out_dir: checkpoints/last.ckpt (exact resume: rerun the same command
 after an interruption), best_model.pth.tar and last_model.pth.tar (published checkpoint
 format, load with MatRIS.load or MatRISCalculator), CSV and TensorBoard logs, parity.png.
+A run already at trainer.max_steps is not trained again (it says so: raise max_steps to go
+on); --overwrite removes the earlier run's outputs (only those) and starts afresh.
 Several GPUs: --trainer.devices N (DDP); several nodes: see docs/training.md (torchrun or SLURM).
 Needs the training extra: pip install 'matris-mlip[train]'.
 """
@@ -61,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                        help="starting model: a name (see 'matris models'), a published-format checkpoint path, "
                             "or an https URL")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in trainer.out_dir: remove an earlier run's checkpoints, models, logs and "
+                        "metrics there (other files are kept) instead of resuming it")
     p.add_argument("--dry-run", action="store_true",
                    help="load the model and data, print the memory plan (what a step needs, how many structures a "
                         "batch holds on this device and on 24-141 GB GPUs) and exit without training")
@@ -140,10 +145,12 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         return 0
     from ..train import fit
 
-    result = fit(config)
+    result = fit(config, overwrite=getattr(args, "overwrite", False))
     if result.metrics:
         print("final errors: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(result.metrics.items())))
-    print(f"models: {result.best_model or result.last_model} (published format); run directory {result.out_dir}")
+    state = " (the earlier, finished run: nothing trained now)" if result.loaded else ""
+    print(f"models: {result.best_model or result.last_model} (published format){state}; "
+          f"run directory {result.out_dir}")
     return 0
 
 

@@ -62,6 +62,9 @@ class ShardReport:
     engine: str
 
     def summary(self) -> str:
+        if self.assigned and self.skipped == self.assigned:  # the rerun rule (matris.rerun): say it, say the way out
+            return (f"shard {self.shard}: all {self.assigned} structures were already done in {self.path}: nothing "
+                    "relaxed now (--retry-failed relaxes failed ones again; another --out folder starts afresh)")
         rate = f", {self.relaxed / self.seconds:.2f} structures/s" if self.relaxed and self.seconds > 0 else ""
         return (f"shard {self.shard}: {self.assigned} structures assigned, {self.skipped} already done, "
                 f"{self.relaxed} relaxed now ({self.failed} failed) in {self.seconds:.1f} s{rate} with {self.engine}; "

@@ -8,6 +8,10 @@ variables, cell momenta), rewritten atomically with every logged frame. Running 
 the remaining steps are run, so ``steps`` is the total length of the run, not an increment.
 Without a restart file the run continues from the last frame of the trajectory (positions and
 momenta; a thermostat's internal state then starts afresh).
+
+Reruns follow :mod:`matris.rerun`: a run already at ``steps`` is returned as it is (``loaded``
+set, the speed of the run that made it) with a one-line notice; ``overwrite=True``
+(``--overwrite``) starts afresh.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from ..atomic import write_json
 from ..errors import MatRISInputError
+from ..rerun import OVERWRITE, notice
 from ..structures import like_input
 from .inputs import ModelLike, check_positive, prepare, require_periodic
 from .progress import Progress
@@ -43,8 +48,10 @@ class MDResult:
     included). steps: steps done in total (earlier segments included); time_ps: simulated time.
     log: one dict per logged frame with ``step``, ``time_ps``, ``potential_energy``,
     ``kinetic_energy`` and ``total_energy`` (eV), ``temperature`` (K), and under NPT
-    ``volume`` (Å³) and ``pressure`` (GPa). steps_per_s and ns_per_day: speed of this segment.
+    ``volume`` (Å³) and ``pressure`` (GPa). steps_per_s and ns_per_day: speed of this segment;
+    for a run found finished, the speed of the segment that finished it (NaN if unknown).
     resumed_from: the step this call started at (0 for a fresh run).
+    loaded: True when the run was already finished and this call only read it back.
     """
 
     structure: Any
@@ -57,6 +64,7 @@ class MDResult:
     resumed_from: int
     steps_per_s: float
     ns_per_day: float
+    loaded: bool = False
 
     @property
     def time_ps(self) -> float:
@@ -69,12 +77,17 @@ class MDResult:
     def to_dict(self) -> dict:
         return {
             "steps": self.steps, "time_ps": self.time_ps, "timestep_fs": self.timestep_fs,
-            "resumed_from": self.resumed_from, "steps_per_s": self.steps_per_s, "ns_per_day": self.ns_per_day,
+            "resumed_from": self.resumed_from, "loaded": self.loaded,
+            "steps_per_s": _number(self.steps_per_s), "ns_per_day": _number(self.ns_per_day),
             "trajectory": None if self.trajectory is None else str(self.trajectory),
             "restart": None if self.restart is None else str(self.restart),
             "final": self.log[-1] if self.log else None,
             "mean_temperature_K": float(self.column("temperature").mean()) if self.log else None,
         }
+
+
+def _number(value: float) -> float | None:
+    return None if value != value else value  # NaN (unknown) as JSON null
 
 
 def check_pressure(pressure: float, ensemble: str) -> None:
@@ -98,6 +111,7 @@ def md(
     trajectory: str | os.PathLike | None = None,
     loginterval: int = 10,
     restart: str | os.PathLike | None = None,
+    overwrite: bool = False,
     resume: bool = True,
     init_temperature: float | None = None,
     seed: int = 0,
@@ -120,8 +134,10 @@ def md(
         pdamp: NPT barostat time, fs.
         trajectory: write a frame every ``loginterval`` steps to this .extxyz or .traj file.
         restart: restart file (default: ``<trajectory>.restart.json`` when there is a trajectory).
-        resume: continue from the restart file or trajectory when they exist; with False an
-            existing trajectory and restart file are replaced.
+        overwrite: start afresh, replacing an existing trajectory and restart file (only
+            those two files). Without it a run continues from them, and a run already at
+            ``steps`` is returned as it is (``loaded``), with a one-line notice on stderr.
+        resume: the older name: ``resume=False`` is ``overwrite=True``.
         init_temperature: K, initial velocities when the structure has none (default: temperature).
         seed: seeds the initial velocities and the stochastic thermostats.
         model: as in :func:`matris.simulate.relax`.
@@ -146,15 +162,17 @@ def md(
                 "timestep_fs": float(timestep), "temperature_K": float(temperature),
                 "pressure_GPa": float(pressure) if ensemble == "npt" else None}
 
-    start, dynamics_state, history = 0, None, []
+    resume = resume and not overwrite
+    start, dynamics_state, history, speed = 0, None, [], None
     if resume and restart is not None and restart.exists():
         data = _read_restart(restart, atoms, settings)
         atoms.set_cell(data["cell"])
         atoms.set_positions(data["positions"])
         atoms.set_momenta(data["momenta"])
-        start, dynamics_state = int(data["step"]), data["dynamics"]
+        start, dynamics_state, speed = int(data["step"]), data["dynamics"], data.get("speed")
         if trajectory is not None:
             history = truncate(trajectory, lambda f: f.info.get("md_step", 0) <= start)
+        _say_resumed(restart, start, steps)
     elif resume and trajectory is not None and read_frames(trajectory):
         last = _check_frame(trajectory, read_frames(trajectory)[-1], atoms)
         atoms.set_cell(last.cell)
@@ -164,6 +182,7 @@ def md(
         history = truncate(trajectory, lambda f: f.info.get("md_step", 0) <= start)
         warnings.warn(f"{trajectory}: no restart file; continuing from its last frame (step {start}); the "
                       "thermostat's internal state starts afresh", stacklevel=2)
+        _say_resumed(trajectory, start, steps)
     else:
         for path in (trajectory, restart):
             if path is not None:
@@ -178,6 +197,13 @@ def md(
     if dynamics_state:
         _set_dynamics_state(dyn, dynamics_state)
     log = [_row_of_frame(f) for f in history]
+    if start >= steps and start > 0:  # finished before: read back, not run (and not timed as 0 steps/s)
+        final = snapshot(atoms)
+        speed = speed or {}
+        return MDResult(structure=like_input(final, structure), atoms=final, steps=start, timestep_fs=float(timestep),
+                        log=log, trajectory=trajectory, restart=restart, resumed_from=start,
+                        steps_per_s=float(speed.get("steps_per_s", float("nan"))),
+                        ns_per_day=float(speed.get("ns_per_day", float("nan"))), loaded=True)
     meter = progress if isinstance(progress, Progress) else Progress(steps, timestep, start=start)
 
     def observe():
@@ -194,18 +220,21 @@ def md(
             return
         row = _row(atoms, step, timestep, ensemble)
         log.append(row)
+        rates[:] = meter.rates(step)  # at the last frame: the result's speed, and the one a rerun reads back
         if trajectory is not None:
             append_frame(trajectory, snapshot(atoms, md_step=step, time_ps=row["time_ps"],
                                               temperature_K=row["temperature"]))
         if restart is not None:
-            _write_restart(restart, atoms, step, settings, _dynamics_state(dyn))
+            _write_restart(restart, atoms, step, settings, _dynamics_state(dyn),
+                           {"steps_per_s": rates[0], "ns_per_day": rates[1]})
 
+    rates: list[float] = []
     dyn.attach(observe, interval=1)
     if steps > start:
         dyn.run(steps - start)
     if progress and not isinstance(progress, Progress):
         meter.close()
-    steps_per_s, ns_day = meter.rates(max(steps, start))
+    steps_per_s, ns_day = rates if rates else meter.rates(max(steps, start))
     final = snapshot(atoms)
     return MDResult(structure=like_input(final, structure), atoms=final, steps=max(steps, start),
                     timestep_fs=float(timestep), log=log, trajectory=trajectory, restart=restart,
@@ -299,10 +328,20 @@ def _row_of_frame(frame) -> dict:
             "kinetic_energy": ekin, "total_energy": epot + ekin, "temperature": float(frame.get_temperature())}
 
 
-def _write_restart(path: Path, atoms, step: int, settings: dict, dynamics: dict) -> None:
+def _say_resumed(path: Path, start: int, steps: int) -> None:
+    """The rerun rule's one line (:mod:`matris.rerun`): finished, or resumed."""
+    if start >= steps:
+        notice(f"md: {path} holds a finished run (step {start}, steps={steps}): returning it as it is, not run "
+               f"again; raise steps to continue it, or pass {OVERWRITE} or another trajectory to start afresh")
+    elif start > 0:
+        notice(f"md: resuming the run in {path} at step {start} of {steps} ({OVERWRITE} starts afresh)")
+
+
+def _write_restart(path: Path, atoms, step: int, settings: dict, dynamics: dict, speed: dict | None = None) -> None:
     data = {"version": RESTART_VERSION, "step": int(step), **settings,
             "numbers": atoms.numbers.tolist(), "pbc": atoms.pbc.tolist(), "cell": np.asarray(atoms.cell).tolist(),
-            "positions": atoms.positions.tolist(), "momenta": atoms.get_momenta().tolist(), "dynamics": dynamics}
+            "positions": atoms.positions.tolist(), "momenta": atoms.get_momenta().tolist(), "dynamics": dynamics,
+            "speed": speed}
     write_json(path, data, indent=None)
 
 
@@ -314,14 +353,14 @@ def _read_restart(path: Path, atoms, settings: dict) -> dict:
     if data.get("version") != RESTART_VERSION or data.get("numbers") != atoms.numbers.tolist():
         raise MatRISInputError(
             f"the restart file {path} belongs to another structure; delete it (and its trajectory) or pass "
-            "resume=False (--no-resume) to start afresh"
+            "overwrite=True (--overwrite) to start afresh"
         )
     changed = {k: (data.get(k), v) for k, v in settings.items() if data.get(k) != v}
     if changed:
         what = ", ".join(f"{k} {old!r} → {new!r}" for k, (old, new) in changed.items())
         raise MatRISInputError(
             f"the restart file {path} was written with other settings ({what}); rerun with the original settings, "
-            "or pass resume=False (--no-resume) to start afresh"
+            "or pass overwrite=True (--overwrite) to start afresh"
         )
     return data
 
@@ -330,7 +369,7 @@ def _check_frame(path, frame, atoms):
     if frame.numbers.tolist() != atoms.numbers.tolist() or "md_step" not in frame.info:
         raise MatRISInputError(
             f"the trajectory {path} was not written by an MD run of this structure; choose another trajectory file "
-            "or pass resume=False (--no-resume) to overwrite it"
+            "or pass overwrite=True (--overwrite) to overwrite it"
         )
     return frame
 

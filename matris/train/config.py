@@ -355,9 +355,18 @@ class TrainConfig:
         if data is not None and not isinstance(data, dict):
             raise MatRISInputError(f"{path}: the top level must be a mapping of sections (model, data, ...)")
         config = cls.from_dict(data, source=str(path))
-        # data paths in a config file are relative to the file
+        # data paths in a config file are relative to the file, so a config and its data move together;
+        # what each came from is kept for check_data_paths' message
+        config._config_paths = {}
+
         def rel(paths: list) -> list:
-            return [str(path.parent / p) if not Path(p).is_absolute() else p for p in paths]
+            out = []
+            for p in paths:
+                if not Path(p).is_absolute():
+                    config._config_paths[str(path.parent / p)] = (str(p), path)
+                    p = str(path.parent / p)
+                out.append(p)
+            return out
 
         for key in ("train", "val", "test"):
             setattr(config.data, key, rel(getattr(config.data, key)))
@@ -366,6 +375,37 @@ class TrainConfig:
             if ds.reference_energy not in (None, "fit"):
                 ds.reference_energy = rel([ds.reference_energy])[0]
         return config
+
+    def check_data_paths(self) -> None:
+        """Every data path that names a file or folder (not a glob pattern) exists; else a
+        FileNotFoundError that says what a relative path was resolved against and the absolute
+        path tried: the config file's folder for paths from a config file, the current folder
+        for paths given on the command line or in Python."""
+        from_file = getattr(self, "_config_paths", {})
+        groups = [(f"data.{k}", getattr(self.data, k)) for k in ("train", "val", "test")]
+        groups += [(f"data.datasets[{d.name}].{k}", getattr(d, k)) for d in self.data.datasets
+                   for k in ("train", "val", "test")]
+        for key, paths in groups:
+            for text in paths:
+                text = str(text)
+                if any(c in text for c in "*?[") or Path(text).expanduser().exists():
+                    continue
+                tried = Path(text).expanduser().resolve()
+                if text in from_file:
+                    original, config_file = from_file[text]
+                    rule = (f"relative paths in a config file are resolved against the config file's folder "
+                            f"({config_file.parent.resolve()})")
+                    fix = ("give an absolute path or one relative to that folder, or copy a recipe together with "
+                           "its data: matris recipes --copy NAME DIR")
+                elif Path(text).is_absolute():
+                    original, rule, fix = text, "", "check the path"
+                else:
+                    original = text
+                    rule = ("relative paths given on the command line are resolved against the current folder "
+                            f"({Path.cwd()})")
+                    fix = "give an absolute path, or run from the folder the path is relative to"
+                raise FileNotFoundError(f"{key}: data file {original!r} does not exist" +
+                                        (f": {rule}, so {tried} was tried" if rule else f" ({tried})") + f"; {fix}")
 
     def to_yaml(self) -> str:
         yaml = _yaml("writing a training config")

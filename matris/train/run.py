@@ -10,12 +10,22 @@ Outputs under ``trainer.out_dir``::
     logs/csv/version_k/metrics.csv  metrics (meV/atom, meV/Å, GPa, μB), one version per (resumed) segment;
                               logs/tensorboard/version_k/ for TensorBoard
     parity.png, metrics.json  validation parity plot and final errors
+
+Reruns follow :mod:`matris.rerun`: the same command again resumes an unfinished run from
+``checkpoints/last.ckpt`` (one line says so); a run whose checkpoint is already at
+``max_steps`` (or ``max_epochs``) is not trained again: one line says so and how to go on,
+and its exported models are returned as they are. ``overwrite=True`` (``--overwrite``)
+removes the run's own outputs (the files listed above, nothing else in ``out_dir``) and
+starts afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +36,7 @@ import torch
 from ..atomic import atomic_path, write_text
 from ..errors import MatRISInputError, MissingExtraError
 from ..model import MatRIS
+from ..rerun import OVERWRITE, notice, remove_outputs
 from ._lightning import (
     Callback,
     L,
@@ -52,7 +63,8 @@ class TrainResult:
     best_model: Path | None
     last_model: Path
     metrics: dict[str, float]
-    module: MatRISModule
+    module: MatRISModule | None
+    loaded: bool = False  # True when the run was already finished: nothing trained, outputs read back (no module)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -143,6 +155,7 @@ def dry_run(config: TrainConfig) -> str:
     (``data.max_memory``, or ``auto`` when it is not set) on the run's device."""
     from .memory import describe, plan_memory, training_device
 
+    config.check_data_paths()
     model = build_model(config)
     data = MatRISDataModule(config.data, model.cutoff, model.three_body_cutoff, seed=config.trainer.seed)
     data.setup("fit")
@@ -187,7 +200,7 @@ def _resume_path(config: TrainConfig, out_dir: Path) -> str | None:
         if (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
             raise MatRISInputError(
                 f"{out_dir} already holds a run (checkpoints/*.ckpt) and trainer.resume is 'never': continue it with "
-                "--trainer.resume auto, or start the new run in another --trainer.out_dir")
+                f"--trainer.resume auto, start afresh there with {OVERWRITE}, or give another --trainer.out_dir")
         return None
     if resume == "auto":
         last = out_dir / "checkpoints" / "last.ckpt"
@@ -195,6 +208,101 @@ def _resume_path(config: TrainConfig, out_dir: Path) -> str | None:
     if not Path(resume).is_file():
         raise FileNotFoundError(f"trainer.resume: no checkpoint {resume}")
     return resume
+
+
+RUN_FILES = ("config.yaml", "best_model.pth.tar", "last_model.pth.tar", "metrics.json", "parity.png")
+RUN_FOLDERS = ("logs/csv", "logs/tensorboard")
+
+
+def run_outputs(out_dir: Path) -> list[Path]:
+    """The files and folders a run writes in ``out_dir`` (what ``overwrite`` removes): never
+    the folder itself, and in ``checkpoints/`` only the checkpoint files."""
+    out = [out_dir / name for name in RUN_FILES + RUN_FOLDERS]
+    ckpt_dir = out_dir / "checkpoints"
+    if ckpt_dir.is_dir():
+        out += sorted(p for p in ckpt_dir.iterdir() if p.suffix in (".ckpt", ".tmp"))
+    return [p for p in out if p.exists() or p.is_symlink()]
+
+
+def checkpoint_progress(path: str | Path) -> tuple[int, int]:
+    """(optimizer steps, epochs) a Lightning checkpoint has done; its tensors are mapped, not read."""
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    return int(state.get("global_step", 0)), int(state.get("epoch", 0))
+
+
+def _finished(config: TrainConfig, step: int, epoch: int) -> str | None:
+    """Why a run at ``step``/``epoch`` has nothing left to train under ``config`` (None: it has)."""
+    t = config.trainer
+    if t.max_steps >= 0 and step >= t.max_steps:
+        return (f"at step {step}, and trainer.max_steps is {t.max_steps}: to train further, raise --trainer.max_steps "
+                f"above {step}")
+    if t.max_epochs is not None and t.max_epochs >= 0 and epoch >= t.max_epochs:
+        return (f"at epoch {epoch}, and trainer.max_epochs is {t.max_epochs}: to train further, raise "
+                f"--trainer.max_epochs above {epoch}")
+    return None
+
+
+def _loaded_result(out_dir: Path) -> TrainResult:
+    """The outputs of a finished run, read back instead of trained again."""
+    metrics_file = out_dir / "metrics.json"
+    metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+    best = out_dir / "best_model.pth.tar"
+    return TrainResult(out_dir, best if best.is_file() else None, out_dir / "last_model.pth.tar", metrics, None,
+                       loaded=True)
+
+
+@contextlib.contextmanager
+def quiet_lightning():
+    """Lightning without its per-run info lines (GPU/TPU available, LOCAL_RANK, the litlogger and
+    litmodels tips, 'fit stopped: max_steps reached': matris prints what it did itself) and
+    without a deprecation that torch raises inside Lightning's own code, nor the warning that a
+    resumed run's checkpoints/ is not empty. Lightning's warnings
+    about the run (data, config, checkpoints) stay visible: they are warnings, not info."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                category=FutureWarning)
+        # a resumed run writes into its own checkpoints/ by design (a clash with another run is refused earlier)
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        for lg in loggers:
+            lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
+def _rerun(config: TrainConfig, out_dir: Path, overwrite: bool) -> tuple[str | None, TrainResult | None]:
+    """The rerun rule (:mod:`matris.rerun`) for ``out_dir``: the checkpoint to resume from, and the
+    finished run's result when there is nothing to train."""
+    if overwrite:
+        if config.trainer.resume not in ("auto", "never"):
+            raise MatRISInputError(f"{OVERWRITE} starts afresh, but trainer.resume names a checkpoint to continue "
+                                   f"({config.trainer.resume}): drop one of the two")
+        # every rank starts afresh; only rank 0 removes files (the others may already be reading the folder)
+        if rank_zero_only.rank == 0:
+            removed = remove_outputs(run_outputs(out_dir))
+            if removed:
+                notice(f"train: {OVERWRITE}: removed the earlier run's {len(removed)} outputs in {out_dir} "
+                       "(checkpoints, models, logs, metrics; other files are kept); starting afresh")
+        return None, None
+    resume = _resume_path(config, out_dir)
+    if resume is None:
+        return None, None
+    step, epoch = checkpoint_progress(resume)
+    done = _finished(config, step, epoch)
+    own = Path(resume).resolve() == (out_dir / "checkpoints" / "last.ckpt").resolve()
+    if done and own and (out_dir / "last_model.pth.tar").is_file():
+        if rank_zero_only.rank == 0:
+            notice(f"train: {out_dir} holds a finished run, not trained again: {resume} is {done}; to start afresh, "
+                   f"pass {OVERWRITE} or another --trainer.out_dir")
+        return resume, _loaded_result(out_dir)
+    if rank_zero_only.rank == 0:
+        what = f"{done}; nothing left to train, writing the exports" if done else f"at step {step}"
+        notice(f"train: resuming from {resume} ({what}); {OVERWRITE} or another --trainer.out_dir starts afresh")
+    return resume, None
 
 
 def _devices(value: str) -> Any:
@@ -208,10 +316,17 @@ def _devices(value: str) -> Any:
         raise MatRISInputError(f"trainer.devices = {value!r}: give a number, a list like '0,1', or 'auto'") from None
 
 
-def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainResult:
-    """Train (or fine-tune, when ``config.finetune.from_checkpoint`` is set) and export the model."""
+def fit(config: TrainConfig, callbacks: list[Callback] | None = None, overwrite: bool = False) -> TrainResult:
+    """Train (or fine-tune, when ``config.finetune.from_checkpoint`` is set) and export the model.
+
+    A run already in ``trainer.out_dir`` is resumed, or, when it is finished, returned as it is
+    (``loaded``, nothing trained); ``overwrite=True`` removes its outputs and starts afresh."""
     t = config.trainer
     out_dir = Path(t.out_dir)
+    config.check_data_paths()  # before anything is removed or built: a wrong path says what it was resolved against
+    resume, loaded = _rerun(config, out_dir, overwrite)
+    if loaded is not None:
+        return loaded
     L.seed_everything(t.seed, workers=True, verbose=False)
     if t.precision == "tf32":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -222,14 +337,12 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
     apply_memory_budget(model, config, data)
     summary = apply_reference_energies(model, config, data)
     module = MatRISModule(model, config, labels=data.labels)
-    resume = _resume_path(config, out_dir)
     if rank_zero_only.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", config.to_yaml())
         n_train = len(data.train_set)
         n_val = len(data.val_set) if data.val_set is not None else 0
-        rank_zero_info(f"matris: {model.num_parameters():,} parameters; {n_train} training / {n_val} validation "
-                       f"structures; {summary}" + (f"; resuming from {resume}" if resume else ""))
+        notice(f"{model.num_parameters():,} parameters; {n_train} training / {n_val} validation structures; {summary}")
 
     has_val = data.val_set is not None
     ckpt_dir = out_dir / "checkpoints"
@@ -239,8 +352,10 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
     if t.progress_bar:
         cbs.append(ProgressBar())
     if has_val:
+        # saved after validation only: at a train-epoch end val/loss may not exist yet (Lightning warns then)
         cbs += [ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
-                                auto_insert_metric_name=False, enable_version_counter=False),
+                                auto_insert_metric_name=False, enable_version_counter=False,
+                                save_on_train_epoch_end=False),
                 ExportBest(out_dir)]
     cbs += list(callbacks or [])
     # a new version directory per (resumed) segment: earlier logs are never overwritten
@@ -250,6 +365,13 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
             loggers.append(L.pytorch.loggers.TensorBoardLogger(out_dir / "logs", name="tensorboard"))
         except ModuleNotFoundError:
             rank_zero_info("matris: neither tensorboard nor tensorboardX is installed; CSV logs only")
+    with quiet_lightning():
+        return _train(config, module, data, loggers, cbs, resume, out_dir, has_val)
+
+
+def _train(config, module, data, loggers, cbs, resume, out_dir, has_val) -> TrainResult:
+    t = config.trainer
+    ckpt_dir = out_dir / "checkpoints"
     trainer = L.Trainer(
         default_root_dir=out_dir,
         max_epochs=t.max_epochs,
@@ -296,7 +418,7 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None) -> TrainRe
             try:
                 parity_plot(pred, out_dir / "parity.png", title="validation set" if has_val else "training set")
             except MissingExtraError as exc:  # the model is trained and saved: say why there is no plot, go on
-                rank_zero_info(f"matris: no parity.png: {exc}")
+                notice(f"no parity.png: {exc}")
         write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
     return TrainResult(out_dir, best_model if best_model.is_file() else None, last_model, metrics, module)
 
