@@ -20,7 +20,7 @@ pytest.importorskip("phono3py")
 BIN = Path(sys.executable).parent
 
 
-FAST = ["--fmax", "0.01"]  # a looser relaxation than the benchmark's 1e-4 eV/Å: the tests' time
+FAST = ["--fmax", "0.01"]  # a looser relaxation than the benchmark's 1e-5 eV/Å (MatRIS): the tests' time
 
 
 def structures(path, bad=False, ids=("si", "mgo", "c")):

@@ -6,8 +6,9 @@ PhononDB extxyz) whose ``info`` holds ``material_id``, ``fc2_supercell``, ``fc3_
 :func:`matris.discovery.kappa.thermal_conductivity`; its result (or the reason it failed) is
 one line of ``DIR/shard-I-of-N.jsonl``, written and fsynced as soon as it is done, so a killed
 run loses at most the structure in progress and a rerun continues (:mod:`.store`). A failure of
-one structure (phono3py, out of memory, a broken relaxation) is recorded with its reason and
-the run goes on; κ_SRME counts it as 2.
+one structure (phono3py, out of memory) is recorded with its reason and the run goes on;
+κ_SRME counts it as 2. A structure with imaginary modes or whose relaxation changed its space
+group is a line with NaN κ and no mode κ (the benchmark does not compute its κ): SRD −2, SRME 2.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class KappaLine:
     spg_final: int | None = None
     relax_steps: int | None = None
     n_displacements: int | None = None
+    method: str | None = None  # phono3py's transport type (None: κ not computed)
+    reached_max_steps: bool | None = None
     seconds: dict = field(default_factory=dict)
     error: str | None = None
 
@@ -65,8 +68,10 @@ class KappaLine:
         """The metrics' view of this line (None for a failed material)."""
         if not self.ok:
             return None
-        return KappaRecord(kappa=np.asarray(self.kappa), mode_kappa=np.asarray(self.mode_kappa),
-                           weights=np.asarray(self.weights), has_imaginary=bool(self.has_imaginary),
+        return KappaRecord(kappa=np.asarray(self.kappa, dtype=float),
+                           mode_kappa=None if self.mode_kappa is None else np.asarray(self.mode_kappa, dtype=float),
+                           weights=None if self.weights is None else np.asarray(self.weights, dtype=float),
+                           has_imaginary=bool(self.has_imaginary),
                            spg_initial=self.spg_initial, spg_final=self.spg_final)
 
 
@@ -78,6 +83,8 @@ def read_structures(path: str | Path) -> list:
     source = index(path)
     frames = source.load(range(len(source)))
     for k, atoms in enumerate(frames):
+        if "q_mesh" not in atoms.info and "q_point_mesh" in atoms.info:  # the benchmark's newer name
+            atoms.info["q_mesh"] = atoms.info["q_point_mesh"]
         missing = [key for key in INFO_KEYS[1:] if key not in atoms.info]
         if missing:
             raise MatRISInputError(f"{path}, structure {k} ({atoms.get_chemical_formula()}): info lacks "
@@ -114,10 +121,13 @@ def run_shard(structures: str | Path, out_dir: str | Path, model, model_name: st
                                          protocol)
                 rec = r.record
                 line = KappaLine(mid, kappa=np.asarray(rec.kappa).tolist(),
-                                 mode_kappa=np.asarray(rec.mode_kappa)[..., :3].tolist(),
-                                 weights=np.asarray(rec.weights).tolist(), has_imaginary=rec.has_imaginary,
-                                 spg_initial=rec.spg_initial, spg_final=rec.spg_final, relax_steps=r.relax_steps,
-                                 n_displacements=r.n_displacements,
+                                 mode_kappa=None if rec.mode_kappa is None
+                                 else np.asarray(rec.mode_kappa)[..., :3].tolist(),
+                                 weights=None if rec.weights is None else np.asarray(rec.weights).tolist(),
+                                 has_imaginary=rec.has_imaginary, spg_initial=rec.spg_initial,
+                                 spg_final=rec.spg_final, relax_steps=r.relax_steps,
+                                 n_displacements=r.n_displacements, method=r.method,
+                                 reached_max_steps=r.reached_max_steps,
                                  seconds={**r.seconds, "total": time.perf_counter() - t0})
                 done += 1
             except Exception as exc:  # noqa: BLE001  one structure's failure is recorded, the run goes on

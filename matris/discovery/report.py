@@ -47,7 +47,8 @@ def build(name: str, metrics: dict) -> dict:
     for r in rows:
         r["CPS"] = combined_score(r.get("F1"), r.get("kappa_SRME"), r.get("RMSD"))
     return {"rows": rows, "reference_source": refs["source"],
-            "cps": "0.5·F1 + 0.4·(1 − κ_SRME/2) + 0.1·(1 − RMSD/0.15 Å), clamped; None where a metric is missing"}
+            "cps": "0.5·F1 + 0.4·(1 − κ_SRME/2) + 0.1·(1 − RMSD/0.15 Å), clamped; None where a metric is missing "
+                   "or invalid (the leaderboard's calculate_cps)"}
 
 
 def table(report: dict) -> str:
@@ -55,10 +56,13 @@ def table(report: dict) -> str:
     def fmt(v, digits=3):
         return "–" if v is None else f"{v:.{digits}f}"
 
-    lines = ["| model | F1 | κ_SRME | RMSD | CPS |", "|---|---:|---:|---:|---:|"]
+    def params(v):
+        return "–" if not v else f"{v / 1e6:.1f}M"
+
+    lines = ["| model | params | F1 | κ_SRME | RMSD | CPS |", "|---|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
-        lines.append(f"| {r['model']} | {fmt(r.get('F1'))} | {fmt(r.get('kappa_SRME'))} | {fmt(r.get('RMSD'), 4)} | "
-                     f"{fmt(r.get('CPS'))} |")
+        lines.append(f"| {r['model']} | {params(r.get('params'))} | {fmt(r.get('F1'))} | {fmt(r.get('kappa_SRME'))} | "
+                     f"{fmt(r.get('RMSD'), 4)} | {fmt(r.get('CPS'))} |")
     notes = "".join(f" {r['model']}: {r['note']}." for r in report["rows"] if r.get("note"))
     return "\n".join(lines) + f"\n\nReference rows: {report['reference_source']}.{notes}"
 
