@@ -282,6 +282,42 @@ def test_wheel_contents(built):
     assert "Requires-Dist: lightning" in metadata and 'extra == "train"' in metadata
 
 
+# Where each source folder installs (pyproject.toml's package-dir): the whole tree of each must be in the wheel
+INSTALLED_AS = {"matris": "matris", "kernels": "matris/kernels", "examples/configs": "matris/recipes_data"}
+
+
+def package_sources() -> list[str]:
+    """The files of the folders above, relative to the root: the ones git tracks in a checkout,
+    every file (less bytecode) in an unpacked sdist, which has no git."""
+    git = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--", *INSTALLED_AS], capture_output=True,
+                         text=True) if (ROOT / ".git").exists() else None
+    if git is not None and git.returncode == 0:
+        # a file deleted in the working tree but not yet in git's index is not a source any more
+        return [f for f in git.stdout.split("\0") if f and (ROOT / f).is_file()]
+    return [str(f.relative_to(ROOT)) for folder in INSTALLED_AS for f in (ROOT / folder).rglob("*")
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo")]
+
+
+def test_wheel_has_every_module_and_data_file(built):
+    """Every module and data file of matris/, kernels/ and examples/configs/ at its installed path:
+    a subpackage or data pattern missing from pyproject.toml (matris.domain once was, and
+    pair_style matris stopped with ModuleNotFoundError) fails here, not in a user's LAMMPS run."""
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        names = set(wheel.namelist())
+    sources = package_sources()
+    # the folders themselves must be found, or the comparison below proves nothing
+    for folder, expected in [("matris/domain/", 3), ("kernels/csrc/cpu/", 5), ("examples/configs/data/", 2)]:
+        assert sum(f.startswith(folder) for f in sources) >= expected, folder
+    missing = []
+    for source in sources:
+        folder = max((f for f in INSTALLED_AS if source.startswith(f + "/")), key=len)
+        installed = INSTALLED_AS[folder] + source[len(folder):]
+        if installed not in names:
+            missing.append(source if installed == source else f"{source} (as {installed})")
+    assert not missing, ("not in the wheel; add the package to [tool.setuptools] packages or the pattern to "
+                         f"[tool.setuptools.package-data] in pyproject.toml: {', '.join(sorted(missing))}")
+
+
 def test_sdist_can_run_the_tests(built):
     with tarfile.open(built["sdist"]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
