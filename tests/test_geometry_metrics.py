@@ -44,3 +44,49 @@ def test_symmetry_fractions_by_hand():
     assert m["n_sym_ops_mae"] == pytest.approx(2 * (48 - ops) / 3)
     assert m["RMSD"] == pytest.approx(np.mean([m["per_material"][k]["rmsd"] for k in refs]))
     assert geo_opt_metrics({}, refs)["n_structures"] == 0
+
+
+def _perturbed_set():
+    """20 (ML, DFT) pairs: Si, SrTiO3, CsCl and NaCl with one atom moved 0, 0.005, 0.01, 0.05, 0.2 Å."""
+    from ase.build import bulk
+    from pymatgen.io.ase import AseAtomsAdaptor
+
+    def si(d):
+        a = bulk("Si", "diamond", a=5.43)
+        a.positions[0, 0] += d
+        return AseAtomsAdaptor.get_structure(a)
+
+    def sto(d):
+        s = Structure(Lattice.cubic(3.905), ["Sr", "Ti", "O", "O", "O"],
+                      [[0, 0, 0], [0.5, 0.5, 0.5], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]])
+        s.translate_sites([1], [d / 3.905, 0, 0], frac_coords=True)
+        return s
+
+    def nacl(d):
+        a = bulk("NaCl", "rocksalt", a=5.64)
+        a.positions[1, 2] += d
+        return AseAtomsAdaptor.get_structure(a)
+
+    refs, preds = {}, {}
+    for name, f in {"Si": si, "SrTiO3": sto, "CsCl": cscl, "NaCl": nacl}.items():
+        for d in (0.0, 0.005, 0.01, 0.05, 0.2):
+            refs[f"{name}_{d}"], preds[f"{name}_{d}"] = f(0.0), f(d)
+    return preds, refs
+
+
+@pytest.mark.slow
+def test_symmetry_fractions_equal_the_benchmarks_own_code():
+    """The values the benchmark's get_sym_info_from_structs + pred_vs_ref_struct_symmetry +
+    calc_geo_opt_metrics (matbench-discovery @ 2c7f9fc4, moyopy) give on these 20 pairs; spglib
+    (the package before) gave symmetry_match 0.25 and n_sym_ops_mae 30 at symprec 1e-2."""
+    pytest.importorskip("moyopy")
+    preds, refs = _perturbed_set()
+    assert symmetry(preds["Si_0.01"], 1e-2) == (74, 8) and symmetry(preds["NaCl_0.01"], 1e-2) == (225, 48)
+    assert symmetry(preds["NaCl_0.01"], 1e-5) == (107, 8)
+    expected = {1e-2: (0.45, 0.55, 0.0, 22.0), 1e-5: (0.2, 0.8, 0.0, 32.0)}
+    for symprec, (match, decrease, increase, mae) in expected.items():
+        m = geo_opt_metrics(preds, refs, symprec)
+        assert (m["symmetry_match"], m["symmetry_decrease"], m["symmetry_increase"]) == pytest.approx(
+            (match, decrease, increase), abs=1e-15)
+        assert m["n_sym_ops_mae"] == mae and m["n_structures"] == 20
+        assert m["RMSD"] == pytest.approx(0.009892601794264499, rel=1e-9)
