@@ -254,15 +254,24 @@ def test_readme_python_needs_only_the_core_or_says_its_extra():
 
 # Installed as sitecustomize for a block that must run on the core install: importing a module
 # that only a distribution outside the core provides fails as if it were not installed.
+# (find_spec answers with a spec whose loading fails, without an origin: importlib.util.find_spec
+# callers that only probe, as torch's dynamo does, go on; an import fails as for a missing module)
 CORE_ONLY = textwrap.dedent("""
-    import importlib.abc, json, os, sys
+    import importlib.abc, importlib.machinery, json, os, sys
 
     BLOCKED = set(json.loads(os.environ["MATRIS_DOCS_BLOCKED_MODULES"]))
+
+    class Absent(importlib.abc.Loader):
+        def create_module(self, spec):
+            raise ModuleNotFoundError(f"No module named {spec.name!r} (not in the core install)", name=spec.name)
+
+        def exec_module(self, module):
+            pass
 
     class CoreOnly(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"No module named {name!r} (not in the core install)", name=name)
+                return importlib.machinery.ModuleSpec(name, Absent())
             return None
 
     sys.meta_path.insert(0, CoreOnly())
@@ -287,6 +296,10 @@ def core_only_env(env: dict, folder: Path) -> dict:
 def test_core_only_blocks_extras(tmp_path):
     env = core_only_env(dict(os.environ), tmp_path / "site")
     assert run_blocks([("python", "import ase, numpy, torch, matris", "core")], tmp_path, env) is None
+    # probing is allowed (torch's dynamo probes many modules), importing fails
+    probe = ("import importlib.util\nassert importlib.util.find_spec('pymatgen').origin is None\n"
+             "try:\n    import pymatgen\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit(1)")
+    assert run_blocks([("python", probe, "probe")], tmp_path, env) is None
     failed = run_blocks([("python", "import pymatgen.core", "extra")], tmp_path, env)
     assert failed and "not in the core install" in failed[1].stderr
 
