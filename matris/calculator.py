@@ -14,7 +14,7 @@ from ase.calculators.calculator import Calculator, all_changes
 from .devices import device_and_dtype, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from .graph import GraphBatch
 from .model import MatRIS
-from .structures import to_system
+from .structures import to_system, warn_implausible
 
 
 class MatRISCalculator(Calculator):
@@ -70,14 +70,28 @@ class MatRISCalculator(Calculator):
             self.model.compile()
         self.model.tf32 = tf32
         self.compute_stress = compute_stress
+        self._checked = None  # the (numbers, pbc) last checked for plausibility
         # a model trained without magnetic moments (targets "efs") does not offer them
         self.implemented_properties = [p for p in type(self).implemented_properties
                                        if p != "magmoms" or self.model.predicts_magmoms]
+
+    def check_plausibility(self, atoms, system=None) -> list[str]:
+        """Warn (:class:`~matris.errors.MatRISInputWarning`) if ``atoms`` look like an input
+        mistake (:func:`matris.structures.implausibilities`), once per structure: only a new
+        composition or periodicity is checked again, not every MD or relaxation step (the check
+        is one neighbour search within ≤ 1.7 Å, far below the cost of a model call)."""
+        system = system if system is not None else to_system(atoms)
+        key = (system.atomic_numbers.tobytes(), system.pbc.tobytes())
+        if key == getattr(self, "_checked", None):  # (a calculator unpickled from an older version has none)
+            return []
+        self._checked = key
+        return warn_implausible(atoms, self.model.cutoff, system=system)
 
     def calculate(self, atoms=None, properties=None, system_changes=all_changes) -> None:
         properties = properties or ["energy"]
         super().calculate(atoms, properties, system_changes)  # keeps a copy in self.atoms
         system = to_system(self.atoms)
+        self.check_plausibility(self.atoms, system)
         graph = GraphBatch.from_systems(
             [system], self.model.cutoff, self.model.three_body_cutoff, dtype=self.dtype, device=self.device
         )

@@ -11,6 +11,14 @@ class MatRISInputError(ValueError):
     """
 
 
+class MatRISInputWarning(UserWarning):
+    """A structure MatRIS can evaluate but that is almost surely not what the user meant:
+    atoms far closer than bonded atoms ever are, a periodic cell whose atoms see no neighbour
+    within the model's cutoff, a relaxation that changed the volume by a large factor, or ASE
+    Atoms that carry partial occupancies. The message names the numbers and the threshold;
+    silence it with ``warnings.filterwarnings("ignore", category=MatRISInputWarning)``."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint file that is not in the published MatRIS format."""
 

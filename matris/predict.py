@@ -10,7 +10,7 @@ import torch
 
 from .errors import MatRISInputError, is_out_of_memory
 from .graph import AtomicSystem, GraphBatch
-from .structures import to_system
+from .structures import to_system, warn_implausible
 
 PROGRESS_THRESHOLD = 64  # lists at least this long show a progress bar by default
 
@@ -50,6 +50,7 @@ def predict(
     compute_stress: bool = True,
     compute_magmoms: bool | None = None,
     progress: bool | None = None,
+    warn_inputs: bool = True,
 ) -> list[Prediction] | Prediction:
     """Evaluate ``model`` on ASE Atoms or pymatgen Structures, ``batch_size`` at a time.
 
@@ -57,7 +58,10 @@ def predict(
     order. A batch that does not fit in memory is split in halves and retried; only a
     single structure that does not fit raises. ``compute_magmoms`` (default: when the model
     was trained on them) gives ``magmoms=None`` otherwise. ``progress`` shows a bar (default: for
-    lists of at least 64 structures).
+    lists of at least 64 structures). ``warn_inputs``: warn
+    (:class:`~matris.errors.MatRISInputWarning`) about structures that look like input mistakes
+    (:func:`matris.structures.implausibilities`); callers that checked the structure they derived
+    these from (an EOS scan, displaced phonon supercells) turn it off.
     """
     single = not isinstance(structures, (list, tuple)) and not _is_iterable_of_structures(structures)
     items = [structures] if single else list(structures)
@@ -66,6 +70,8 @@ def predict(
     systems = [to_system(s, i) for i, s in enumerate(items)]
     for i, system in enumerate(systems):
         system.validate(i)
+        if warn_inputs:
+            warn_implausible(items[i], model.cutoff, i, system)
     if progress is None:
         progress = len(systems) >= PROGRESS_THRESHOLD
     results: list[Prediction] = []

@@ -9,6 +9,12 @@ what to do, never a traceback or a parser's warning from deep inside a parser.
 :func:`check_file` does the checks that need no parser (exists, is a file, not empty) and
 imports nothing heavy, so the command line can check every input before it imports ASE or
 torch.
+
+Partially occupied sites (a CIF site holding Fe 0.5 and Ni 0.5, or Li 0.5 and a vacancy) are an
+error by default: ASE's CIF reader keeps only the majority species of each site, and pymatgen
+gives a disordered Structure, and either way the model would evaluate a structure that is not
+the one in the file. ``majority_species=True`` (``--majority-species`` on the command line)
+accepts ASE's reading knowingly.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import re
 import warnings
 from pathlib import Path
 
-from .errors import MatRISInputError
+from .errors import MatRISInputError, MatRISInputWarning
 
 # Containers that are binary by design and that ASE or pymatgen read (ASE's own binary formats
 # are found by name in its format table): sniffing them for text makes no sense.
@@ -26,6 +32,11 @@ BINARY_SUFFIXES = (".traj", ".db", ".nc", ".gz", ".bz2", ".xz", ".zip", ".lmdb",
 FIX = ("give a structure file that ASE or pymatgen reads (CIF, POSCAR/CONTCAR, extxyz, ASE .traj, ...), with an "
        "extension that names its format")
 _SYMBOL_LIKE = re.compile(r"^[A-Za-z][a-z]{0,2}\d*[+-]?$")
+OCCUPANCY_TOLERANCE = 0.01  # a site whose species fill it to within 1 % is full (CIFs round to 0.99..1)
+ORDER_FIX = ("order it first: pick one species per site yourself (e.g. pymatgen's "
+             "OrderDisorderedStructureTransformation on a supercell, or a special quasirandom structure (SQS)), or "
+             "accept ASE's reading that puts each site's majority species on it, knowingly, with --majority-species "
+             "(Python: read_frames(path, majority_species=True))")
 
 
 def check_file(path: str | os.PathLike, what: str = "structure file") -> Path:
@@ -86,10 +97,20 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
-def read_frames(path: str | os.PathLike, index: str = ":") -> list:
+def read_frames(path: str | os.PathLike, index: str = ":", majority_species: bool = False) -> list:
     """The frames ``index`` (an ASE index string: ``":"`` all, ``"-1"`` the last) of ``path``
     as ASE Atoms, each with at least one atom. Raises ``FileNotFoundError`` for a missing
-    file and :class:`MatRISInputError` for any file that is not a readable structure."""
+    file and :class:`MatRISInputError` for any file that is not a readable structure, and for
+    one with partially occupied sites (naming the site and its occupancies) unless
+    ``majority_species``: then each such site holds its majority species, as ASE reads it, and
+    one :class:`~matris.errors.MatRISInputWarning` says how many sites that changed."""
+    frames = _read(path, index)
+    for k, atoms in enumerate(frames):
+        _check_occupancies(atoms, Path(path), k, len(frames), majority_species)
+    return frames
+
+
+def _read(path: str | os.PathLike, index: str) -> list:
     path = check_file(path)
     fmt = format_name(path)
     label = fmt or "none"
@@ -117,6 +138,78 @@ def read_frames(path: str | os.PathLike, index: str = ":") -> list:
         if frames is None:
             raise MatRISInputError(_diagnose(path, fmt, ase_exc)) from None
     return _checked(frames, path, index, label)
+
+
+def partial_sites(atoms) -> list[tuple[int, str, str]]:
+    """The partially occupied sites of ASE ``atoms`` as ASE's CIF reader records them
+    (``atoms.info["occupancy"]``: species → occupancy per site kind, the kind of each atom in
+    ``atoms.arrays["spacegroup_kinds"]``): ``(atom index, kind, "Fe 0.5 + Ni 0.5")`` for each
+    atom whose site holds more than one species or is less than full (the rest a vacancy)."""
+    occupancy = atoms.info.get("occupancy")
+    if not isinstance(occupancy, dict) or not occupancy:
+        return []
+    kinds = atoms.arrays.get("spacegroup_kinds")
+    kinds = range(len(atoms)) if kinds is None else kinds
+    sites, seen = [], {}
+    for index, kind in enumerate(kinds):
+        key = str(int(kind))
+        if key not in seen:
+            seen[key] = _partial(occupancy.get(key) or occupancy.get(int(kind)))
+        if seen[key] is not None:
+            sites.append((index, key, seen[key]))
+    return sites
+
+
+def _partial(species: dict | None) -> str | None:
+    """``"Fe 0.5 + Ni 0.5"`` (``"Li 0.5 + vacancy 0.5"``) for a partially occupied site, else None."""
+    if not isinstance(species, dict):
+        return None
+    try:
+        shares = {str(k): float(v) for k, v in species.items() if float(v) > 0}
+    except (TypeError, ValueError):
+        return None
+    total = sum(shares.values())
+    if len(shares) <= 1 and total >= 1 - OCCUPANCY_TOLERANCE:
+        return None
+    parts = [f"{name} {share:g}" for name, share in sorted(shares.items(), key=lambda kv: -kv[1])]
+    if total < 1 - OCCUPANCY_TOLERANCE:
+        parts.append(f"vacancy {1 - total:.4g}")
+    return " + ".join(parts)
+
+
+def _site_labels(path: Path, frame: int, frames: int) -> list[str] | None:
+    """The ``_atom_site_label`` column of the CIF block of frame ``frame``, where it is clear
+    which block that is (one block, or one per frame); else None. Only for the error message."""
+    try:
+        from ase.io.cif import parse_cif
+
+        blocks = [b for b in parse_cif(str(path)) if b.has_structure()]
+        block = blocks[0] if len(blocks) == 1 else blocks[frame] if len(blocks) == frames else None
+        labels = None if block is None else block.get("_atom_site_label")
+        return [str(label) for label in labels] if labels is not None else None
+    except Exception:  # noqa: BLE001 - a label is a courtesy: the message holds without it
+        return None
+
+
+def _check_occupancies(atoms, path: Path, frame: int, frames: int, majority_species: bool) -> None:
+    sites = partial_sites(atoms)
+    if not sites:
+        return
+    index, kind, text = sites[0]
+    where = f"{path}" + (f" (frame {frame})" if frames > 1 else "")
+    if majority_species:
+        warnings.warn(
+            f"{where}: {len(sites)} of {len(atoms)} atoms sit on partially occupied sites (e.g. atom {index}: "
+            f"{text}); --majority-species: each holds its majority species, as ASE reads it", MatRISInputWarning,
+            stacklevel=3)
+        atoms.info.pop("occupancy", None)  # now a deliberate ordered structure: no warning later
+        return
+    labels = _site_labels(path, frame, frames) if path.suffix.lower() == ".cif" else None
+    label = f" (CIF site {labels[int(kind)]})" if labels is not None and int(kind) < len(labels) else ""
+    raise MatRISInputError(
+        f"{where} has partial occupancies: atom {index}{label} is {text} (ASE's reading keeps only "
+        f"{atoms[index].symbol}), and {len(sites)} of {len(atoms)} atoms sit on such sites; MatRIS needs one "
+        f"element per site: {ORDER_FIX}")
 
 
 def _checked(frames, path: Path, index: str, fmt: str) -> list:
@@ -248,9 +341,28 @@ def _read_with_pymatgen(path: Path):
             from pymatgen.core import Structure
             from pymatgen.io.ase import AseAtomsAdaptor
 
-            return [AseAtomsAdaptor.get_atoms(Structure.from_file(path))]
+            structure = Structure.from_file(path)
+            if not structure.is_ordered:
+                return [_disordered_atoms(structure)]
+            return [AseAtomsAdaptor.get_atoms(structure)]
     except Exception:  # noqa: BLE001 - the ASE error is the one reported
         return None
 
 
-__all__ = ["read_frames", "check_file", "format_name", "vasp_problem"]
+def _disordered_atoms(structure):
+    """ASE Atoms of a disordered pymatgen Structure as ASE's CIF reader gives them: each
+    site's majority species, with ``info["occupancy"]`` per site, so the one check above
+    reports (or, with ``majority_species``, accepts) it."""
+    from ase import Atoms
+
+    occupancy, symbols = {}, []
+    for k, site in enumerate(structure):
+        shares = {el.symbol: float(x) for el, x in site.species.items()}
+        occupancy[str(k)] = shares
+        symbols.append(max(shares, key=shares.get))
+    atoms = Atoms(symbols=symbols, positions=structure.cart_coords, cell=structure.lattice.matrix, pbc=True)
+    atoms.info["occupancy"] = occupancy
+    return atoms
+
+
+__all__ = ["read_frames", "check_file", "format_name", "vasp_problem", "partial_sites"]

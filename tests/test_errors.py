@@ -77,6 +77,7 @@ def test_error_names_structure_in_graph_builder():
         GraphBatch.from_systems([s], 5.0, 3.0)
 
 
+@pytest.mark.filterwarnings("ignore::matris.errors.MatRISInputWarning")  # valid, and warned: it sees no neighbour
 def test_isolated_atom_is_valid(model):
     """No neighbour within r_c: the embedding-only energy and zero force (the reference errors)."""
     lone = Atoms("Fe", positions=[[1, 1, 1]], cell=np.eye(3) * 20, pbc=True)

@@ -89,6 +89,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _input_warnings_as_lines(command: str, shown):
+    """A ``warnings.showwarning`` that prints :class:`MatRISInputWarning` (an implausible
+    structure) as one stderr line, like the errors, instead of Python's file:line form, and
+    passes other warnings to ``shown``."""
+    from ..errors import MatRISInputWarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, MatRISInputWarning):
+            print(f"matris {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     from .._conflict import check as check_conflict
     from ..bundled import notices_to_stderr
@@ -108,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if extra and not args.takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    import warnings
+
+    shown = warnings.showwarning
+    warnings.showwarning = _input_warnings_as_lines(args.command, shown)
     try:
         if args.takes_overrides:
             return int(args.handler(args, extra) or 0)
@@ -117,3 +136,5 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(exc).split("\n")).strip() or type(exc).__name__
         print(f"matris {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = shown

@@ -30,6 +30,16 @@ def add_model_arguments(p: argparse.ArgumentParser, dtype_note: str = "") -> Non
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help=DTYPE_HELP + dtype_note)
 
 
+MAJORITY_HELP = ("accept partially occupied sites (e.g. a CIF site of Fe 0.5 + Ni 0.5) as ASE reads them: each "
+                 "holds its majority species (default: such a file is an error, since the model needs one element "
+                 "per site)")
+
+
+def add_majority_argument(p: argparse.ArgumentParser) -> None:
+    """--majority-species: the explicit opt-in to ASE's reading of partial occupancies."""
+    p.add_argument("--majority-species", action="store_true", help=MAJORITY_HELP)
+
+
 def check_inputs(files: Iterable[str] = (), model: Any = None) -> None:
     """Fail at once, before torch or ASE is imported, on a missing, empty or folder input file
     or a ``--model`` that is neither a known name, an https URL nor a checkpoint file; fetch a
@@ -60,12 +70,13 @@ def check_structures(frames: list) -> None:
         check_structure(atoms, k)
 
 
-def read_one(path: str, index: str = "-1"):
-    """One structure (frame ``index``, default the last) of any ASE-readable file."""
+def read_one(path: str, index: str = "-1", majority_species: bool = False):
+    """One structure (frame ``index``, default the last) of any ASE-readable file;
+    ``majority_species``: accept partial occupancies (see :func:`~matris.structure_files.read_frames`)."""
     from ..errors import MatRISInputError
     from .predict import read_structures
 
-    frames = read_structures([path], index)
+    frames = read_structures([path], index, majority_species)
     if len(frames) != 1:
         raise MatRISInputError(f"{path}: --index {index!r} selects {len(frames)} frames; select one, e.g. --index -1")
     frames[0].info["name"] = Path(path).name.split(".")[0] or Path(path).name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_model_arguments, check_inputs, load_model, read_one, write_json
+from .common import add_majority_argument, add_model_arguments, check_inputs, load_model, read_one, write_json
 
 HELP = "equation of state: E(V) fit (Birch–Murnaghan), V0, B, plot"
 DESCRIPTION = """\
@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="structure file (any ASE-readable format)")
     add_model_arguments(p)
     p.add_argument("--index", default="-1", help="frame of FILE (default: the last, -1)")
+    add_majority_argument(p)
     p.add_argument("--points", type=int, default=11, help="volumes (default: 11)")
     p.add_argument("--range", dest="volume_range", type=float, default=0.06,
                    help="volume range as a fraction (default: 0.06 = ±6%%)")
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     check_inputs([args.file], args.model)  # before any heavy import: a typo fails at once
     from ..simulate import equation_of_state, relax
 
-    atoms = read_one(args.file, args.index)
+    atoms = read_one(args.file, args.index, args.majority_species)
     model = load_model(args)
     if args.relax:
         atoms = relax(atoms, fmax=0.01, model=model).atoms

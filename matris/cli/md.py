@@ -7,7 +7,15 @@ import math
 import sys
 from pathlib import Path
 
-from .common import add_model_arguments, check_inputs, load_model, read_one, write_json, write_structure
+from .common import (
+    add_majority_argument,
+    add_model_arguments,
+    check_inputs,
+    load_model,
+    read_one,
+    write_json,
+    write_structure,
+)
 
 HELP = "molecular dynamics (NVE, NVT Langevin/Nosé–Hoover/Bussi, NPT), resumable"
 DESCRIPTION = """\
@@ -32,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="structure file (any ASE-readable format)")
     add_model_arguments(p)
     p.add_argument("--index", default="-1", help="frame of FILE to start from (default: the last, -1)")
+    add_majority_argument(p)
     p.add_argument("--ensemble", default="nvt", choices=["nve", "nvt", "npt"], help="default: nvt")
     p.add_argument("--thermostat", default="langevin", choices=["langevin", "nose-hoover", "bussi"],
                    help="NVT thermostat (default: langevin)")
@@ -60,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from ..simulate.dynamics import check_pressure, md
 
     check_pressure(args.pressure, args.ensemble)
-    atoms = read_one(args.file, args.index)
+    atoms = read_one(args.file, args.index, args.majority_species)
     traj = Path(args.trajectory or f"{atoms.info['name']}.md.extxyz")
     stem = traj.with_name(traj.name.split(".")[0])
     result = md(atoms, ensemble=args.ensemble, temperature=args.temperature, pressure=args.pressure,

@@ -8,7 +8,7 @@ import io
 from pathlib import Path
 
 from ..atomic import write_text
-from .common import add_model_arguments, check_inputs, load_model, read_one, write_json
+from .common import add_majority_argument, add_model_arguments, check_inputs, load_model, read_one, write_json
 
 HELP = "phonons with phonopy: band structure + DOS plot, thermal properties"
 DESCRIPTION = """\
@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="structure file (any ASE-readable format)")
     add_model_arguments(p, dtype_note="; float64 gives cleaner force constants")
     p.add_argument("--index", default="-1", help="frame of FILE (default: the last, -1)")
+    add_majority_argument(p)
     p.add_argument("--supercell", type=int, nargs="+", default=None,
                    help="repetitions, 1 or 3 integers (default: every cell vector ≥ 10 Å)")
     p.add_argument("--displacement", type=float, default=0.01, help="Å (default: 0.01)")
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     require("phonopy", "phonons", "matris phonons")
     from ..simulate import phonons, relax
 
-    atoms = read_one(args.file, args.index)
+    atoms = read_one(args.file, args.index, args.majority_species)
     model = load_model(args)
     if args.relax:
         atoms = relax(atoms, fmax=0.005, steps=1000, model=model).atoms

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..atomic import write_json
-from .common import add_model_arguments, check_inputs, check_structures, load_model
+from .common import add_majority_argument, add_model_arguments, check_inputs, check_structures, load_model
 
 HELP = "energy, forces, stress and magmoms of structures (default: a bundled example)"
 DESCRIPTION = """\
@@ -29,19 +29,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--batch-size", type=int, default=16, help="structures per batch (default: 16)")
     p.add_argument("--index", default=":", help="ASE index of frames to read from each file (default: all ':')")
+    add_majority_argument(p)
     p.add_argument("--json", dest="json_path", default=None, help="also write all results to this JSON file")
     p.add_argument("--quiet", action="store_true", help="print no table")
 
 
-def read_structures(files: list[str], index: str = ":"):
-    """All frames of ``files`` as ASE Atoms (the bundled example when ``files`` is empty)."""
+def read_structures(files: list[str], index: str = ":", majority_species: bool = False):
+    """All frames of ``files`` as ASE Atoms (the bundled example when ``files`` is empty);
+    ``majority_species``: accept partial occupancies (see :func:`~matris.structure_files.read_frames`)."""
     from ..bundled import EXAMPLE_STRUCTURE
     from ..structure_files import read_frames
 
     paths = [Path(f) for f in files] or [EXAMPLE_STRUCTURE]
     atoms = []
     for path in paths:
-        frames = read_frames(path, index)  # a bad file: one clear error, exit status 2
+        frames = read_frames(path, index, majority_species)  # a bad file: one clear error, exit status 2
         for k, frame in enumerate(frames):
             frame.info.setdefault("name", f"{path.name}" + (f"[{k}]" if len(frames) > 1 else ""))
         atoms.extend(frames)
@@ -50,7 +52,7 @@ def read_structures(files: list[str], index: str = ":"):
 
 def run(args: argparse.Namespace) -> int:
     check_inputs(args.files, args.model)  # before any heavy import: a typo fails at once
-    atoms = read_structures(args.files, args.index)
+    atoms = read_structures(args.files, args.index, args.majority_species)
     check_structures(atoms)
     import numpy as np
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..rerun import notice
 from .common import (
+    add_majority_argument,
     add_model_arguments,
     check_inputs,
     check_structures,
@@ -53,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", action="store_true", help="relax all structures together with torch-sim")
     p.add_argument("--max-atoms", type=int, default=None, help="--batch: most atoms on the device at once")
     p.add_argument("--index", default=":", help="ASE index of frames to read from each file (default: all ':')")
+    add_majority_argument(p)
     p.add_argument("--out-dir", default="relaxed", help="output folder (default: relaxed)")
     p.add_argument("--trajectory-format", default="extxyz", choices=["extxyz", "traj", "none"],
                    help="per-step trajectory format, or none (default: extxyz)")
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     results_path = out / "results.json"
     # with --overwrite the rows of other structures stay: only the given ones are redone
     done = {r["key"]: r for r in json.loads(results_path.read_text())} if results_path.exists() else {}
-    atoms = read_structures(args.files, args.index)
+    atoms = read_structures(args.files, args.index, args.majority_species)
     check_structures(atoms)
     keys, seen = [], set()
     for k, a in enumerate(atoms):

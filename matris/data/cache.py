@@ -60,7 +60,7 @@ import torch
 from ..errors import MatRISInputError
 from ..graph.batch import GraphBatch, line_graph
 from ..graph.neighbors import half_neighbor_list
-from ..graph.system import MAX_Z, MIN_DISTANCE
+from ..graph.system import MAX_Z, MIN_DISTANCE, overlap_error
 from .readers import BadRecord, Sample
 from .targets import Targets
 
@@ -206,10 +206,7 @@ def _prepare(sample: Sample, k: int, cutoff: float, three_body_cutoff: float) ->
     i, j, image, d = half_neighbor_list(system, cutoff)
     if len(d) and d.min() < MIN_DISTANCE:
         m = int(np.argmin(d))
-        raise MatRISInputError(
-            f"{system.label(k)}: atoms {int(i[m])} and {int(j[m])} are {d[m]:.4f} Å apart, closer than "
-            f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix the positions."
-        )
+        raise overlap_error(system.label(k), i[m], j[m], d[m])
     if len(image) and np.abs(image).max() > _IMAGE_MAX:
         raise MatRISInputError(f"{system.label(k)}: bond image numbers exceed {_IMAGE_MAX}; the cell is far too "
                                "thin for the cutoff. Fix the cell.")

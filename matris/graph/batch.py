@@ -17,7 +17,7 @@ import torch
 
 from ..errors import MatRISInputError
 from .neighbors import device_half_neighbor_list, half_neighbor_list
-from .system import MIN_DISTANCE, AtomicSystem
+from .system import MIN_DISTANCE, AtomicSystem, overlap_error
 
 _DEVICE_BUILDER = {"failed": None}
 
@@ -185,11 +185,7 @@ class GraphBatch:
             i, j, n, d = half_neighbor_list(system, cutoff)
             if validate and len(d) and d.min() < MIN_DISTANCE:
                 m = int(np.argmin(d))
-                raise MatRISInputError(
-                    f"{system.label(k)}: atoms {int(i[m])} and {int(j[m])} are {d[m]:.4f} Å apart, closer than "
-                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); "
-                    "remove one of them or fix the positions."
-                )
+                raise overlap_error(system.label(k), i[m], j[m], d[m])
             parts["i"].append(i + atom_offset)
             parts["j"].append(j + atom_offset)
             parts["n"].append(n)
@@ -270,10 +266,7 @@ class GraphBatch:
                 m = int(torch.argmin(d))
                 name = names[k] if names and names[k] else ""
                 who = f"structure {k + index_offset}" + (f" ({name})" if name else "")
-                raise MatRISInputError(
-                    f"{who}: atoms {int(i[m])} and {int(j[m])} are {float(d[m]):.4f} Å apart, closer than "
-                    f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); "
-                    "remove one of them or fix the positions.")
+                raise overlap_error(who, i[m], j[m], d[m])
             parts["i"].append(i + start)
             parts["j"].append(j + start)
             parts["n"].append(img)

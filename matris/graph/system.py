@@ -19,6 +19,25 @@ _SYMBOLS = (
 ).split()
 
 
+def distinct_digits(value: float, limit: float) -> str:
+    """``value`` (< ``limit``) with the fewest decimals (at least 4) at which it reads below
+    ``limit``: 0.09999 must not print as 0.1000 next to a limit of 0.1."""
+    for digits in range(4, 17):
+        text = f"{value:.{digits}f}"
+        if float(text) < limit:
+            return text
+    return repr(value)
+
+
+def overlap_error(who: str, i: int, j: int, distance: float) -> MatRISInputError:
+    """The error for atoms ``i`` and ``j`` of structure ``who`` closer than :data:`MIN_DISTANCE`
+    (``distance`` in Å): the one message of every builder that checks it."""
+    return MatRISInputError(
+        f"{who}: atoms {int(i)} and {int(j)} are {distinct_digits(float(distance), MIN_DISTANCE)} Å apart, closer "
+        f"than {MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix "
+        "the positions.")
+
+
 def element_symbol(z: int) -> str:
     """Chemical symbol of atomic number ``z`` (``'Z=<z>'`` outside the periodic table)."""
     return _SYMBOLS[z] if 0 < z < len(_SYMBOLS) else f"Z={z}"

@@ -37,11 +37,11 @@ from ..graph import AtomicSystem, GraphBatch
 from ..graph.batch import device_builder_available, device_builder_failed
 from ..model import MatRIS
 from ..model.model import EV_PER_A3_TO_GPA
-from ..structures import like_input, to_atoms, to_system
+from ..structures import like_input, to_atoms, to_system, warn_implausible
 from .dynamics import thermalize
 from .inputs import check_positive
 from .progress import Progress
-from .relaxation import RelaxResult, check_pressure
+from .relaxation import RelaxResult, check_pressure, volume_warnings
 from .trajectory import snapshot
 
 NEW_API = hasattr(ts, "Optimizer")  # torch-sim ≥ 0.4: enums and *_init/*_step functions
@@ -183,6 +183,8 @@ def relax_batch(
     items, atoms = _as_atoms(structures, need_cell=relax_cell, what="relaxing the cell")
     ts_model = model if isinstance(model, MatRISModel) else MatRISModel(model, device, dtype,
                                                                           compute_stress=relax_cell)
+    for i, a in enumerate(atoms):
+        warn_implausible(a, ts_model.model.cutoff, i)
     state = ts.io.atoms_to_state(atoms, ts_model.device, ts_model.dtype)
     autobatcher = False if max_atoms is None else ts.InFlightAutoBatcher(
         model=ts_model, memory_scales_with="n_atoms", max_memory_scaler=float(max_atoms))
@@ -193,9 +195,9 @@ def relax_batch(
                             steps_between_swaps=check_every, autobatcher=autobatcher,
                             **_fire_arguments(relax_cell, pressure * units.GPa))
     relaxed = ts.io.state_to_atoms(final)
-    predictions = ts_model.model.predict(relaxed, batch_size=max(1, len(relaxed)))
+    predictions = ts_model.model.predict(relaxed, batch_size=max(1, len(relaxed)), warn_inputs=False)
     results = []
-    for item, start, end, pred in zip(items, atoms, relaxed, predictions):
+    for k, (item, start, end, pred) in enumerate(zip(items, atoms, relaxed, predictions)):
         end.info = dict(start.info)
         stress = pred.stress
         largest = float(np.linalg.norm(pred.forces, axis=1).max())
@@ -205,7 +207,8 @@ def relax_batch(
         frame = _with_results(end, pred)
         results.append(RelaxResult(
             structure=like_input(frame, item), atoms=frame, energy=pred.energy, energy_per_atom=pred.energy_per_atom,
-            forces=pred.forces, stress=stress, fmax=largest, steps=None, converged=largest < fmax, trajectory=[]))
+            forces=pred.forces, stress=stress, fmax=largest, steps=None, converged=largest < fmax, trajectory=[],
+            warnings=volume_warnings(start, end, k) if relax_cell else []))
     return results
 
 
@@ -266,6 +269,8 @@ def md_batch(
         if not np.any(a.get_momenta()):
             thermalize(a, temperature, rng)
     ts_model = model if isinstance(model, MatRISModel) else MatRISModel(model, device, dtype, compute_stress=False)
+    for i, a in enumerate(atoms):
+        warn_implausible(a, ts_model.model.cutoff, i)
     dev, dt_ = ts_model.device, ts_model.dtype
     state = ts.io.atoms_to_state(atoms, dev, dt_)
     momenta = torch.tensor(np.concatenate([a.get_momenta() for a in atoms]), device=dev, dtype=dt_)

@@ -100,7 +100,7 @@ def equation_of_state(
         cells = [r.atoms for r in results]
         energies = np.array([r.energy for r in results])
     else:
-        energies = np.array([p.energy for p in calc.model.predict(cells, batch_size=points)])
+        energies = np.array([p.energy for p in calc.model.predict(cells, batch_size=points, warn_inputs=False)])
     volumes = np.array([c.get_volume() for c in cells])
     fit = EquationOfState(volumes, energies, eos=eos)
     try:

@@ -33,6 +33,7 @@ def prepare(structure: Any, model: ModelLike = None, device: str | torch.device 
     """A checked copy of ``structure`` as ASE Atoms with a MatRIS calculator attached."""
     atoms = check_structure(structure, index)
     atoms.calc = calculator(model, device, dtype, compute_stress)
+    atoms.calc.check_plausibility(atoms)  # warned here once, before any step (and not again by the steps)
     return atoms
 
 
@@ -43,7 +44,7 @@ def check_structure(structure: Any, index: int | None = None):
     The overlap check is here and not only in the graph builder: phonopy's symmetry search
     (spglib) meets a structure before the model does, and fails on one with a traceback."""
     from ..graph.neighbors import half_neighbor_list
-    from ..graph.system import MIN_DISTANCE
+    from ..graph.system import MIN_DISTANCE, overlap_error
 
     atoms = to_atoms(structure, index)
     system = to_system(atoms)
@@ -51,9 +52,7 @@ def check_structure(structure: Any, index: int | None = None):
     i, j, _, d = half_neighbor_list(system, MIN_DISTANCE)
     if len(d):
         m = int(d.argmin())
-        raise MatRISInputError(
-            f"{system.label(index)}: atoms {int(i[m])} and {int(j[m])} are {d[m]:.4f} Å apart, closer than "
-            f"{MIN_DISTANCE} Å (overlapping atoms or a duplicated site); remove one of them or fix the positions.")
+        raise overlap_error(system.label(index), i[m], j[m], d[m])
     return atoms
 
 

@@ -128,7 +128,8 @@ def phonons(
 
     model_ = atoms.calc.model
     displaced = [as_atoms(c) for c in ph.supercells_with_displacements]
-    predictions = model_.predict([as_atoms(ph.supercell)] + displaced, batch_size=batch_size)
+    # the unit cell was checked by prepare(): its displaced supercells need no warning each
+    predictions = model_.predict([as_atoms(ph.supercell)] + displaced, batch_size=batch_size, warn_inputs=False)
     residual = predictions[0].forces
     ph.forces = np.array([p.forces - residual for p in predictions[1:]])
     ph.produce_force_constants()

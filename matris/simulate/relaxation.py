@@ -7,17 +7,22 @@ when every force (and the filter's cell force) is below 0.05 eV/Å, at most 500 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, MatRISInputWarning
 from ..structures import like_input
 from .inputs import ModelLike, check_positive, prepare, require_periodic
 from .trajectory import snapshot, write_frames
 
+# A cell relaxation of a real crystal from a sensible start moves the volume by percents; one that
+# grows or shrinks it by more than this factor started from a wrong cell (units, scaling, a
+# phase far from zero pressure), whatever "converged" says.
+VOLUME_FACTOR = 1.5
 OPTIMIZERS = ("FIRE", "BFGS", "LBFGS", "BFGSLineSearch", "LBFGSLineSearch", "MDMin")
 CELL_FILTERS = ("FrechetCellFilter", "ExpCellFilter", "UnitCellFilter", "StrainFilter")
 
@@ -32,6 +37,8 @@ class RelaxResult:
     positive = tensile (None without a 3-D cell). fmax: eV/Å, the largest force the optimizer
     saw (the cell filter's cell forces included). steps: optimizer steps taken.
     trajectory: every step as Atoms with its energy and forces (``steps + 1`` frames).
+    warnings: what looks wrong about the result (a volume changed by more than
+    :data:`VOLUME_FACTOR`), each also issued as a :class:`~matris.errors.MatRISInputWarning`.
     """
 
     structure: Any
@@ -44,6 +51,7 @@ class RelaxResult:
     steps: int
     converged: bool
     trajectory: list = field(default_factory=list, repr=False)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def energies(self) -> np.ndarray:
@@ -60,7 +68,27 @@ class RelaxResult:
             "volume_A3": float(a.get_volume()) if a.pbc.all() else None,
             "cell_A": np.asarray(a.cell).tolist(),
             "stress_GPa": None if self.stress is None else self.stress.tolist(),
+            **({"warnings": list(self.warnings)} if self.warnings else {}),
         }
+
+
+def volume_warnings(start, end, index: int | None = None) -> list[str]:
+    """``[message]`` if the cell volume of ``end`` (ASE Atoms, after a relaxation) is more than
+    :data:`VOLUME_FACTOR` times, or less than 1/VOLUME_FACTOR of, that of ``start``, naming both
+    volumes (Å³); else ``[]``. Each message is also warned (:class:`MatRISInputWarning`)."""
+    if not (start.pbc.all() and end.pbc.all()):
+        return []
+    v0, v1 = float(start.get_volume()), float(end.get_volume())
+    if v0 <= 0 or 1 / VOLUME_FACTOR <= v1 / v0 <= VOLUME_FACTOR:
+        return []
+    name = start.info.get("name") or start.get_chemical_formula()
+    who = f"structure {index} ({name})" if index is not None else f"structure ({name})"
+    message = (f"{who}: the relaxation changed the volume by {100 * (v1 / v0 - 1):+.0f} %, from {v0:.4g} Å³ to "
+               f"{v1:.4g} Å³ ({v0 / len(start):.4g} to {v1 / len(end):.4g} Å³ per atom), more than a factor of "
+               f"{VOLUME_FACTOR}: the starting cell was probably wrong (units, scaling, or a structure far from "
+               "this pressure), so check it even if the relaxation converged")
+    warnings.warn(message, MatRISInputWarning, stacklevel=3)
+    return [message]
 
 
 def check_pressure(pressure: float, relax_cell: bool, cell_filter: str | None = None) -> None:
@@ -127,6 +155,7 @@ def relax(
         target = _memoised_forces(getattr(filters, cell_filter)(atoms, **kwargs))
     else:
         target = atoms
+    start = atoms.copy()  # the geometry only: for the volume check at the end
     opt = getattr(optimize, optimizer)(target, logfile=logfile)
     frames: list = []
 
@@ -149,7 +178,7 @@ def relax(
     return RelaxResult(
         structure=like_input(final, structure), atoms=final, energy=energy, energy_per_atom=energy / len(atoms),
         forces=atoms.get_forces().copy(), stress=stress, fmax=final_fmax, steps=int(opt.nsteps),
-        converged=converged, trajectory=frames,
+        converged=converged, trajectory=frames, warnings=volume_warnings(start, final) if relax_cell else [],
     )
 
 
