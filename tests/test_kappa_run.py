@@ -63,7 +63,7 @@ def test_a_run_records_failures_resumes_and_scores(tmp_path, capsys):
     assert m["kappa_SRME"] == pytest.approx(2 / 3)
     assert cli_main(["discovery", "report", "--kappa-pred", str(out), "--kappa-true", str(ref), "--name", "demo",
                      "--out", str(tmp_path / "report")]) == 0
-    assert "| demo | – | 0.667 | – | – |" in capsys.readouterr().out
+    assert "| demo | – | – | 0.667 | – | – |" in capsys.readouterr().out
     assert (tmp_path / "report" / "kappa.png").stat().st_size > 10_000
     # the reference as a DFT κ table (the benchmark's layout) works the same way
     rows = [{"material_id": k, "kappa_tot_rta": line.kappa, "mode_kappa_tot_rta": line.mode_kappa,
@@ -71,7 +71,7 @@ def test_a_run_records_failures_resumes_and_scores(tmp_path, capsys):
     (tmp_path / "dft.json").write_text(json.dumps(rows))
     assert cli_main(["discovery", "report", "--kappa-pred", str(out), "--kappa-true", str(tmp_path / "dft.json"),
                      "--name", "demo", "--out", str(tmp_path / "report-dft")]) == 0
-    assert "| demo | – | 0.667 | – | – |" in capsys.readouterr().out
+    assert "| demo | – | – | 0.667 | – | – |" in capsys.readouterr().out
     # a failed reference cannot be scored against
     assert cli_main(["discovery", "kappa-metrics", "--pred", str(ref), "--true", str(out)]) == 2
     assert "reference" in capsys.readouterr().err
