@@ -36,10 +36,13 @@ import sys
 import traceback
 
 FAILURES: list[str] = []
+# every check's outcome, for --json (tests read these, not the printed text)
+RESULTS: list[dict] = []
 
 
 def check(name, ok, detail=""):
     print(f"  {'ok  ' if ok else 'FAIL'} {name} {detail}")
+    RESULTS.append({"name": name, "ok": bool(ok), "detail": detail})
     if not ok:
         FAILURES.append(name)
 
@@ -431,27 +434,36 @@ def memory_report(rows=2048, width=128):
     return report
 
 
-def start_phase(flag, interpret, log):
-    """The phase in its own process (TRITON_INTERPRET is read at import), output to ``log``."""
+def start_phase(flag, interpret, log, results):
+    """The phase in its own process (TRITON_INTERPRET is read at import), output to ``log``, its
+    checks to the JSON file ``results``."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
         env["MATRIS_INTERPRET_TILES"] = "gpu"  # the device's tiles: many programs, partial sums
-    return subprocess.Popen([sys.executable, __file__, flag], env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, __file__, flag, "--json", str(results)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
 
 
 def run_phases():
-    """Both phases side by side (each is single-threaded work), their outputs printed in order."""
+    """Both phases side by side (each is single-threaded work), their outputs printed in order;
+    returns their exit codes and their checks (each phase writes them to a JSON file)."""
+    import json
     import tempfile
+    from pathlib import Path
 
-    with tempfile.TemporaryFile("w+") as log_i, tempfile.TemporaryFile("w+") as log_c:
-        procs = [start_phase("--interpret-checks", True, log_i), start_phase("--compile-checks", False, log_c)]
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile("w+") as log_i, \
+            tempfile.TemporaryFile("w+") as log_c:
+        phases = [("--interpret-checks", True, log_i), ("--compile-checks", False, log_c)]
+        files = [Path(tmp) / f"{flag.strip('-')}.json" for flag, _, _ in phases]
+        procs = [start_phase(flag, interpreted, log, out) for (flag, interpreted, log), out in zip(phases, files)]
         codes = [proc.wait() for proc in procs]
         for log in (log_i, log_c):
             log.seek(0)
             sys.stdout.write(log.read())
-    return codes
+        checks = [c for f in files if f.is_file() for c in json.loads(f.read_text())]
+    return codes, checks
 
 
 def main(argv=None):
@@ -463,10 +475,15 @@ def main(argv=None):
                    "reference (needs TRITON_INTERPRET=1 on a machine without a GPU)")
     p.add_argument("--resources", action="store_true", help="registers and spills per kernel on sm_90 (ptxas)")
     p.add_argument("--rows", type=int, default=2048, help="with --memory: edges of the Φ (default 2048)")
-    p.add_argument("--json", default=None, help="with --memory or --resources: write the numbers here")
+    p.add_argument("--json", default=None, help="with --check, --memory or --resources: write the results here")
     args = p.parse_args(argv)
     if args.check:
-        codes = run_phases()
+        import json
+        from pathlib import Path
+
+        codes, checks = run_phases()
+        if args.json:
+            Path(args.json).write_text(json.dumps({"exit_codes": codes, "checks": checks}, indent=1))
         print("all kernel checks passed" if not any(codes) else "kernel checks FAILED")
         return 1 if any(codes) else 0
     try:
@@ -494,6 +511,11 @@ def main(argv=None):
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         FAILURES.append("exception")
+    if args.json and (args.interpret_checks or args.compile_checks):
+        import json
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(RESULTS))
     print(f"{len(FAILURES)} failed" if FAILURES else "passed")
     return 1 if FAILURES else 0
 

@@ -13,9 +13,11 @@ CPU tensors (slow; the CPU checks of the GPU code).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from . import native
+from .env import interpret_with_device_tiles, interpreting, kernels_override
 
 BACKENDS = ("auto", "triton", "fused", "torch")
 
@@ -37,24 +39,20 @@ def _triton_imports() -> bool:
     return True
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def tile(gpu: int, interpreted: int) -> int:
     """A kernel's tile size: ``gpu`` on a device, ``interpreted`` under TRITON_INTERPRET=1, where
     every program runs serially in Python at a fixed cost each, so fewer, larger tiles (the same
     per-row formulas, tails masked alike) make the tests and CPU dry runs several times faster.
     ``MATRIS_INTERPRET_TILES=gpu`` keeps the device's tiles in the interpreter (the kernel checks
     of ``benchmarks/kernels.py``, which must see many programs and partial sums)."""
-    if interpreting() and os.environ.get("MATRIS_INTERPRET_TILES", "large") != "gpu":
+    if interpreting() and not interpret_with_device_tiles():
         return interpreted
     return gpu
 
 
 def kernel_choice(backend: str | None = None) -> str:
     """``backend``, else ``$MATRIS_KERNELS``, else ``"auto"``; one of :data:`BACKENDS`."""
-    choice = backend or os.environ.get("MATRIS_KERNELS", "auto")
+    choice = backend or kernels_override() or "auto"
     if choice not in BACKENDS:
         raise ValueError(f"unknown kernel backend {choice!r}; use one of {BACKENDS} (argument or MATRIS_KERNELS)")
     return choice
@@ -135,8 +133,6 @@ def operators_run(*tensors: torch.Tensor) -> bool:
     """Whether the fused operators have a kernel for these tensors: CUDA tensors with triton; CPU
     tensors with the C++ library loaded (or under ``TRITON_INTERPRET=1``, the Triton kernels); every
     floating tensor float32 or float64 (one dtype), the others int64 indices."""
-    from . import native
-
     given = [t for t in tensors if t is not None]
     floats = [t for t in given if t.is_floating_point()]
     if not floats:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import platform
 import sys
+
+from .env import cpu_heap
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 _KEEP_BYTES = 2**31 - 1  # mallopt takes an int
@@ -65,7 +66,7 @@ def keep_freed_memory() -> bool:
 def apply_environment() -> bool:
     """What the model runs on its first CPU call: :func:`keep_freed_memory` if ``MATRIS_CPU_HEAP=1``,
     else nothing (glibc's behaviour stays). Returns whether the setting is in effect."""
-    if _state["applied"] or os.environ.get("MATRIS_CPU_HEAP", "0").strip().lower() not in ("1", "true", "yes", "on"):
+    if _state["applied"] or not cpu_heap():
         return bool(_state.get("active", False))
     return keep_freed_memory()
 

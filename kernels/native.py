@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from .env import interpreting, native_cache, native_choice
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "cpu" / "basis.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp",
            CSRC / "cpu" / "refine.cpp")
@@ -58,8 +60,8 @@ class NativeBuildError(RuntimeError):
 def cache_root() -> Path:
     """``$MATRIS_NATIVE_CACHE``, else ``$MATRIS_CACHE/native``, else ``$XDG_CACHE_HOME/matris/native``,
     else ``~/.cache/matris/native``."""
-    if os.environ.get("MATRIS_NATIVE_CACHE"):
-        return Path(os.environ["MATRIS_NATIVE_CACHE"]).expanduser()
+    if native_cache():
+        return Path(native_cache()).expanduser()
     if os.environ.get("MATRIS_CACHE"):
         return Path(os.environ["MATRIS_CACHE"]).expanduser() / "native"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -204,9 +206,7 @@ def library() -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def _load() -> Path | None:
-    from .backend import interpreting
-
-    choice = os.environ.get("MATRIS_NATIVE", "auto")
+    choice = native_choice()
     if choice == "0" or interpreting():
         return None
     try:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from ase.io import read
 
-from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference
+from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference, profiled_operator_counts
 from matris.kernels import (
     attention_pair,
     attention_pair_reference,
@@ -267,17 +267,22 @@ def test_refine_edges_without_edge_update(chunk):
     assert torch.autograd.gradgradcheck(lambda u_, q_: refine_edges(u_, q_, src[:11], tgt[:11], n, chunk=4), x)
 
 
+@pytest.mark.usefixtures("loops")
 @pytest.mark.parametrize("folder", [f for f in FOLDERS if "float64" in f])
 def test_chunked_model_equals_composed_ops(folder):
     """The default CPU path (fused) gives the composed ops' numbers to 1e-12 relative in float64
-    (the fused loops' PyTorch forms are checked kernel by kernel above: one whole-model run)."""
+    (the fused loops' PyTorch forms are checked kernel by kernel above: one whole-model run). The
+    fused run must call the operators' kernels, else it would compare the references with themselves."""
     model = load_fixture_model(folder, F64)
     systems = [to_system(a) for a in read(FIXTURES / folder / "structures.extxyz", ":")]
     assert load_reference(folder)["dtype"] == "float64"
     model.kernel_backend = "torch"
     ref, _ = evaluate(model, systems)
+    assert not profiled_operator_counts(lambda: evaluate(model, systems[:1]))
     model.kernel_backend = "fused"
     got, _ = evaluate(model, systems)
+    ran = profiled_operator_counts(lambda: evaluate(model, systems[:1]))
+    assert {"attention_pair", "refine_edges"} <= set(ran), ran  # Φ too where its activation has a kernel
     for key in ("energy", "forces", "stress", "magmoms"):
         a, b = getattr(got, key), getattr(ref, key)
         err = (a - b).abs().max().item()

@@ -226,7 +226,7 @@ def test_basis_operators_equal_their_references_in_float64():
     from matris.kernels.basis import bessel_reference, fourier_reference, sh_reference
 
     refs = {"bessel": lambda r, f, c, p: bessel_reference(r, f, c, p),
-            "fourier": lambda t, f, c: fourier_reference(t, f),
+            "fourier": lambda t, f, c: fourier_reference(t, f, c),
             "spherical": lambda t, rho, fac, ml, mn: sh_reference(t, rho, fac, ml, mn)}
     for name, op, args in _basis_samples(torch.float64, 2500):
         got, want = op(*args), refs[name](*args)

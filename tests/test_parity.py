@@ -6,7 +6,8 @@ import torch
 from ase.io import read
 
 from conftest import FIXTURES, FOLDERS, evaluate, load_fixture_model, load_reference
-from matris.model import basis
+from matris.kernels.basis import FOURIER_CONSTANT_V09
+from matris.model.basis import FourierExpansion
 from matris.structures import to_system
 
 # float64: relative to the quantity's largest magnitude in the structure (measured: ~1e-14)
@@ -14,13 +15,19 @@ REL64 = 1e-10
 TOL64 = ("energy_per_atom", "forces", "stress_GPa", "magmoms")
 
 
-@pytest.fixture(autouse=True)
-def v09_fourier_constant(monkeypatch):
+def with_v09_fourier_constant(model):
     """The v0.9 reference kept the Fourier basis's constant 1/√2 as its float32 value in float64
     too; we compute it exactly, as the official 1.0 code does (see
     test_the_exact_fourier_constant_moves_float64_results_by_the_constants_difference). The
     fixtures of v0.9 are matched with v0.9's constant, to the full float64 contract."""
-    monkeypatch.setattr(basis, "FOURIER_CONSTANT", basis.FOURIER_CONSTANT_V09)
+    return with_fourier_constant(model, FOURIER_CONSTANT_V09)
+
+
+def with_fourier_constant(model, constant: float):
+    for module in model.modules():
+        if isinstance(module, FourierExpansion):
+            module.constant = constant
+    return model
 
 
 def _cases():
@@ -37,7 +44,7 @@ def fixture_data():
         if folder not in cache:
             ref = load_reference(folder)
             dtype = torch.float64 if ref["dtype"] == "float64" else torch.float32
-            model = load_fixture_model(folder, dtype)
+            model = with_v09_fourier_constant(load_fixture_model(folder, dtype))
             atoms = read(FIXTURES / folder / "structures.extxyz", ":")
             cache[folder] = (ref, model, [to_system(a) for a in atoms])
         return cache[folder]
@@ -87,21 +94,20 @@ def test_batched_equals_single(fixture_data, folder):
     np.testing.assert_allclose(out.stress.numpy(), [s["stress_GPa"] for s in ref["structures"]], atol=1e-7)
 
 
-def test_the_exact_fourier_constant_moves_float64_results_by_the_constants_difference(monkeypatch):
+def test_the_exact_fourier_constant_moves_float64_results_by_the_constants_difference():
     """1/√2 exactly (ours, as official 1.0) against v0.9's float32 value (1.2e-8 apart, 1.7e-8
     relative): float64 results move by about that relative amount and no more, and float32 results
     do not move at all (both constants round to the same float32)."""
     import math
 
-    assert float(torch.tensor(math.sqrt(0.5), dtype=torch.float32)) == basis.FOURIER_CONSTANT_V09
+    assert float(torch.tensor(math.sqrt(0.5), dtype=torch.float32)) == FOURIER_CONSTANT_V09
     folder = "small_fourier_float64"
     systems = [to_system(a) for a in read(FIXTURES / folder / "structures.extxyz", ":")]
     out = {}
-    for name, const in (("v0.9", basis.FOURIER_CONSTANT_V09), ("exact", math.sqrt(0.5))):
-        monkeypatch.setattr(basis, "FOURIER_CONSTANT", const)
+    for name, const in (("v0.9", FOURIER_CONSTANT_V09), ("exact", math.sqrt(0.5))):
         for dtype in (torch.float64, torch.float32):
-            out[name, dtype] = evaluate(load_fixture_model(folder, dtype), systems)[0]
-    rel = abs(math.sqrt(0.5) - basis.FOURIER_CONSTANT_V09) / math.sqrt(0.5)
+            out[name, dtype] = evaluate(with_fourier_constant(load_fixture_model(folder, dtype), const), systems)[0]
+    rel = abs(math.sqrt(0.5) - FOURIER_CONSTANT_V09) / math.sqrt(0.5)
     for key in ("energy", "forces", "stress"):
         a, b = getattr(out["exact", torch.float64], key), getattr(out["v0.9", torch.float64], key)
         moved = ((a - b).abs().max() / b.abs().max()).item()
