@@ -1,7 +1,7 @@
 """GPU check and benchmark of the Triton path against the PyTorch reference path, in one call.
 
-    python benchmarks/gpu.py --quick --json gpu-quick.json   # correctness + one E+F+S size, < 3 min
-    python benchmarks/gpu.py --json gpu.json                 # everything, < 10 min on one H200
+    python benchmarks/gpu.py --quick     # correctness + one E+F+S size, < 3 min (benchmarks/results/gpu-quick.json)
+    python benchmarks/gpu.py             # everything, < 10 min on one H200 (benchmarks/results/gpu.json)
     TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke      # CPU dry run of every code path (tiny sizes)
 
 A run always reports: the JSON is rewritten (atomically) after every check, each check
@@ -43,6 +43,7 @@ import math
 import re
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -833,7 +834,8 @@ def failures(node, path=""):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", default="gpu.json", help="write all results here, after every check (default gpu.json)")
+    p.add_argument("--json", default=None, help="write all results here, after every check (default "
+                   "benchmarks/results/gpu.json, gpu-quick.json with --quick; --smoke: a temporary folder)")
     p.add_argument("--quick", action="store_true", help="correctness and one E+F+S size only (< 3 minutes)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and model, any device (a dry run)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -843,6 +845,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     global SMOKE, REPORT
     SMOKE = args.smoke
+    if args.json is None:  # results next to the others; a dry run's numbers are not results
+        results = Path(__file__).resolve().parent / "results"
+        args.json = (str(Path(tempfile.mkdtemp(prefix="matris-gpu-smoke-")) / "gpu-smoke.json") if args.smoke
+                     else str(results / ("gpu-quick.json" if args.quick else "gpu.json")))
     REPORT = Report(args.json)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and not args.smoke:

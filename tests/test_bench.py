@@ -15,7 +15,7 @@ from matris.bench import (
     BenchConfig,
     format_table,
     plot,
-    read_structures,
+    read_bench_structures,
     run_bench,
     standard_structure,
     write_csv,
@@ -146,7 +146,7 @@ def test_standard_structures_and_readers(tmp_path):
     a, b = standard_structure("mgo", 64).atoms, standard_structure("mgo", 64).atoms
     assert set(a.get_chemical_symbols()) == {"Mg", "O"} and np.array_equal(a.positions, b.positions)
     Structure.from_ase_atoms(bulk("Si", "diamond", a=5.43)).to(filename=str(tmp_path / "si.json"))
-    (item,) = read_structures([tmp_path / "si.json"])  # ASE cannot read it; pymatgen can
+    (item,) = read_bench_structures([tmp_path / "si.json"])  # ASE cannot read it; pymatgen can
     assert item.num_atoms == 2 and item.name == "si.json"
     mgo = Structure(Lattice.cubic(4.21), ["Mg", "O"], [[0, 0, 0], [0.5, 0.5, 0.5]])
     (obj,) = from_objects([mgo])  # what run_bench(config, structures=[...]) takes

@@ -13,9 +13,9 @@ standard ladders and user files), :mod:`.runners` (one adapter per potential),
 
 from .report import format_table, plot, write_csv, write_json
 from .results import BenchResult, BenchRow, ModelStatus
-from .structures import DEFAULT_SIZES, BenchStructure, read_structures, standard_structure, standard_structures
+from .structures import DEFAULT_SIZES, BenchStructure, read_bench_structures, standard_structure, standard_structures
 from .suite import BenchConfig, run_bench
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "BenchStructure", "DEFAULT_SIZES", "ModelStatus",
-           "format_table", "plot", "read_structures", "run_bench", "standard_structure", "standard_structures",
+           "format_table", "plot", "read_bench_structures", "run_bench", "standard_structure", "standard_structures",
            "write_csv", "write_json"]

@@ -100,7 +100,7 @@ def standard_structures(sizes: Sequence[int] = DEFAULT_SIZES, families: Sequence
     return [standard_structure(f, n) for f in families for n in sizes]
 
 
-def read_structures(paths: Sequence[str | Path], index: str = "-1") -> list[BenchStructure]:
+def read_bench_structures(paths: Sequence[str | Path], index: str = "-1") -> list[BenchStructure]:
     """Frames ``index`` (an ASE index, default the last frame) of each file.
 
     Files are read with ``ase.io.read`` (any format ASE knows); a file ASE cannot read is
@@ -134,5 +134,5 @@ def from_objects(objects: Sequence[Any]) -> list[BenchStructure]:
     return out
 
 
-__all__ = ["BenchStructure", "DEFAULT_SIZES", "FAMILIES", "check_sizes", "from_objects", "read_structures",
+__all__ = ["BenchStructure", "DEFAULT_SIZES", "FAMILIES", "check_sizes", "from_objects", "read_bench_structures",
            "standard_structure", "standard_structures", "supercell_repeats"]

@@ -34,7 +34,7 @@ from ..errors import MatRISInputError, is_out_of_memory
 from .measure import PeakMemory, md_speed, median_time
 from .results import ERROR, OK, OUT_OF_MEMORY, SKIPPED, TOO_SLOW, BenchResult, BenchRow, ModelStatus
 from .runners import COMPARISONS, MatRISRunner, NotAvailable, Runner, comparison
-from .structures import DEFAULT_SIZES, BenchStructure, from_objects, read_structures, standard_structures
+from .structures import DEFAULT_SIZES, BenchStructure, from_objects, read_bench_structures, standard_structures
 
 
 @dataclass
@@ -138,7 +138,7 @@ def _load_average() -> float | None:
 
 def _structures(config: BenchConfig, objects: Sequence[Any]) -> list[BenchStructure]:
     items = standard_structures(config.sizes, config.families, config.max_atoms) if config.sizes else []
-    items += read_structures(config.files, config.index) if config.files else []
+    items += read_bench_structures(config.files, config.index) if config.files else []
     items += from_objects(objects) if objects else []
     if not items:
         raise MatRISInputError("nothing to benchmark: no standard sizes at or below max_atoms, no structure files "

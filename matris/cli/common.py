@@ -70,13 +70,28 @@ def check_structures(frames: list) -> None:
         check_structure(atoms, k)
 
 
+def read_input_structures(files: list[str], index: str = ":", majority_species: bool = False):
+    """All frames of ``files`` as ASE Atoms (the bundled example when ``files`` is empty);
+    ``majority_species``: accept partial occupancies (see :func:`~matris.structure_files.read_frames`)."""
+    from ..bundled import EXAMPLE_STRUCTURE
+    from ..structure_files import read_frames
+
+    paths = [Path(f) for f in files] or [EXAMPLE_STRUCTURE]
+    atoms = []
+    for path in paths:
+        frames = read_frames(path, index, majority_species)  # a bad file: one clear error, exit status 2
+        for k, frame in enumerate(frames):
+            frame.info.setdefault("name", f"{path.name}" + (f"[{k}]" if len(frames) > 1 else ""))
+        atoms.extend(frames)
+    return atoms
+
+
 def read_one(path: str, index: str = "-1", majority_species: bool = False):
     """One structure (frame ``index``, default the last) of any ASE-readable file;
     ``majority_species``: accept partial occupancies (see :func:`~matris.structure_files.read_frames`)."""
     from ..errors import MatRISInputError
-    from .predict import read_structures
 
-    frames = read_structures([path], index, majority_species)
+    frames = read_input_structures([path], index, majority_species)
     if len(frames) != 1:
         raise MatRISInputError(f"{path}: --index {index!r} selects {len(frames)} frames; select one, e.g. --index -1")
     frames[0].info["name"] = Path(path).name.split(".")[0] or Path(path).name

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..atomic import write_json
-from .common import add_majority_argument, add_model_arguments, check_inputs, check_structures, load_model
+from .common import (
+    add_majority_argument,
+    add_model_arguments,
+    check_inputs,
+    check_structures,
+    load_model,
+    read_input_structures,
+)
 
 HELP = "energy, forces, stress and magmoms of structures (default: a bundled example)"
 DESCRIPTION = """\
@@ -34,25 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print no table")
 
 
-def read_structures(files: list[str], index: str = ":", majority_species: bool = False):
-    """All frames of ``files`` as ASE Atoms (the bundled example when ``files`` is empty);
-    ``majority_species``: accept partial occupancies (see :func:`~matris.structure_files.read_frames`)."""
-    from ..bundled import EXAMPLE_STRUCTURE
-    from ..structure_files import read_frames
-
-    paths = [Path(f) for f in files] or [EXAMPLE_STRUCTURE]
-    atoms = []
-    for path in paths:
-        frames = read_frames(path, index, majority_species)  # a bad file: one clear error, exit status 2
-        for k, frame in enumerate(frames):
-            frame.info.setdefault("name", f"{path.name}" + (f"[{k}]" if len(frames) > 1 else ""))
-        atoms.extend(frames)
-    return atoms
-
-
 def run(args: argparse.Namespace) -> int:
     check_inputs(args.files, args.model)  # before any heavy import: a typo fails at once
-    atoms = read_structures(args.files, args.index, args.majority_species)
+    atoms = read_input_structures(args.files, args.index, args.majority_species)
     check_structures(atoms)
     import numpy as np
 

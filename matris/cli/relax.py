@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import MatRISInputError
-    from .predict import read_structures
+    from .common import read_input_structures
 
     check_inputs(args.files, args.model)  # before any heavy import: a typo fails at once
     if args.batch and args.optimizer != "FIRE":
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     results_path = out / "results.json"
     # with --overwrite the rows of other structures stay: only the given ones are redone
     done = {r["key"]: r for r in json.loads(results_path.read_text())} if results_path.exists() else {}
-    atoms = read_structures(args.files, args.index, args.majority_species)
+    atoms = read_input_structures(args.files, args.index, args.majority_species)
     check_structures(atoms)
     keys, seen = [], set()
     for k, a in enumerate(atoms):

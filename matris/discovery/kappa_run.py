@@ -75,7 +75,7 @@ class KappaLine:
                            spg_initial=self.spg_initial, spg_final=self.spg_final)
 
 
-def read_structures(path: str | Path) -> list:
+def read_unit_cells(path: str | Path) -> list:
     """The unit cells of ``path`` (any file :func:`.readers.read_structures` reads, ids unique)
     with the κ task's ``info`` keys, or an error naming what is missing."""
     from .readers import read_structures as index
@@ -98,7 +98,7 @@ def run_shard(structures: str | Path, out_dir: str | Path, model, model_name: st
               retry_failed: bool = False) -> dict:
     """κ of the shard's structures into ``out_dir`` (module docstring); returns counts."""
     protocol = protocol or KappaProtocol()
-    frames = read_structures(structures)[:limit]
+    frames = read_unit_cells(structures)[:limit]
     ids = [str(a.info["material_id"]) for a in frames]
     check_manifest(out_dir, {"task": "kappa", "model": model_name, "dtype": dtype, "shards": shard.count,
                              "structures": str(Path(structures).name), "limit": limit, "n_structures": len(ids),
