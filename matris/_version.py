@@ -5,5 +5,5 @@ The import name is ``matris``; the distribution on PyPI is ``matris-mlip``, beca
 on PyPI is the official MatRIS project (a different package with the same import folder).
 """
 
-__version__ = "0.6.1"
+__version__ = "0.7.0"
 DISTRIBUTION = "matris-mlip"

@@ -156,6 +156,31 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _closure(roots: set[str], extra: str = "") -> set[str]:
+    """``roots`` and the distributions they require, transitively, as installed here (markers
+    evaluated for ``extra`` on the roots, for no extra below them)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen, todo = set(roots), [(name, extra) for name in roots]
+    while todo:
+        name, wanted = todo.pop()
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in requires:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": wanted}):
+                continue  # an extra not asked for, or another platform
+            dist = _canonical(req.name)
+            if dist not in seen:
+                seen.add(dist)
+                todo.append((dist, ""))
+    return seen
+
+
 def core_distributions(transitive: bool = False) -> set[str]:
     """The distributions ``pip install matris-mlip`` installs: the core dependencies (and, with
     ``transitive``, theirs, as installed here), read from the installed package's metadata."""
@@ -163,25 +188,25 @@ def core_distributions(transitive: bool = False) -> set[str]:
 
     from packaging.requirements import Requirement
 
-    core, todo = {"matris-mlip"}, ["matris-mlip"]
-    while todo:
-        name = todo.pop()
-        try:
-            requires = metadata.requires(name) or []
-        except metadata.PackageNotFoundError:
-            continue
-        for text in requires:
-            req = Requirement(text)
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-                continue  # an extra, or another platform
-            dist = _canonical(req.name)
-            if dist not in core:
-                core.add(dist)
-                if transitive:
-                    todo.append(dist)
-        if not transitive and name == "matris-mlip":
-            break
+    if transitive:
+        return _closure({"matris-mlip"})
+    core = {"matris-mlip"}
+    for text in metadata.requires("matris-mlip") or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            core.add(_canonical(req.name))
     return core
+
+
+def extra_distributions() -> set[str]:
+    """The distributions that only matris-mlip's extras bring (with what they require): what a
+    core install lacks. (Not everything else installed here: a fresh venv has pip and setuptools,
+    which torch's C++ extension builder imports, with whatever they import.)"""
+    from importlib import metadata
+
+    extras = set(metadata.metadata("matris-mlip").get_all("Provides-Extra") or [])
+    added = set().union(*(_closure({"matris-mlip"}, extra) for extra in extras)) if extras else set()
+    return added - _closure({"matris-mlip", "pip", "setuptools", "wheel"})
 
 
 def imported_modules(code: str) -> set[str]:
@@ -279,14 +304,15 @@ CORE_ONLY = textwrap.dedent("""
 
 
 def core_only_env(env: dict, folder: Path) -> dict:
-    """``env`` for a process that can import only the standard library, the core install and
-    what it pulls in (as installed here)."""
+    """``env`` for a process that cannot import what only matris-mlip's extras install (as
+    installed here): a block that runs there runs on ``pip install matris-mlip``."""
     import json
     from importlib import metadata
 
-    core = core_distributions(transitive=True)
+    core, extra = core_distributions(transitive=True), extra_distributions()
     blocked = sorted(module for module, dists in metadata.packages_distributions().items()
-                     if not {_canonical(d) for d in dists} & core and module not in sys.stdlib_module_names)
+                     if {_canonical(d) for d in dists} & extra and not {_canonical(d) for d in dists} & core
+                     and module not in sys.stdlib_module_names)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(CORE_ONLY)
     path = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
