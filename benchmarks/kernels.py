@@ -4,14 +4,14 @@
     TRITON_INTERPRET=1 python benchmarks/kernels.py --memory   # what the Φ fusions save
     python benchmarks/kernels.py --resources                   # registers and spills on sm_90
 
-1. Under ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors and is compared with its
-   PyTorch reference: forward, backward (the fused first-order kernels) and second order
-   (the create_graph path), with gradcheck and gradgradcheck in float64. Cases cover odd
-   sizes, empty and single-edge segments, segments longer than a block, channels wider
-   than a block, and float32 and float64.
+1. Under ``TRITON_INTERPRET=1`` the basis kernels run on CPU tensors and are compared with
+   their PyTorch references: forward, backward (the fused first-order kernels) and second
+   order (the create_graph path), float32 and float64, with gradcheck and gradgradcheck in
+   float64. The fused operators' kernels (``matris::gated_phi``, ``attention_pair``,
+   ``refine_edges``) are compared with their references, interpreted the same way, by
+   ``tests/test_operators.py`` and ``tests/test_chunked.py``.
 2. Every kernel is compiled to a cubin for sm_80 and sm_90 in every specialisation the model
-   launches by default (float32 and float64; the epilogue's other norms and activations in
-   float32) with
+   launches by default (float32 and float64) with
    ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. No GPU is needed.
 
 ``--resources`` compiles every specialisation for sm_90 and reports, from the ptxas that
@@ -19,8 +19,8 @@ ships with triton, the registers per thread and the spilled bytes (no GPU needed
 
 ``--memory`` measures, for one gated Φ of the line graph (the refine layout, width 128),
 the edge-sized bytes the forward pass writes and the bytes it saves for the backward,
-with the fused gathers and epilogue against the PyTorch reference (interpreter on CPU: the
-counts do not depend on the device).
+with the fused operator ``matris::gated_phi`` (its Triton kernels) against the composed
+PyTorch ops (interpreter on CPU: the counts do not depend on the device).
 
 Exits non-zero if any check fails. Each phase runs in its own process, because
 TRITON_INTERPRET is read when the kernels are defined.
@@ -86,40 +86,8 @@ def interpret_checks():
     import torch
 
     from matris.kernels import basis as B
-    from matris.kernels import epilogue as EP
-    from matris.kernels import gather as GA
-    from matris.kernels import softmax_aggregate, softmax_aggregate_reference
 
     torch.manual_seed(0)
-    print("softmax aggregation (interpreter)")
-    cases = [  # (edges, channels, segments, note)
-        (37, 5, 9, "odd sizes, empty segments"),
-        (1, 1, 1, "single edge"),
-        (0, 3, 4, "no edges"),
-        (90, 40, 3, "segments longer than a block, channels wider than a block"),
-        (25, 7, 25, "single-edge segments"),
-    ]
-    for dtype in (torch.float64, torch.float32):
-        for e, c, n, note in cases:
-            index = torch.randint(0, max(1, n - 1), (e,)) if n > 1 else torch.zeros(e, dtype=torch.long)
-            if note == "single-edge segments":
-                index = torch.randperm(n)[:e]
-            logits = (torch.randn(e, c, dtype=dtype) * 5).requires_grad_()
-            msgs = torch.randn(e, c, dtype=dtype, requires_grad=True)
-            compare_paths(
-                f"[{str(dtype)[6:]} E={e} C={c} n={n}: {note}]",
-                lambda a, m: softmax_aggregate(a, m, index, n, backend="triton"),
-                lambda a, m: softmax_aggregate_reference(a, m, index, n),
-                (logits, msgs), dtype)
-    # gradcheck perturbs every input entry (the interpreter is slow): few entries, every kind of
-    # segment (one edge, several, empty)
-    index = torch.tensor([0, 0, 1, 3, 3, 3, 0])
-    x = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
-    m = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
-    f = lambda a, b: softmax_aggregate(a, b, index, 5, backend="triton")  # noqa: E731
-    check("softmax aggregation gradcheck", torch.autograd.gradcheck(f, (x, m)))
-    check("softmax aggregation gradgradcheck", torch.autograd.gradgradcheck(f, (x, m)))
-
     print("basis functions (interpreter)")
     factor = torch.tensor(math.sqrt(2 / 6.0**3), dtype=torch.float32)
     for dtype in (torch.float64, torch.float32):
@@ -150,136 +118,41 @@ def interpret_checks():
     check("SH gradcheck", torch.autograd.gradcheck(f, (theta, rho)))
     check("SH gradgradcheck", torch.autograd.gradgradcheck(f, (theta, rho)))
 
-    print("gated epilogue of Φ (interpreter)")
-    for dtype in (torch.float64, torch.float32):
-        tag = str(dtype)[6:]
-        for n, d, norm, act in ((37, 20, "rms", "silu"), (1, 1, "rms", "silu"), (16, 128, "rms", "silu"),
-                                (33, 12, "layer", "gelu"), (5, 7, "layer", "silu"), (19, 20, "rms", "relu"),
-                                (19, 20, "layer", "softplus"), (19, 20, "rms", "sigmoid"), (19, 20, "layer", "tanh"),
-                                (0, 8, "rms", "silu"), (261, 9, "layer", "gelu")):  # 261: weight sums of 3 programs
-            core = (torch.randn(n, d, dtype=dtype) * 3).requires_grad_()
-            gate = torch.randn(n, d, dtype=dtype, requires_grad=True)
-            wc = (1 + 0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
-            wg = (1 + 0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
-            if norm == "layer":
-                bc = (0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
-                bg = (0.3 * torch.randn(d, dtype=dtype)).requires_grad_()
-                inputs = (core, gate, wc, bc, wg, bg)
-                fn = lambda *t, norm=norm, act=act: EP.gated_epilogue(*t, norm, act, backend="triton")  # noqa: E731
-                ref = lambda *t, norm=norm, act=act: EP.gated_epilogue_reference(*t, norm, act)  # noqa: E731
-            else:
-                inputs = (core, gate, wc, wg)
-                fn = lambda c, s, a, b, act=act: EP.gated_epilogue(c, s, a, None, b, None, "rms", act,  # noqa: E731
-                                                                    backend="triton")
-                ref = lambda c, s, a, b, act=act: EP.gated_epilogue_reference(c, s, a, None, b, None, "rms", act)  # noqa: E731
-            compare_paths(f"[{tag} rows={n} d={d}] {norm} {act}", fn, ref, inputs, dtype)
-        # input gradients alone (the force path): the kernel skips the weight sums
-        core = torch.randn(21, 20, dtype=dtype, requires_grad=True)
-        gate = torch.randn(21, 20, dtype=dtype, requires_grad=True)
-        w = torch.rand(20, dtype=dtype) + 0.5
-        got = torch.autograd.grad(
-            EP.gated_epilogue(core, gate, w, None, w, None, "rms", "silu", backend="triton").sum(), (core, gate))
-        exp = torch.autograd.grad(EP.gated_epilogue_reference(core, gate, w, None, w, None, "rms", "silu").sum(),
-                                  (core, gate))
-        for k in range(2):
-            check(f"[{tag}] epilogue input gradient[{k}], frozen weights", *close(got[k], exp[k], dtype))
-    print("gathers feeding Φ's first layer (interpreter)")
-    for dtype in (torch.float64, torch.float32):
-        tag = str(dtype)[6:]
-        # (rows, width, [indexed per term], activation): the atom graph (3 gathers), the line
-        # graph's attention (direct + 2) and refine (direct + 3), odd sizes, a single row
-        for e, h, flags, act in ((77, 70, (1, 1, 1), "silu"), (40, 33, (0, 1, 1), "gelu"),
-                                 (29, 20, (0, 1, 1, 1), "silu"), (1, 5, (1, 1, 1), "tanh"),
-                                 (23, 9, (1,), "softplus"), (19, 9, (1, 0), "relu"),
-                                 (0, 8, (1, 1, 1), "silu"), (18, 9, (0, 1), "sigmoid")):
-            projs = [torch.randn(11 if f else e, h, dtype=dtype, requires_grad=True) for f in flags]
-            idx = [torch.randint(0, 11, (e,)) if f else None for f in flags]
-            bias = torch.randn(h, dtype=dtype, requires_grad=True)
-            fn = lambda *t, idx=idx, act=act: GA.gather_sum_activate(  # noqa: E731
-                list(zip(t[:-1], idx)), t[-1], act, backend="triton")
-            ref = lambda *t, idx=idx, act=act: GA.gather_sum_activate_reference(list(zip(t[:-1], idx)), t[-1], act)  # noqa: E731
-            compare_paths(f"[{tag} E={e} H={h} terms={flags}] {act}", fn, ref, (*projs, bias), dtype)
-        p = [torch.randn(5, 6, dtype=dtype, requires_grad=True) for _ in range(2)]
-        idx = torch.randint(0, 5, (13,))
-        got = GA.gather_sum_activate([(p[0], idx), (p[1], idx.flip(0))], None, "silu", backend="triton")
-        exp = GA.gather_sum_activate_reference([(p[0], idx), (p[1], idx.flip(0))], None, "silu")
-        check(f"[{tag}] gathers without a bias", *close(got, exp, dtype))
-    p = [torch.randn(4, 3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
-    d = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(3, dtype=torch.float64, requires_grad=True)
-    idx = [torch.tensor([0, 1, 1, 3, 2, 0, 0]), torch.tensor([3, 3, 2, 1, 0, 0, 1])]
-    f = lambda a, b, c, w: GA.gather_sum_activate([(c, None), (a, idx[0]), (b, idx[1])], w, "silu",  # noqa: E731
-                                                  backend="triton")
-    check("gathers gradcheck", torch.autograd.gradcheck(f, (p[0], p[1], d, bias)))
-    check("gathers gradgradcheck", torch.autograd.gradgradcheck(f, (p[0], p[1], d, bias)))
-
-    for norm, act in (("rms", "silu"), ("layer", "gelu")):
-        t = [torch.randn(4, 6, dtype=torch.float64, requires_grad=True) for _ in range(2)]
-        w = [torch.rand(6, dtype=torch.float64, requires_grad=True) + 0.5 for _ in range(4)]
-        f = lambda c, s, wc, bc, wg, bg, norm=norm, act=act: EP.gated_epilogue(  # noqa: E731
-            c, s, wc, bc if norm == "layer" else None, wg, bg if norm == "layer" else None, norm, act, backend="triton")
-        ins = (t[0], t[1], w[0], w[1], w[2], w[3])
-        check(f"epilogue {norm}/{act} gradcheck", torch.autograd.gradcheck(f, ins))
-        check(f"epilogue {norm}/{act} gradgradcheck", torch.autograd.gradgradcheck(f, ins))
-
 
 def kernel_specs():
     """(name, kernel, signature, constexprs) for every specialisation the package launches."""
     from matris.kernels import aggregate as S
     from matris.kernels import basis as B
-    from matris.kernels import epilogue as EP
     from matris.kernels import gather as GA
     from matris.kernels import phi as PHI
     from matris.kernels import refine as RF
 
     specs = []
-    # the gathers: the three term layouts of the model, forward and backward, float32 and
-    # float64 for the atom graph's
+    # the gathers of gated_phi's first layer (SiLU and its slope): the three term layouts of the
+    # model, float32, and float64 for the atom graph's
     layouts = {"atom graph": (1, 1, 1, 0), "line attention": (0, 1, 1, 0), "line refine": (0, 1, 1, 1)}
-    gvariants = [(fp, name, back) for name in layouts for back in (False, True) for fp in ("fp32",)]
-    gvariants += [("fp64", "atom graph", False), ("fp64", "atom graph", True)]
-    for fp, name, back in gvariants:
+    gvariants = [("fp32", name) for name in layouts] + [("fp64", "atom graph")]
+    for fp, name in gvariants:
         ptr = f"*{fp}"
         flags = layouts[name]
         sig = {}
         for k in range(GA.MAX_TERMS):
             sig[f"p{k}"] = ptr
             sig[f"i{k}"] = "*i64" if flags[k] else ptr
-        sig.update(bias_ptr=ptr, grad_ptr=ptr, out_ptr=ptr, slope_ptr=ptr, n_rows="i32", H="i32")
-        sig.update({k: "constexpr" for k in ("N_TERMS", "IDX0", "IDX1", "IDX2", "IDX3", "HAS_BIAS", "ACT", "BACKWARD",
-                                             "SLOPE", "BLOCK_R", "BLOCK_H")})
-        specs.append((f"gather_sum[{fp}, {name}, {'backward' if back else 'forward'}]", GA.gather_sum_kernel, sig,
+        sig.update(bias_ptr=ptr, out_ptr=ptr, slope_ptr=ptr, n_rows="i32", H="i32")
+        sig.update({k: "constexpr" for k in ("N_TERMS", "IDX0", "IDX1", "IDX2", "IDX3", "HAS_BIAS", "BLOCK_R",
+                                             "BLOCK_H")})
+        specs.append((f"gather_sum[{fp}, {name}]", GA.gather_sum_kernel, sig,
                       dict(N_TERMS=4 if flags[3] else 3, IDX0=bool(flags[0]), IDX1=True, IDX2=True,
-                           IDX3=bool(flags[3]), HAS_BIAS=True, ACT=EP.ACT_CODE["silu"], BACKWARD=back,
-                           SLOPE=not back, BLOCK_R=GA.BLOCK_ROWS, BLOCK_H=GA.BLOCK_COLS)))
-    # the epilogue: both modes in float64 and float32 for the published combination (RMS,
-    # SiLU), and every other norm and activation in float32 in its largest variant
-    variants = [(fp, "rms", "silu", mode) for fp in ("fp32", "fp64") for mode in ("forward", "backward",
-                                                                                   "backward+weights")]
-    variants += [("fp32", "layer", "gelu", "backward+weights")]
-    variants += [("fp32", "rms", act, "backward+weights") for act in ("relu", "softplus", "sigmoid", "tanh")]
-    for fp, norm, act, mode in variants:
-        ptr = f"*{fp}"
-        specs.append((f"gated_epilogue[{fp}, {norm}, {act}, {mode}]", EP.gated_epilogue_kernel,
-                      dict(core_ptr=ptr, gate_ptr=ptr, wc_ptr=ptr, bc_ptr=ptr, wg_ptr=ptr, bg_ptr=ptr, eps_ptr=ptr,
-                           grad_ptr=ptr, out_ptr=ptr, gcore_ptr=ptr, ggate_ptr=ptr, parts_ptr=ptr, n_rows="i32",
-                           D="i32", NORM="constexpr", ACT="constexpr", BACKWARD="constexpr", WEIGHT_GRAD="constexpr",
-                           BLOCK_R="constexpr", BLOCK_D="constexpr", ITERS="constexpr"),
-                      dict(NORM=EP.NORM_CODE[norm], ACT=EP.ACT_CODE[act], BACKWARD=mode != "forward",
-                           WEIGHT_GRAD=mode == "backward+weights", BLOCK_R=EP.BLOCK_ROWS, BLOCK_D=128,
-                           ITERS=EP.WEIGHT_ITERS if mode == "backward+weights" else 1)))
+                           IDX3=bool(flags[3]), HAS_BIAS=True, BLOCK_R=GA.BLOCK_ROWS, BLOCK_H=GA.BLOCK_COLS)))
+    # the operators' CUDA kernels (matris::attention_pair: the online softmax once per direction and
+    # the backward; gated_phi's epilogue; refine_edges) and the bases'
     for fp in ("fp32", "fp64"):
         ptr = f"*{fp}"
         specs.append((f"softmax_aggregate_fwd[{fp}]", S.softmax_aggregate_fwd_kernel,
                       dict(logits_ptr=ptr, msg_ptr=ptr, order_ptr="*i64", offsets_ptr="*i64", out_ptr=ptr,
                            lse_ptr=ptr, C="i32", stride_a="i32", BLOCK_E="constexpr", BLOCK_C="constexpr"),
                       dict(BLOCK_E=S.FWD_BLOCK_E, BLOCK_C=S.FWD_BLOCK_C)))
-        specs.append((f"softmax_aggregate_bwd[{fp}]", S.softmax_aggregate_bwd_kernel,
-                      dict(logits_ptr=ptr, msg_ptr=ptr, index_ptr="*i64", out_ptr=ptr, lse_ptr=ptr, gout_ptr=ptr,
-                           glse_ptr=ptr, glogits_ptr=ptr, gmsg_ptr=ptr, E="i32", C="i32", BLOCK_E="constexpr",
-                           BLOCK_C="constexpr"),
-                      dict(BLOCK_E=S.BWD_BLOCK_E, BLOCK_C=S.BWD_BLOCK_C)))
-        # the operators' CUDA kernels (matris::gated_phi, attention_pair, refine_edges)
         specs.append((f"attention_pair_bwd[{fp}]", S.attention_pair_bwd_kernel,
                       dict(logits_ptr=ptr, msg_ptr=ptr, tgt_ptr="*i64", src_ptr="*i64", out_t_ptr=ptr, out_s_ptr=ptr,
                            lse_t_ptr=ptr, lse_s_ptr=ptr, gt_ptr=ptr, gs_ptr=ptr, gy_ptr=ptr, galpha_ptr=ptr,

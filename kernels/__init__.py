@@ -9,12 +9,10 @@ from .aggregate import (
     attention_pair,
     attention_pair_lse,
     attention_pair_reference,
-    softmax_aggregate,
     softmax_aggregate_reference,
 )
 from .backend import triton_available, use_fused_cpu, use_triton
-from .epilogue import gated_epilogue, gated_epilogue_reference
-from .gather import gather_sum_activate, gather_sum_activate_reference
+from .gather import gather_sum_activate_reference
 from .phi import gated_phi, gated_phi_reference
 from .refine import refine_edges, refine_edges_reference
 from .segment import scatter_sum, segment_max, segment_softmax
@@ -24,7 +22,6 @@ __all__ = [
     "segment_max",
     "segment_softmax",
     "Segments",
-    "softmax_aggregate",
     "softmax_aggregate_reference",
     "attention_pair",
     "attention_pair_lse",
@@ -33,9 +30,6 @@ __all__ = [
     "gated_phi_reference",
     "refine_edges",
     "refine_edges_reference",
-    "gated_epilogue",
-    "gated_epilogue_reference",
-    "gather_sum_activate",
     "gather_sum_activate_reference",
     "triton_available",
     "use_triton",

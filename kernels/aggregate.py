@@ -1,20 +1,17 @@
-"""Fused separable-attention aggregation: per-channel segment softmax and weighted sum in one pass.
+"""Separable attention's aggregations: per-channel segment softmax and weighted sum, and the
+operator ``matris::attention_pair`` that computes both of one attention step.
 
 ``out[n, c] = Σ_{e: index[e] = n} softmax_e(logits[:, c])[e] · messages[e, c]``: this is S or T
-of spec §5. The Triton forward walks the edges of each segment in CSR order once, with
-an online softmax (running max, running sum, running weighted sum), so the normalised
-weights are never written to memory. It also returns the per-segment log-sum-exp, which
-is all the backward needs:
+of spec §5 (:func:`softmax_aggregate_reference`, the PyTorch reference). The Triton forward
+kernel walks the edges of each segment in CSR order once, with an online softmax (running max,
+running sum, running weighted sum), so the normalised weights are never written to memory. It
+also writes the per-segment log-sum-exp, which is all the backward needs:
 
     p_e = exp(logits_e − lse[n]),   ∂L/∂m_e = p_e·G[n],   ∂L/∂logit_e = p_e·((m_e − out[n])·G[n] + G_lse[n])
 
-The backward is a fused edge-parallel Triton kernel. When a graph of the backward is
-wanted (training on forces differentiates through the forces), the same formulas run as
-differentiable PyTorch ops. ``out`` and ``lse`` are outputs of the function, so second
-derivatives are exact.
-
-``softmax_aggregate_reference`` is the PyTorch reference. Every path is compared with it
-in ``benchmarks/kernels.py --check``.
+``matris::attention_pair``'s CUDA kernel runs it once per direction, and its backward is one
+edge-parallel Triton kernel for both directions. ``benchmarks/kernels.py --check`` compiles the
+kernels; ``tests/test_operators.py`` compares the operator with its reference.
 """
 
 from __future__ import annotations
@@ -25,14 +22,11 @@ import torch
 
 from .backend import (
     LIB,
-    check_dtype,
     operators_run,
     recompute_backward,
-    register_cpu,
     register_triton,
     tile,
     triton_available,
-    use_triton,
 )
 from .segment import scatter_sum, segment_max, segment_softmax
 
@@ -73,109 +67,6 @@ def softmax_aggregate_reference(logits: torch.Tensor, messages: torch.Tensor, in
                                 num_segments: int) -> torch.Tensor:
     """PyTorch reference: ``scatter_sum(segment_softmax(logits) ⊙ messages)`` → ``[num_segments, C]``."""
     return scatter_sum(segment_softmax(logits, index, num_segments) * messages, index, num_segments)
-
-
-def softmax_aggregate(logits: torch.Tensor, messages: torch.Tensor, segments: Segments | torch.Tensor,
-                      num_segments: int | None = None, backend: str | None = None) -> torch.Tensor:
-    """``[E, C]`` logits and messages → ``[num_segments, C]`` softmax-weighted sums per node.
-
-    ``segments`` is a :class:`Segments` (build it once per graph) or the ``[E]`` index.
-    ``backend``: "triton", "torch" or None (Triton on CUDA when available, else the
-    reference; the environment variable ``MATRIS_KERNELS`` overrides).
-    """
-    if isinstance(segments, torch.Tensor):
-        if num_segments is None:
-            raise ValueError("num_segments is required when segments is an index tensor")
-        index = segments
-    else:
-        index, num_segments = segments.index, segments.num_segments
-    if not use_triton(logits.device, backend) or logits.shape[0] == 0:
-        return softmax_aggregate_reference(logits, messages, index, num_segments)
-    check_dtype(logits, messages)
-    if isinstance(segments, torch.Tensor):
-        segments = Segments.from_index(index, num_segments)
-    out, _ = softmax_aggregate_op(logits, messages, segments.index, segments.order, segments.offsets)
-    return out
-
-
-# Registered as custom ops (torch.library) with their autograd formula, so torch.compile keeps
-# them as single nodes in one graph (no graph break) and eager calls go through the same code.
-@torch.library.custom_op("matris::softmax_aggregate", mutates_args=())
-def softmax_aggregate_op(logits: torch.Tensor, messages: torch.Tensor, index: torch.Tensor, order: torch.Tensor,
-                         offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton forward: ``(out, lse)`` ``[n, C]`` for the segments given in CSR form."""
-    seg = Segments(index, offsets.shape[0] - 1, order, offsets)
-    return _forward_triton(logits.contiguous(), messages.contiguous(), seg)
-
-
-@softmax_aggregate_op.register_fake
-def _(logits, messages, index, order, offsets):
-    shape = (offsets.shape[0] - 1, logits.shape[1])
-    return logits.new_empty(shape), logits.new_empty(shape)
-
-
-@torch.library.custom_op("matris::softmax_aggregate_backward", mutates_args=())
-def softmax_aggregate_backward_op(logits: torch.Tensor, messages: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                                  grad_out: torch.Tensor, grad_lse: torch.Tensor,
-                                  index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton backward: ``(∂L/∂logits, ∂L/∂messages)``."""
-    return _backward_triton(logits.contiguous(), messages.contiguous(), out, lse, grad_out.contiguous(),
-                            grad_lse.contiguous(), index)
-
-
-@softmax_aggregate_backward_op.register_fake
-def _(logits, messages, out, lse, grad_out, grad_lse, index):
-    return torch.empty_like(logits), torch.empty_like(messages)
-
-
-def _setup_context(ctx, inputs, output):
-    logits, messages, index, _, _ = inputs
-    out, lse = output
-    ctx.save_for_backward(logits, messages, index, out, lse)
-
-
-def _backward(ctx, grad_out, grad_lse):
-    logits, messages, idx, out, lse = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    if grad_lse is None:
-        grad_lse = torch.zeros_like(lse)
-    if torch.is_grad_enabled():  # create_graph: differentiable formulas for second order
-        p = torch.exp(logits - lse[idx])
-        g = grad_out[idx]
-        grad_messages = p * g
-        grad_logits = p * ((messages - out[idx]) * g + grad_lse[idx])
-        return grad_logits, grad_messages, None, None, None
-    grad_logits, grad_messages = softmax_aggregate_backward_op(logits, messages, out, lse, grad_out, grad_lse, idx)
-    return grad_logits, grad_messages, None, None, None
-
-
-softmax_aggregate_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-def _forward_cpu(logits, messages, index, order, offsets):
-    """The CPU kernel of ``matris::softmax_aggregate`` (PyTorch ops): ``(out, lse)`` as the Triton one."""
-    n, c = offsets.shape[0] - 1, logits.shape[1]
-    rows = index.unsqueeze(1).expand(-1, c)
-    peak = logits.new_full((n, c), float("-inf")).scatter_reduce(0, rows, logits, "amax")
-    p = torch.exp(logits - peak.index_select(0, index))
-    total = logits.new_zeros((n, c)).index_add_(0, index, p)
-    acc = logits.new_zeros((n, c)).index_add_(0, index, p * messages)
-    nonempty = total > 0
-    denom = torch.where(nonempty, total, torch.ones_like(total))
-    return (torch.where(nonempty, acc / denom, torch.zeros_like(acc)),
-            torch.where(nonempty, peak + torch.log(denom), torch.zeros_like(acc)))
-
-
-def _backward_cpu(logits, messages, out, lse, grad_out, grad_lse, index):
-    """The CPU kernel of ``matris::softmax_aggregate_backward``: the formulas of the module docstring."""
-    p = torch.exp(logits - lse.index_select(0, index))
-    g = grad_out.index_select(0, index)
-    return p * ((messages - out.index_select(0, index)) * g + grad_lse.index_select(0, index)), p * g
-
-
-register_cpu(softmax_aggregate_op, _forward_cpu)
-register_cpu(softmax_aggregate_backward_op, _backward_cpu)
 
 
 # ---------------------------------------------------------------------------- Triton
@@ -221,27 +112,6 @@ if triton_available():
         tl.store(out_ptr + seg * C + cols, out, mask=cmask)
         tl.store(lse_ptr + seg * C + cols, lse, mask=cmask)
 
-    @triton.jit
-    def softmax_aggregate_bwd_kernel(logits_ptr, msg_ptr, index_ptr, out_ptr, lse_ptr, gout_ptr, glse_ptr,
-                                     glogits_ptr, gmsg_ptr, E, C, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
-        """Edge-parallel backward: recompute p from the saved log-sum-exp, no reductions."""
-        eids = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
-        cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
-        emask = eids < E
-        mask = emask[:, None] & (cols < C)[None, :]
-        seg = tl.load(index_ptr + eids, mask=emask, other=0)
-        eoffs = eids.to(tl.int64)[:, None] * C + cols[None, :]
-        soffs = seg.to(tl.int64)[:, None] * C + cols[None, :]
-        a = tl.load(logits_ptr + eoffs, mask=mask, other=0.0)
-        m = tl.load(msg_ptr + eoffs, mask=mask, other=0.0)
-        out = tl.load(out_ptr + soffs, mask=mask, other=0.0)
-        lse = tl.load(lse_ptr + soffs, mask=mask, other=0.0)
-        g = tl.load(gout_ptr + soffs, mask=mask, other=0.0)
-        gl = tl.load(glse_ptr + soffs, mask=mask, other=0.0)
-        p = tl.exp(a - lse)
-        tl.store(gmsg_ptr + eoffs, p * g, mask=mask)
-        tl.store(glogits_ptr + eoffs, p * ((m - out) * g + gl), mask=mask)
-
 
 FWD_BLOCK_E, FWD_BLOCK_C = 16, 32
 BWD_BLOCK_E, BWD_BLOCK_C = 32, 32
@@ -261,17 +131,6 @@ def _forward_triton(logits, messages, segments):
     return out, lse
 
 
-def _backward_triton(logits, messages, out, lse, grad_out, grad_lse, index):
-    e, c = logits.shape
-    grad_logits = torch.empty_like(logits)
-    grad_messages = torch.empty_like(messages)
-    block_e, block_c = tile(BWD_BLOCK_E, 256), tile(BWD_BLOCK_C, 128)
-    grid = (triton.cdiv(e, block_e), triton.cdiv(c, block_c))
-    softmax_aggregate_bwd_kernel[grid](logits, messages, index, out, lse, grad_out, grad_lse, grad_logits,
-                                       grad_messages, e, c, BLOCK_E=block_e, BLOCK_C=block_c)
-    return grad_logits, grad_messages
-
-
 # ---------------------------------------------------------------------------- CPU, fused loops
 def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, row_index: torch.Tensor | None,
                              messages: torch.Tensor, target: torch.Tensor, source: torch.Tensor,
@@ -280,7 +139,7 @@ def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, ro
 
     Logits ``α = [α_s ‖ α_t]`` ``[E, 2C]`` are ``rows·weightᵀ`` (rows ``[E, d]``, weight
     ``[2C, d]``) or, with ``row_index``, ``rows[row_index]`` (rows already projected, ``[B, 2C]``).
-    ``T = softmax_aggregate(α_t, m, target)``, ``S = softmax_aggregate(α_s, m, source)``.
+    ``T = softmax_aggregate_reference(α_t, m, target)``, ``S = softmax_aggregate_reference(α_s, m, source)``.
     With ``res_weight`` ``[1, C]`` (line graph: rows are the edge features, d = C) also the
     edges' residual update ``y' = m + res_weight ⊙ rows`` ``[E, C]``: (T, S, y').
     """

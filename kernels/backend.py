@@ -16,8 +16,8 @@ import functools
 
 import torch
 
+from ..settings import interpret_with_device_tiles, interpreting, kernels_override
 from . import native
-from .env import interpret_with_device_tiles, interpreting, kernels_override
 
 BACKENDS = ("auto", "triton", "fused", "torch")
 
@@ -119,14 +119,6 @@ def register_triton(name: str, kernel) -> None:
     LIB.impl(name, kernel, "CUDA")
     if interpreting():
         LIB.impl(name, kernel, "CPU")
-
-
-def register_cpu(op, kernel) -> None:
-    """``kernel`` (PyTorch ops) as the CPU kernel of a Triton-only ``custom_op``: the same outputs as
-    its Triton kernel, for CPU tensors (not under ``TRITON_INTERPRET=1``, where the Triton kernel
-    itself runs on them)."""
-    if not interpreting():
-        op.register_kernel("cpu")(kernel)
 
 
 def operators_run(*tensors: torch.Tensor) -> bool:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from .env import interpreting, native_cache, native_choice
+from ..settings import cache_home, interpreting, native_cache, native_choice
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "cpu" / "basis.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp",
@@ -60,12 +60,7 @@ class NativeBuildError(RuntimeError):
 def cache_root() -> Path:
     """``$MATRIS_NATIVE_CACHE``, else ``$MATRIS_CACHE/native``, else ``$XDG_CACHE_HOME/matris/native``,
     else ``~/.cache/matris/native``."""
-    if native_cache():
-        return Path(native_cache()).expanduser()
-    if os.environ.get("MATRIS_CACHE"):
-        return Path(os.environ["MATRIS_CACHE"]).expanduser() / "native"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "matris" / "native"
+    return Path(native_cache()).expanduser() if native_cache() else cache_home("native")
 
 
 def _compiler() -> str:

@@ -252,7 +252,7 @@ torch.library.register_autograd("matris::gated_phi", _phi_backward, setup_contex
 
 
 # ---------------------------------------------------------------------------- CUDA (Triton)
-EPILOGUE_ROWS = 4  # rows per program of the epilogue kernels (4 × 128 tiles, as the generic epilogue)
+EPILOGUE_ROWS = 4  # rows per program of the epilogue kernel (4 × 128 tiles)
 
 
 def _phi_triton(rows, row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,

@@ -57,13 +57,14 @@ _LAZY = {
     "GraphBatch": ".graph",
     "AtomicSystem": ".graph",
     "MatRISInputError": ".errors",
+    "MatRISInputWarning": ".errors",
     "CheckpointError": ".errors",
     "MatRISCalculator": ".calculator",
 }
 
 if TYPE_CHECKING:  # for type checkers and the API docs; at run time see __getattr__
     from .calculator import MatRISCalculator
-    from .errors import CheckpointError, MatRISInputError
+    from .errors import CheckpointError, MatRISInputError, MatRISInputWarning
     from .graph import AtomicSystem, GraphBatch
     from .model import MatRIS, MatRISConfig, ModelOutput
 
@@ -74,6 +75,7 @@ __all__ = [
     "GraphBatch",
     "AtomicSystem",
     "MatRISInputError",
+    "MatRISInputWarning",
     "CheckpointError",
     "MatRISCalculator",
     "__version__",

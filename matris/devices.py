@@ -49,11 +49,11 @@ DEFAULT_DTYPE = "float32"
 
 
 def device_and_dtype(model: Any, device, dtype):
-    """The rule above: unset device/dtype are a :class:`MatRIS`'s own, else "auto" and float32."""
-    from .model import MatRIS
-
-    if isinstance(model, MatRIS):
-        return device if device is not None else model.device, dtype if dtype is not None else model.dtype
+    """The rule above: unset device/dtype are a :class:`MatRIS`'s own (any module's, read from its
+    parameters), else "auto" and float32."""
+    param = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    if param is not None:
+        return device if device is not None else param.device, dtype if dtype is not None else param.dtype
     return device if device is not None else DEFAULT_DEVICE, dtype if dtype is not None else DEFAULT_DTYPE
 
 

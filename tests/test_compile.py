@@ -127,29 +127,22 @@ def test_compiled_model_trains_eagerly_and_copies():
     model.train()
     out, _ = evaluate(model, [rattled_si(0, np.random.default_rng(1))], create_graph=True)
     (out.forces ** 2).sum().backward()  # double backward: would fail in a compiled graph
-    assert model.uncompile().compiled is False
 
 
 @pytest.mark.slow
 def test_triton_kernels_are_custom_ops_without_graph_breaks():
     """Under TRITON_INTERPRET=1 the model on the Triton path compiles with fullgraph=True: the
-    kernels are torch.library custom ops (opcheck'd) with registered autograd formulas."""
+    kernels are torch.library custom ops (opcheck'd in test_operators.py) with registered autograd formulas."""
     code = r"""
 import sys, numpy as np, torch
 sys.path.insert(0, "tests")
 from conftest import evaluate, load_fixture_model
 from matris.kernels import native
 from test_compile import rattled_si
-import matris.kernels.aggregate, matris.kernels.epilogue, matris.kernels.gather, matris.kernels.basis
-for name in ("gated_phi", "attention_pair", "refine_edges", "softmax_aggregate", "gated_epilogue",
-             "gather_sum_activate", "bessel", "fourier", "spherical"):
+import matris.kernels.aggregate, matris.kernels.basis
+for name in ("gated_phi", "attention_pair", "refine_edges", "bessel", "fourier", "spherical"):
     assert hasattr(torch.ops.matris, name), name
 assert native.library() is None  # interpreted: the operators' CPU kernels are their Triton kernels
-g = torch.Generator().manual_seed(0)
-logits, msg = torch.randn(9, 4, generator=g, dtype=torch.float64), torch.randn(9, 4, generator=g, dtype=torch.float64)
-seg = matris.kernels.Segments.from_index(torch.tensor([0, 0, 1, 2, 2, 2, 3, 3, 3]), 5)
-torch.library.opcheck(torch.ops.matris.softmax_aggregate.default,
-                      (logits.requires_grad_(), msg.requires_grad_(), seg.index, seg.order, seg.offsets))
 model = load_fixture_model("small_sh_float64", torch.float64)
 eager = load_fixture_model("small_sh_float64", torch.float64)
 eager.kernel_backend = "torch"  # the composed ops: only the compiled model runs in the (slow) interpreter

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import OperatorLog, random_system
-from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig
+from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig, memory
 from matris.errors import MatRISInputError
 from matris.kernels import native
 from matris.model import recompute
@@ -55,7 +55,7 @@ def _loss_grads(model, g, terms=("energy", "forces", "stress")):
 def small_chunks(monkeypatch):
     """Rows recomputed 3,000 at a time: the test graph's 9,236 angles make four chunks, the last
     a partial one (its 786 directed bonds, one)."""
-    monkeypatch.setattr(recompute, "CHUNK_ROWS", 3000)
+    monkeypatch.setattr(memory, "CHUNK_ROWS", 3000)
 
 
 @pytest.mark.parametrize("terms", [("energy", "forces", "stress"), ("forces",), ("energy",)],
@@ -160,7 +160,7 @@ def test_rows_are_recomputed_on_their_own_only_where_they_make_several_chunks(mo
         return original(module, *args, **kwargs)
 
     monkeypatch.setattr(recompute, "recomputed", counted)
-    monkeypatch.setattr(recompute, "CHUNK_ROWS", chunk)
+    monkeypatch.setattr(memory, "CHUNK_ROWS", chunk)
     for mode in ("blocks", "rows"):
         calls.clear()
         model.training_recompute = mode

@@ -115,7 +115,7 @@ def test_available_memory_honours_the_memory_cgroup(tmp_path):
     """A job's memory cgroup (SLURM ``--mem``, a container's limit) bounds what the memory model may
     plan with: MemAvailable is the whole node's there. v1 and v2 layouts, the page cache that the
     kernel reclaims not counted as used, an ancestor's tighter limit, and no limit at all."""
-    from matris.model.model import cgroup_headroom
+    from matris.memory import cgroup_headroom
 
     def write(folder, **files):
         folder.mkdir(parents=True, exist_ok=True)

@@ -39,8 +39,8 @@ def run_tests(tmp_path: Path, args: list[str], **env) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_kernel_checks_pass(tmp_path):
-    """benchmarks/kernels.py --check: every kernel vs its reference (forward, backward, second
-    order, gradcheck) in the interpreter, and every kernel compiled for sm_80 and sm_90."""
+    """benchmarks/kernels.py --check: the basis kernels vs their references (forward, backward,
+    second order, gradcheck) in the interpreter, and every kernel compiled for sm_80 and sm_90."""
     out = tmp_path / "checks.json"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--check", "--json", str(out)],
                          capture_output=True, text=True, env=_env(), timeout=1200)
@@ -74,8 +74,9 @@ def test_published_family_through_triton_kernels_equals_the_official_1_0_code(tm
 
 @pytest.mark.slow
 def test_phi_fusions_write_and_save_less(tmp_path):
-    """The fused gathers and epilogue of one gated Φ write < 1/2.5 of the reference's edge-sized
-    bytes and save < 1/1.4 of its activations for the backward (counted, not timed)."""
+    """One gated Φ as the fused operator (matris::gated_phi's Triton kernels) writes < 1/2.5 of the
+    reference's edge-sized bytes and saves < 1/1.4 of its activations for the backward (counted, not
+    timed)."""
     out = tmp_path / "memory.json"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--memory", "--rows", "512",
                           "--json", str(out)], capture_output=True, text=True, env=_env(TRITON_INTERPRET="1"),

@@ -8,8 +8,8 @@ from .batching import BudgetBatchSampler
 from .build import BuildReport, CachedDataset, build_or_load
 from .cache import MultiPacked, PackedDataset, default_cache_dir
 from .dataset import GraphDataset
+from .labels import Targets
 from .readers import Sample, read_ase, read_ase_db, read_mptrj, read_samples
-from .targets import Targets
 
 __all__ = [
     "Sample",

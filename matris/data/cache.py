@@ -61,8 +61,9 @@ from ..errors import MatRISInputError
 from ..graph.batch import GraphBatch, line_graph
 from ..graph.neighbors import half_neighbor_list
 from ..graph.system import MAX_Z, MIN_DISTANCE, overlap_error
+from ..settings import cache_home
+from .labels import Targets
 from .readers import BadRecord, Sample
-from .targets import Targets
 
 FORMAT_VERSION = 1  # of one packed directory (a shard)
 ENTRY_FORMAT = 2  # of a cache entry: shards + manifest (matris.data.build)
@@ -101,11 +102,7 @@ def _array_names(store_angles: bool) -> list[str]:
 
 def default_cache_dir() -> Path:
     """``$MATRIS_CACHE/graphs``, else ``$XDG_CACHE_HOME/matris/graphs``, else ``~/.cache/matris/graphs``."""
-    if os.environ.get("MATRIS_CACHE"):
-        return Path(os.environ["MATRIS_CACHE"]).expanduser() / "graphs"
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "matris" / "graphs"
-    return Path.home() / ".cache" / "matris" / "graphs"
+    return cache_home("graphs")
 
 
 def cache_entry_name(source_path: str | os.PathLike, cutoff: float, three_body_cutoff: float,

@@ -11,7 +11,7 @@ from ..errors import MatRISInputError
 from ..graph.batch import GraphBatch
 from .batching import BudgetBatchSampler
 from .cache import MultiPacked, PackedDataset
-from .targets import Targets
+from .labels import Targets
 
 
 class GraphDataset(torch.utils.data.Dataset):

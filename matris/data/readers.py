@@ -501,23 +501,6 @@ def _extxyz_frames(p: Path, index: str | int = ":") -> range:
                                "int or a slice string like '0:10' or '::2'.") from e
 
 
-def iter_extxyz(path: str | os.PathLike, start: int = 0, stop: int | None = None, on_error: str = "raise",
-                index: str | int = ":", **options: Any) -> Iterator[Sample | BadRecord]:
-    """Frames ``[start, stop)`` of an extxyz/xyz file; keyword options as :func:`read_ase`.
-
-    A line-scanning pass finds the byte offset of every frame (count line, comment line,
-    n atom lines), so only the frames asked for are parsed: each run of consecutive frames
-    is read as one byte slice and handed to ASE's extxyz parser. ``index`` (ASE style: an int
-    or ``"a:b:c"``) first selects frames; ``start``/``stop`` count among those. Material id
-    ``"<stem>:<k>"`` uses the record number k, so a range gives the same samples as the slice
-    of a full read.
-    """
-    p = _check_file(path)
-    start, stop = _check_range(p, start, stop)
-    _check_on_error(on_error)
-    return _iter_extxyz(p, _extxyz_frames(p, index)[start:stop], start, on_error, options)
-
-
 _EXTXYZ_CHUNK = 1 << 22  # bytes of frames parsed per ASE call
 
 
@@ -969,27 +952,6 @@ def looks_like_mptrj(data: Any) -> bool:
         return False
     frame = next(iter(frames.values()))
     return isinstance(frame, dict) and "structure" in frame
-
-
-def count_mptrj(data: dict) -> int:
-    return sum(len(frames) for frames in data.values())
-
-
-def iter_mptrj_dict(data: Any, p: Path, energy_key: str = "corrected_total_energy") -> Iterator[Sample]:
-    """The samples of an already-loaded MPtrj dict, in file order (for a file, :func:`iter_mptrj` streams)."""
-    if not looks_like_mptrj(data):
-        raise _not_mptrj(p)
-    per_atom = energy_key.endswith(_PER_ATOM_SUFFIX)
-    found_energy = False
-    k = 0
-    for material_id, frames in data.items():
-        for frame_id, frame in frames.items():
-            sample = _mptrj_sample(frame, p, k, material_id, frame_id, energy_key, per_atom)
-            found_energy |= not math.isnan(sample.energy)
-            yield sample
-            k += 1
-    if k and not found_energy:
-        raise _energy_key_error(p, energy_key, k)
 
 
 def _mptrj_sample(frame: Any, p: Path, k: int, material_id: str, frame_id: str, energy_key: str,

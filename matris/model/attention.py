@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from ..kernels import Segments, attention_pair, scatter_sum, segment_max, softmax_aggregate_reference
-from .layers import RowRecompute, apply_phi, call_phi, phi, project_terms
+from . import recompute
+from .layers import RowRecompute, call_phi, phi, project_terms
 
 
 def pool_directed(m: torch.Tensor) -> torch.Tensor:
@@ -64,25 +65,24 @@ class SeparableAttention(nn.Module):
             m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi, fused)
         else:
             y0 = y.index_select(0, d2u) if directed else y
-            m = apply_phi(self.edge_nonlinear_update,
-                          torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1), fused)
+            m = self.edge_nonlinear_update(torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1))
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
         w_st = self._logit_weight()
         if fused:
             if directed:
                 t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
-                return self._update(x, y, m, t_agg, s_agg, directed, fused)
+                return self._update(x, y, m, t_agg, s_agg, directed)
             # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
             t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight,
                                                  segments=segments)
-            return self._node_update(x, t_agg, s_agg, fused), y_new
+            return self._node_update(x, t_agg, s_agg), y_new
         alpha = y @ w_st.T
         if directed:
             alpha = alpha.index_select(0, d2u)
         alpha_s, alpha_t = alpha.split(y.shape[-1], dim=-1)
         t_agg = softmax_aggregate_reference(alpha_t, m, tgt, n)
         s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
-        return self._update(x, y, m, t_agg, s_agg, directed, fused)
+        return self._update(x, y, m, t_agg, s_agg, directed)
 
     def _line_by_rows(self, x, y, tgt, src, rows: RowRecompute):
         """The line-graph step inside training's block recomputation: everything per angle (Φ_edge,
@@ -92,8 +92,6 @@ class SeparableAttention(nn.Module):
         The softmax is split into its sums, ``t_agg = N/D`` with ``N = Σ w·m``, ``D = Σ w`` and
         ``w = exp(α − s)``: ``s`` (each bond's largest logit, per channel) is a constant that
         cancels in N/D, so the sums are row-wise and the gradients exact."""
-        from .recompute import recomputed  # recompute imports the blocks, which import this module
-
         n, d = x.shape[0], y.shape[-1]
         with torch.no_grad():
             alpha = y @ self._logit_weight().T
@@ -105,26 +103,26 @@ class SeparableAttention(nn.Module):
             t, s = (tgt, src) if cut is None else (tgt[cut], src[cut])
             return (*inputs, t, s, *shift, n), {"fused": use_fast and rows.fast}
 
-        n_t, d_t, n_s, d_s, y_new = recomputed(_AttentionRows(self), arguments, [y, p_t, p_s], rows.chunk,
+        n_t, d_t, n_s, d_s, y_new = recompute.recomputed(_AttentionRows(self), arguments, [y, p_t, p_s], rows.chunk,
                                                row_inputs=(True, False, False), n_rows=y.shape[0],
                                                row_outputs=(False, False, False, False, True))
         # a bond without angles has N = D = 0: its sums are 0, as the softmax's
         t_agg = n_t / torch.where(d_t > 0, d_t, torch.ones_like(d_t))
         s_agg = n_s / torch.where(d_s > 0, d_s, torch.ones_like(d_s))
-        return self._node_update(x, t_agg, s_agg, False), y_new
+        return self._node_update(x, t_agg, s_agg), y_new
 
     def _logit_weight(self) -> torch.Tensor:
         """``[2·d_y, d_y]``: the source and target logit projections, stacked."""
         return torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
 
-    def _update(self, x, y, m, t_agg, s_agg, directed, fused):
+    def _update(self, x, y, m, t_agg, s_agg, directed):
         y_new = torch.addcmul(pool_directed(m) if directed else m, self.edge_res_weight, y)
-        return self._node_update(x, t_agg, s_agg, fused), y_new
+        return self._node_update(x, t_agg, s_agg), y_new
 
-    def _node_update(self, x, t_agg, s_agg, fused):
-        # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
-        return torch.addcmul(apply_phi(self.node_nonlinear_update, torch.cat([x, t_agg, s_agg], dim=-1), fused),
-                             self.node_res_weight, x)
+    def _node_update(self, x, t_agg, s_agg, fused=False):
+        # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two. Φ on the
+        # concatenated input has no fused form: ``fused`` (matris.domain passes it) changes nothing
+        return torch.addcmul(self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)), self.node_res_weight, x)
 
 
 class _AttentionRows(nn.Module):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from . import recompute
 from .attention import SeparableAttention
 from .config import MatRISConfig
 from .layers import RowRecompute
@@ -113,3 +115,23 @@ class _Steps:
 def _masked(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     # Structures without angles skip the line-graph steps, alone or in a batch.
     return new if mask is None else torch.where(mask, new, old)
+
+
+def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, fast: BlockGraph,
+                       exact: BlockGraph, last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``block(h, e, a, graph, last)`` with its activations recomputed in the backward passes (see
+    the module docstring). ``fast`` and ``exact``: the same graph with the call's fast kernels and
+    with the composed ops (and the nested row recomputations); their ``rbf_pair`` and ``rbf_3b`` are
+    the bases the block reads."""
+
+    def arguments(inputs, use_fast, rows):
+        h_, e_, a_, rbf_pair, rbf_3b = inputs
+        g = dataclasses.replace(fast if use_fast else exact, rbf_pair=rbf_pair, rbf_3b=rbf_3b)
+        return (h_, e_, a_, g), {"last": last}
+
+    # where rows nest (the rows mode, rows that make several chunks) the first-order pass runs the
+    # composed call, whose nested row nodes run theirs fast chunk by chunk: a whole block's rows
+    # on the fast kernels would hold hundreds of MB per block of a 64-atom cell
+    rc = exact.row_chunks
+    nests = rc is not None and (rc.splits(exact.angle_atom.shape[0]) or rc.splits(exact.edge_target.shape[0]))
+    return recompute.recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b], fast_first_order=not nests)

@@ -36,12 +36,6 @@ class CheckpointContents:
     state_dict: dict[str, torch.Tensor]
     targets: str | None = None
 
-    @property
-    def reference_width(self) -> int | None:
-        """``K`` of the ``[1, K]`` reference energies, ``None`` without them."""
-        weight = self.state_dict.get(REFERENCE_KEY)
-        return None if weight is None else int(weight.shape[-1])
-
 
 def load_file(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
     """``torch.load(path, weights_only=True)``, with one-line errors (see

@@ -14,8 +14,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..kernels import gated_epilogue, gated_phi, gather_sum_activate, gather_sum_activate_reference
-from ..kernels.backend import use_triton
+from ..kernels import gated_phi, gather_sum_activate_reference
+from . import recompute
 
 
 def activation(name: str) -> nn.Module:
@@ -58,24 +58,21 @@ class MLP(nn.Module):
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 
 
-def first_layer(linears: list[nn.Linear], act: str, terms: list[Term], fused: bool = False,
-                projected: list[Term] = ()) -> torch.Tensor:
+def first_layer(linears: list[nn.Linear], act: str, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
     """``act(Σ_k (f_k · W[:, cols_k]ᵀ)[idx_k] + b)`` for the Linears stacked along their outputs.
 
     terms: ``(features [n_k, d_k], index [n_edges] or None)`` in the column order of the
     concatenation they replace, from its first column; index None means the rows are already per
     edge. projected: the other terms' projections ``(f_k · W[:, cols_k]ᵀ [n_k, Σ out], index)``,
     made beforehand (:func:`project_terms`). Returns ``[n_edges, Σ out]``, equal to
-    ``act(cat(linears)(cat([f_k[idx_k]])))``. The gathers, sum, bias and activation are one
-    Triton kernel with ``fused`` (on CUDA).
+    ``act(cat(linears)(cat([f_k[idx_k]])))``, in composed PyTorch ops
+    (:func:`matris.kernels.gather_sum_activate_reference`).
     """
     weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
     projections = _projections(weight, terms, 0) + list(projected)
     bias = None
     if linears[0].bias is not None:
         bias = torch.cat([lin.bias for lin in linears]) if len(linears) > 1 else linears[0].bias
-    if fused:
-        return gather_sum_activate(projections, bias, act, backend="triton")
     # index_select per term: its backward is index_add, faster than index_put
     return gather_sum_activate_reference(projections, bias, act)
 
@@ -108,10 +105,9 @@ def first_weight(module: nn.Module) -> torch.Tensor:
 class GatedMLP(nn.Module):
     """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias.
 
-    ``fused=True`` runs the whole Φ as the operator :func:`matris.kernels.gated_phi` (CPU and CUDA)
-    where it applies (:attr:`chunkable`: SiLU, every published model); other activations on CUDA
-    run the first layer's gathers and the epilogue (both norms, act, σ and the product) as Triton
-    kernels (:func:`matris.kernels.gather_sum_activate`, :func:`matris.kernels.gated_epilogue`).
+    ``forward_terms(..., fused=True)`` runs the whole Φ as the operator :func:`matris.kernels.gated_phi`
+    (CPU and CUDA) where it applies (:attr:`chunkable`: SiLU, every published model); otherwise, and
+    on a concatenated input (``forward``), Φ is the composed PyTorch ops on every device.
     """
 
     def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str, norm_type: str, dropout: float):
@@ -123,8 +119,8 @@ class GatedMLP(nn.Module):
         self.act = activation(act)
         self.act_name, self.norm_type = act, norm_type
 
-    def forward(self, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        return self._epilogue(self.mlp_core(z), self.mlp_gate(z), _triton_pieces(fused, z))
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self._epilogue(self.mlp_core(z), self.mlp_gate(z))
 
     @property
     def chunkable(self) -> bool:
@@ -135,15 +131,15 @@ class GatedMLP(nn.Module):
 
     def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation.
-        ``fused``: the fused kernels (see the class docstring) or, False, the composed PyTorch ops.
-        ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``."""
-        core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
+        ``fused``: the operator :func:`matris.kernels.gated_phi` where it applies (:attr:`chunkable`),
+        else (or False) the composed PyTorch ops. ``projected``: further terms, already projected
+        (:func:`project_terms`), after ``terms``."""
         if fused and self.chunkable:
             return self._fused(terms, projected)
-        fused = _triton_pieces(fused, (list(terms) + list(projected))[0][0])
-        hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, fused, projected))
+        core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
+        hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, projected))
         h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
-        return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate), fused)
+        return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate))
 
     def _fused(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
@@ -165,29 +161,19 @@ class GatedMLP(nn.Module):
                          g3.bias, cn.weight, gn.weight, eps, norm=self.norm_type,
                          core_norm_bias=getattr(cn, "bias", None), gate_norm_bias=getattr(gn, "bias", None))
 
-    def _epilogue(self, core: torch.Tensor, gate: torch.Tensor, fused: bool) -> torch.Tensor:
+    def _epilogue(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """``[n, d_out]`` MLP outputs → ``act(Norm_c(core)) ⊙ σ(Norm_g(gate))``."""
-        if fused:
-            cn, gn = self.core_norm, self.gate_norm
-            return gated_epilogue(core, gate, cn.weight, getattr(cn, "bias", None), gn.weight,
-                                  getattr(gn, "bias", None), self.norm_type, self.act_name, cn.eps, backend="triton")
         return self.act(self.core_norm(core)) * torch.sigmoid(self.gate_norm(gate))
 
 
-def _triton_pieces(fused: bool, x: torch.Tensor) -> bool:
-    """Whether a Φ that :func:`matris.kernels.gated_phi` does not cover runs its Triton pieces (CUDA;
-    CPU tensors under ``TRITON_INTERPRET=1`` with ``MATRIS_KERNELS=triton``)."""
-    return bool(fused) and use_triton(x.device)
-
-
 class NormedMLP(nn.Sequential):
-    """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``."""
+    """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``.
+    It has no fused form: the composed PyTorch ops on every device."""
 
     def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
-        # no gate: ``fused`` fuses the first layer's gathers only (Triton, on CUDA)
-        fused = _triton_pieces(fused, (list(terms) + list(projected))[0][0])
+        """As :meth:`GatedMLP.forward_terms`; ``fused`` changes nothing (no fused form)."""
         layers = self[0].layers
-        hidden = layers[2](first_layer([layers[0]], self[0].act_name, terms, fused, projected))
+        hidden = layers[2](first_layer([layers[0]], self[0].act_name, terms, projected))
         return self[1](layers[3](hidden))
 
 
@@ -207,7 +193,7 @@ def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
 @dataclass(frozen=True)
 class RowRecompute:
     """Φ recomputed ``chunk`` rows at a time in the backward passes of a training step
-    (:func:`matris.model.recompute.recomputed_phi`); ``fast``: with the fused operators where no
+    (:func:`recomputed_phi`); ``fast``: with the fused operators where no
     weight gradient is wanted."""
 
     chunk: int
@@ -228,25 +214,53 @@ def term_rows(terms: list[Term]) -> int:
 
 def call_phi(module: nn.Module, terms: list[Term], recompute: "bool | RowRecompute" = False,
              fused: bool = False) -> torch.Tensor:
-    """``module.forward_terms(terms)``; ``fused`` selects the fused kernels. ``recompute`` True:
+    """``module.forward_terms(terms)``; ``fused`` selects the fused operator. ``recompute`` True:
     recomputed in the backward pass (checkpoint, inference); a :class:`RowRecompute`: recomputed by
     row chunks in both backward passes of a training step."""
     if isinstance(recompute, RowRecompute):
         if not recompute.splits(term_rows(terms)):
             return module.forward_terms(terms, fused)
-        from .recompute import recomputed_phi  # recompute imports the blocks, which import this module
-
         return recomputed_phi(module, terms, recompute.fast, recompute.chunk)
     if not recompute:
         return module.forward_terms(terms, fused)
     return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, fused, use_reentrant=False)
 
 
-def apply_phi(module: nn.Module, z: torch.Tensor, fused: bool = False) -> torch.Tensor:
-    """``module(z)`` on the concatenated input, with the fused (Triton, CUDA) epilogue where asked and gated."""
-    return module(z, fused=True) if fused and isinstance(module, GatedMLP) else module(z)
-
-
 def ffn(d_in: int, d_out: int, bias: bool, dropout: float) -> MLP:
     """FFN of Refine: ``Lin(in→out) → SiLU → Dropout → Lin(out→out)``, always SiLU."""
     return MLP(d_in, d_out, d_out, "silu", bias, dropout)
+
+
+def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
+    """``module.forward_terms(terms)`` (Φ: ``terms`` as in :func:`matris.model.layers.first_layer`)
+    as a node recomputed ``chunk`` rows at a time in the backward passes: inside a block's
+    second-order recomputation, Φ's intermediates (the widest of the block) are then alive for one
+    chunk of rows only. The terms gathered per row are projected by the first layer here, once,
+    and the node takes the projections (per chunk they would be projected again). ``fast``: the
+    fused operators where no weight gradient is wanted."""
+    n_rows = term_rows(terms)
+    lead = [] if terms[0][1] is not None else [terms[0]]  # a per-row term stays in the node
+    rest = project_terms(module, terms[len(lead):], sum(f.shape[-1] for f, _ in lead))
+    parts = lead + rest
+    feats = [f for f, _ in parts]
+    indices = [i for _, i in parts]
+    row_inputs = tuple(i is None for i in indices)
+
+    def arguments(inputs, use_fast, rows):
+        cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
+        pairs = list(zip(inputs, cut))
+        return (pairs[: len(lead)], pairs[len(lead):]), {"fused": use_fast and fast}
+
+    (out,) = recompute.recomputed(_PhiTerms(module), arguments, feats, chunk, row_inputs, n_rows)
+    return out
+
+
+class _PhiTerms(nn.Module):
+    """Φ's ``forward_terms`` as a module call returning a tuple (the form :func:`recomputed` takes)."""
+
+    def __init__(self, phi: nn.Module):
+        super().__init__()
+        self.phi = phi
+
+    def forward(self, terms, projected, fused=False):
+        return (self.phi.forward_terms(terms, fused, projected),)

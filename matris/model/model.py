@@ -13,132 +13,22 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from .. import memory
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..kernels import heap, use_fused_cpu, use_triton
 from ..targets import DEFAULT_TARGETS, normalize_targets
 from . import checkpoint as ckpt_io
-from . import recompute
-from .block import BlockGraph, InteractionBlock
+from .block import BlockGraph, InteractionBlock, checkpointed_block
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import RowRecompute, norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
-from .recompute import CHUNK_ROWS, checkpointed_block
 
 EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).
 ANGLE_SHRINK = 1 - 1e-6
-# what a training step on forces recomputes in its backward passes (MatRIS.training_recompute):
-# nothing (the whole graph kept), each block, or each block and, inside it, everything per angle by
-# row chunks (least memory)
-RECOMPUTE_MODES = ("none", "blocks", "rows")
-# models this deep or deeper recompute by default where their whole graph would not fit
-RECOMPUTE_MIN_BLOCKS = 4
-# the memory model of a training step (MatRIS.estimated_training_bytes): rows of the block width
-# per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py):
-# (rows alive while one block is recomputed, rows kept per block), per mode. The published 10-block
-# model fixes only their sum (peak + 10·kept); the split follows the live tensors' count at the peak
-# (kept: a block's inputs and upstream gradients), scaled to RSS (the heap's free blocks between
-# live ones)
-TRAIN_ROWS = {"none": (0, 180), "blocks": (265, 2.5), "rows": (40, 2.5)}
-# recomputing rows, one chunk of rows (recompute.CHUNK_ROWS) is alive at a time, whatever the
-# batch: this many floats per row and feature of the three-body width (part of
-# MatRIS.training_fixed_bytes). A chunk recomputed on its own keeps about 145 (fitted with
-# TRAIN_ROWS); rows that make one chunk are computed with the rest of the block, as in "blocks",
-# which counts 265 − 40 more than "rows" per row, the bonds' and atoms' rows too (a tenth more
-# than the angles' in oxide cells), so the bound is that
-TRAIN_CHUNK_FLOATS = 250
-FRAMEWORK_BYTES = 512 * 2**20
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes of memory free for new tensors on ``device`` (CPU: MemAvailable, or less where the
-    process's memory cgroup allows less (a SLURM job's ``--mem``, a container's limit: MemAvailable
-    is the whole node's there), plus what the heap keeps free for reuse, :mod:`matris.kernels.heap`)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    free = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    free = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if free is None:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            free = 8 * 2**30
-    headroom = cgroup_headroom()
-    if headroom is not None:
-        free = min(free, headroom)
-    return free + heap.free_bytes()
-
-
-def cgroup_headroom(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes this process's memory cgroup and its ancestors still allow: the least of limit − usage
-    over those with a limit, usage without the reclaimable page cache (``inactive_file``); None
-    where no limit is set or nothing can be read. cgroup v2 (``memory.max``, ``memory.current``)
-    and v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``)."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
-    candidates = []  # (folder of the process's cgroup, file names)
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        rel = path.strip().lstrip("/")
-        if controllers == "":  # v2: the unified hierarchy, at the root or under unified/
-            for base in (Path(root), Path(root) / "unified"):
-                candidates.append((base, rel, ("memory.max", "memory.current", "inactive_file")))
-        elif "memory" in controllers.split(","):
-            candidates.append((Path(root) / "memory", rel, ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                                             "total_inactive_file")))
-    best = None
-    for base, rel, (limit_name, usage_name, cache_key) in candidates:
-        if not (base / limit_name).exists() and not (base / rel / limit_name).exists():
-            continue
-        folder = base / rel
-        # the process's cgroup and its ancestors (a namespaced container sees its own at the root)
-        chain = [folder, *folder.parents] if folder != base else [base]
-        for cg in chain:
-            if not str(cg).startswith(str(base)):
-                break
-            room = _cgroup_room(cg, limit_name, usage_name, cache_key)
-            if room is not None:
-                best = room if best is None else min(best, room)
-    return best
-
-
-def _cgroup_room(folder: Path, limit_name: str, usage_name: str, cache_key: str) -> int | None:
-    """limit − (usage − inactive page cache) of one cgroup folder, or None (no limit, unreadable)."""
-    try:
-        limit_text = (folder / limit_name).read_text().strip()
-        usage = int((folder / usage_name).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 2**60:  # v1's "no limit"
-        return None
-    cache = 0
-    try:
-        for line in (folder / "memory.stat").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == cache_key:
-                cache = int(value)
-                break
-    except (OSError, ValueError):
-        pass
-    return max(0, int(limit_text) - max(0, usage - cache))
-
-
 @dataclass
 class ModelOutput:
     """Predictions for a batch of ``S`` structures and ``N`` atoms.
@@ -261,34 +151,28 @@ class MatRIS(nn.Module):
     def training_recompute_mode(self, create_graph: bool = True, graph: GraphBatch | None = None,
                                 dtype: torch.dtype | None = None) -> str:
         """What a call with ``create_graph`` (training on forces) recomputes in the backward passes
-        (:data:`RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to float
-        rounding): ``"none"`` keeps the whole graph (fastest); ``"blocks"`` recomputes each
+        (:data:`matris.memory.RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to
+        float rounding): ``"none"`` keeps the whole graph (fastest); ``"blocks"`` recomputes each
         interaction block; ``"rows"`` too, and inside it the line-graph steps' per-angle work and
-        the atom-graph Φ by row chunks where they make more than one (least memory; slower than
-        ``"blocks"`` there, the same where they make one). ``"none"`` without ``create_graph``.
-
-        ``self.training_recompute`` decides if set. By default (None): ``"none"`` for models of
-        fewer than :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on ``graph``, ``"none"``
-        where its memory model (:meth:`estimated_training_bytes`) fits in
-        ``self.training_memory_limit`` bytes (default: 60 % of the memory available on the
-        model's device; a run with ``data.max_memory`` sets its batch budget), else ``"blocks"``
-        where that fits, else ``"rows"``; without a graph (planning), ``"rows"``."""
+        the atom-graph Φ by row chunks where they make more than one (least memory). ``"none"``
+        without ``create_graph``. ``self.training_recompute`` decides if set; by default
+        :func:`matris.memory.training_mode` on ``graph``, within ``self.training_memory_limit`` bytes
+        (default: :func:`matris.memory.default_budget`; a run with ``data.max_memory`` sets it)."""
         if not create_graph:
             return "none"
         if self.training_recompute is not None:
-            return check_recompute(self.training_recompute)
-        if self.config.num_layers < RECOMPUTE_MIN_BLOCKS:
-            return "none"
-        if graph is None:
-            return "rows"
+            return memory.check_recompute(self.training_recompute)
+        if graph is None or self.config.num_layers < memory.RECOMPUTE_MIN_BLOCKS:
+            return memory.training_mode(self.config, None, self._itemsize(dtype), 0)
+        # the batch's atom count is read back to the host only where a choice depends on it
+        sizes = (int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles)
         limit = self.training_memory_limit
         if limit is None:
-            limit = int(0.6 * available_memory(self.device))
-        sizes = (int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles)
-        for mode in ("none", "blocks"):
-            if self.estimated_training_bytes(*sizes, dtype, recompute=mode) <= limit:
-                return mode
-        return "rows"
+            limit = memory.default_budget(self.device)
+        return memory.training_mode(self.config, sizes, self._itemsize(dtype), limit)
+
+    def _itemsize(self, dtype: torch.dtype | None) -> int:
+        return torch.finfo(dtype or self.dtype).bits // 8
 
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
@@ -510,7 +394,7 @@ class MatRIS(nn.Module):
             # training's block recomputation with weight gradients: the per-angle work of the
             # line-graph steps and the atom graph's Φ by row chunks inside it (the fast kernels
             # where no weight gradient is wanted)
-            exact = dataclasses.replace(exact, row_chunks=RowRecompute(recompute.CHUNK_ROWS,
+            exact = dataclasses.replace(exact, row_chunks=RowRecompute(memory.CHUNK_ROWS,
                                                                        block_kernels in ("fused", "triton")))
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
@@ -547,11 +431,6 @@ class MatRIS(nn.Module):
         """
         self._compile_options = dict(dynamic=dynamic, fullgraph=fullgraph, **kwargs)
         self._compiled = None  # made on the next call
-        return self
-
-    def uncompile(self) -> "MatRIS":
-        """Drop the compiled energy function: calls run eagerly again."""
-        self._compile_options = self._compiled = None
         return self
 
     @property
@@ -593,66 +472,33 @@ class MatRIS(nn.Module):
 
     def estimated_activation_bytes(self, graph: GraphBatch, level: int = 0, dtype: torch.dtype | None = None,
                                    kernels: str = "torch") -> int:
-        """Rough peak memory of the activations of one energy+forces+stress call.
-
-        Counted in angle- (and directed-edge-) sized tensors of the block width, measured
-        on CPU (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the
-        fused operators, measured on Si64 on a CPU against 48 for the composed ops); level 1
-        (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
-        (Φ recomputed too) 2 per block plus ≈ 30.
-        """
-        c = self.config
-        itemsize = torch.finfo(dtype or self.dtype).bits // 8
-        rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
-        level0 = 21 if kernels in ("fused", "triton") else 45
-        tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
-        return tensors * rows * itemsize
+        """Rough peak memory of the activations of one energy+forces+stress call on ``graph``
+        (:func:`matris.memory.activation_bytes`)."""
+        return memory.activation_bytes(self.config, graph.num_bonds, graph.num_angles, level, self._itemsize(dtype),
+                                       kernels)
 
     def estimated_training_bytes(self, n_atoms, n_bonds, n_angles, dtype: torch.dtype | None = None,
                                  recompute: str | None = None):
-        """Peak memory of the activations of one training step (energy, forces and stress with
-        ``create_graph``, then the loss's backward) on a batch of ``n_atoms`` atoms, ``n_bonds``
-        bonds and ``n_angles`` angles (ints or arrays: per structure, then the costs add up over a
-        batch), in bytes; the parameters, optimizer state and framework are
-        :meth:`training_fixed_bytes`.
-
-        Counted in rows of the block width (``n_angles·d_t + 2·n_bonds·d_e + n_atoms·d_n`` floats)
-        and fitted to peak RSS on CPU, float32, published 10M architecture on rocksalt MgO cells
-        (7,936 to 63,488 angles; ``benchmarks/train_memory.py`` checks it): per mode of
-        :data:`RECOMPUTE_MODES` (``recompute``; None: as planned for this model without a graph,
-        :meth:`training_recompute_mode`) the rows alive while one block is recomputed plus the rows
-        kept per block (:data:`TRAIN_ROWS`). Recomputing blocks, the chunk of rows alive at a time
-        is the same for any batch, so it is part of :meth:`training_fixed_bytes`.
-        """
-        c = self.config
-        itemsize = torch.finfo(dtype or self.dtype).bits // 8
-        rows = n_angles * c.three_body_feat_dim + 2 * n_bonds * c.edge_feat_dim + n_atoms * c.node_feat_dim
-        mode = self.training_recompute_mode() if recompute is None else check_recompute(recompute)
-        peak, kept = TRAIN_ROWS[mode]
-        out = rows * (peak + kept * c.num_layers) * itemsize
-        return int(out) if isinstance(out, float) else out  # arrays (per structure) stay arrays
+        """Peak memory of the activations of one training step on ``n_atoms`` atoms, ``n_bonds`` bonds
+        and ``n_angles`` angles (:func:`matris.memory.training_bytes`), recomputing as ``recompute``
+        (None: as planned without a graph, :meth:`training_recompute_mode`)."""
+        mode = self.training_recompute_mode() if recompute is None else recompute
+        return memory.training_bytes(self.config, n_atoms, n_bonds, n_angles, self._itemsize(dtype), mode)
 
     def training_fixed_bytes(self, dtype: torch.dtype | None = None, ema: bool = True,
                              recompute: str | None = None) -> int:
-        """Memory of a training run besides the activations (:meth:`estimated_training_bytes`): the
-        parameters, their gradients, AdamW's two moments and the EMA copy, the framework's own
-        (:data:`FRAMEWORK_BYTES`: torch's libraries on CPU, the CUDA context on a GPU) and, where
-        blocks are recomputed (``recompute``; None: as planned, :meth:`training_recompute_mode`),
-        the one chunk of rows recomputed at a time (:data:`TRAIN_CHUNK_FLOATS`), whatever the batch."""
-        itemsize = torch.finfo(dtype or self.dtype).bits // 8
-        copies = 5 if ema else 4
-        mode = self.training_recompute_mode() if recompute is None else check_recompute(recompute)
-        chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * self.config.three_body_feat_dim * itemsize if mode == "rows" else 0
-        return sum(p.numel() for p in self.parameters()) * itemsize * copies + FRAMEWORK_BYTES + chunk
+        """Memory of a training run besides the activations (:func:`matris.memory.training_fixed_bytes`)."""
+        mode = self.training_recompute_mode() if recompute is None else memory.check_recompute(recompute)
+        n_params = sum(p.numel() for p in self.parameters())
+        return memory.training_fixed_bytes(self.config, n_params, self._itemsize(dtype), ema, mode)
 
     def checkpoint_level(self, graph: GraphBatch, dtype: torch.dtype | None = None, create_graph: bool = False,
                          kernels: str | None = None) -> int:
         """The memory-saving level (see :class:`BlockGraph`) a call on ``graph`` will use.
 
-        ``self.checkpointing`` forces a level; by default the lowest level whose estimated
-        activations fit in ``self.activation_memory_limit`` bytes (default: 60% of the
-        memory available on the model's device) is chosen. Training (``create_graph``)
-        always keeps everything.
+        ``self.checkpointing`` forces a level; by default :func:`matris.memory.inference_level`, within
+        ``self.activation_memory_limit`` bytes (default: :func:`matris.memory.default_budget`).
+        Training (``create_graph``) always keeps everything.
         """
         if create_graph or not torch.is_grad_enabled():
             return 0
@@ -660,13 +506,11 @@ class MatRIS(nn.Module):
             return int(self.checkpointing)
         budget = self.activation_memory_limit
         if budget is None:
-            budget = int(0.6 * available_memory(self.device))
+            budget = memory.default_budget(self.device)
         if kernels is None:
             kernels = self.kernels_for(self.device, create_graph, self._compile_options is not None)
-        for level in (0, 1):
-            if self.estimated_activation_bytes(graph, level, dtype, kernels) <= budget:
-                return level
-        return 2
+        return memory.inference_level(self.config, graph.num_bonds, graph.num_angles, self._itemsize(dtype), kernels,
+                                      budget)
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
@@ -796,11 +640,3 @@ def _with_kernels(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
         atom, line = segments
         return dataclasses.replace(bg, fused=True, atom_segments=atom, line_segments=line)
     return dataclasses.replace(bg, fused=kernels == "fused")
-
-
-def check_recompute(mode) -> str:
-    """A training recompute mode (:data:`RECOMPUTE_MODES`), or a clear error naming the choices."""
-    if mode not in RECOMPUTE_MODES:
-        raise MatRISInputError(f"unknown training recompute mode {mode!r}: use one of {', '.join(RECOMPUTE_MODES)} "
-                               "(or null for automatic)")
-    return mode

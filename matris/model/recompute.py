@@ -22,9 +22,9 @@ Here a block is one autograd node whose backward is itself one differentiable no
 - :class:`_Block`'s backward without a graph (the energy terms of the loss): the block recomputed
   with autograd on the fast kernels, first-order gradients of inputs and parameters.
 
-That is ``model.training_recompute = "blocks"`` (:data:`matris.model.model.RECOMPUTE_MODES`). With
+That is ``model.training_recompute = "blocks"`` (:data:`matris.memory.RECOMPUTE_MODES`). With
 ``"rows"`` the same node nests: inside a block's recomputation with autograd, the widest work of
-the block is such a node too, recomputed :data:`CHUNK_ROWS` rows at a time in its backward passes
+the block is such a node too, recomputed :data:`matris.memory.CHUNK_ROWS` rows at a time in its backward passes
 (the gradients of row-wise tensors written at their rows, the others summed over the chunks),
 where its rows make more than one chunk (a single chunk would save nothing and cost the nested
 node's two extra passes):
@@ -34,7 +34,7 @@ node's two extra passes):
   envelope and FFN_edge, the angles' update, and the sums into bonds. The softmax is row-wise in
   that form: ``N/D`` with ``N = Σ exp(α − s)·m``, ``D = Σ exp(α − s)`` and a constant shift ``s``
   per bond, which cancels;
-- the atom graph's Φ on the directed bonds (:func:`recomputed_phi`).
+- the atom graph's Φ on the directed bonds (:func:`matris.model.layers.recomputed_phi`).
 
 Such a node takes the per-node terms of Φ's first layer already projected
 (:func:`matris.model.layers.project_terms`: the bonds' and atoms' ``x·W_kᵀ``, once per step), so a
@@ -54,22 +54,11 @@ in several chunks).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call
-
-from .block import BlockGraph
-from .layers import project_terms, term_rows
-
-# rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
-# the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 4096
-# rows of width 128 ≈ 0.13 GB (float32). Twice that measured 0.4 GB more peak RSS for a 64-atom
-# oxide cell and 6 % less time (the heap's free blocks between chunks' tensors count in RSS;
-# benchmarks/train_memory.py)
-CHUNK_ROWS = 4096
 
 
 @dataclass(eq=False)
@@ -162,61 +151,6 @@ def recomputed(module: nn.Module, arguments, inputs: list, chunk: int = 0, row_i
     spec = _Spec(module, arguments, names, len(inputs), chunk, tuple(row_inputs), n_rows,
                  None if row_outputs is None else tuple(row_outputs), fast_first_order)
     return _Block.apply(spec, *inputs, *params)
-
-
-def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, fast: BlockGraph,
-                       exact: BlockGraph, last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``block(h, e, a, graph, last)`` with its activations recomputed in the backward passes (see
-    the module docstring). ``fast`` and ``exact``: the same graph with the call's fast kernels and
-    with the composed ops (and the nested row recomputations); their ``rbf_pair`` and ``rbf_3b`` are
-    the bases the block reads."""
-
-    def arguments(inputs, use_fast, rows):
-        h_, e_, a_, rbf_pair, rbf_3b = inputs
-        g = dataclasses.replace(fast if use_fast else exact, rbf_pair=rbf_pair, rbf_3b=rbf_3b)
-        return (h_, e_, a_, g), {"last": last}
-
-    # where rows nest (the rows mode, rows that make several chunks) the first-order pass runs the
-    # composed call, whose nested row nodes run theirs fast chunk by chunk: a whole block's rows
-    # on the fast kernels would hold hundreds of MB per block of a 64-atom cell
-    rc = exact.row_chunks
-    nests = rc is not None and (rc.splits(exact.angle_atom.shape[0]) or rc.splits(exact.edge_target.shape[0]))
-    return recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b], fast_first_order=not nests)
-
-
-def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
-    """``module.forward_terms(terms)`` (Φ: ``terms`` as in :func:`matris.model.layers.first_layer`)
-    as a node recomputed ``chunk`` rows at a time in the backward passes: inside a block's
-    second-order recomputation, Φ's intermediates (the widest of the block) are then alive for one
-    chunk of rows only. The terms gathered per row are projected by the first layer here, once,
-    and the node takes the projections (per chunk they would be projected again). ``fast``: the
-    fused operators where no weight gradient is wanted."""
-    n_rows = term_rows(terms)
-    lead = [] if terms[0][1] is not None else [terms[0]]  # a per-row term stays in the node
-    rest = project_terms(module, terms[len(lead):], sum(f.shape[-1] for f, _ in lead))
-    parts = lead + rest
-    feats = [f for f, _ in parts]
-    indices = [i for _, i in parts]
-    row_inputs = tuple(i is None for i in indices)
-
-    def arguments(inputs, use_fast, rows):
-        cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
-        pairs = list(zip(inputs, cut))
-        return (pairs[: len(lead)], pairs[len(lead):]), {"fused": use_fast and fast}
-
-    (out,) = recomputed(_PhiTerms(module), arguments, feats, chunk, row_inputs, n_rows)
-    return out
-
-
-class _PhiTerms(nn.Module):
-    """Φ's ``forward_terms`` as a module call returning a tuple (the form :func:`recomputed` takes)."""
-
-    def __init__(self, phi: nn.Module):
-        super().__init__()
-        self.phi = phi
-
-    def forward(self, terms, projected, fused=False):
-        return (self.phi.forward_terms(terms, fused, projected),)
 
 
 def _detached(tensors, wanted):

@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from ..kernels import refine_edges, refine_edges_reference, scatter_sum
+from . import recompute
 from .attention import pool_directed
-from .layers import RowRecompute, apply_phi, call_phi, ffn, phi, project_terms
+from .layers import RowRecompute, call_phi, ffn, phi, project_terms
 
 
 class Refine(nn.Module):
@@ -60,8 +61,7 @@ class Refine(nn.Module):
         if rewrite:
             u = call_phi(self.edge_nonlinear_update, terms, recompute_phi, fused)
         else:
-            u = apply_phi(self.edge_nonlinear_update,
-                          torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], dim=-1), fused)
+            u = self.edge_nonlinear_update(torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], -1))
         ffn = self.edge_FFN.layers
         if fused and not directed and not (self.training and ffn[2].p > 0):
             if update_edges:
@@ -84,8 +84,6 @@ class Refine(nn.Module):
         envelope, the sum into bonds, FFN_edge and the residual) is one node recomputed
         ``rows.chunk`` angles at a time in the backward passes (:func:`matris.model.recompute.recomputed`),
         so only one chunk of angle rows is alive; the bonds' FFN_node runs on the sums."""
-        from .recompute import recomputed  # recompute imports the blocks, which import this module
-
         h, atom = extra
         n = x.shape[0]
         # Φ's first layer on the atoms and bonds and the envelope, once (not per chunk)
@@ -97,7 +95,7 @@ class Refine(nn.Module):
             idx = (tgt, src, atom) if cut is None else (tgt[cut], src[cut], atom[cut])
             return (*inputs, *idx, n), {"fused": use_fast and rows.fast, "update_edges": update_edges}
 
-        out = recomputed(_RefineRows(self), arguments, [y, p_h, p_t, p_s, q], rows.chunk,
+        out = recompute.recomputed(_RefineRows(self), arguments, [y, p_h, p_t, p_s, q], rows.chunk,
                          row_inputs=(True, False, False, False, False), n_rows=y.shape[0],
                          row_outputs=(False, True) if update_edges else (False,))
         x_new = torch.addcmul(self.node_FFN(out[0]), self.node_res_weight, x)

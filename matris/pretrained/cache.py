@@ -27,6 +27,7 @@ from ..errors import (
     UnknownModelError,
     VerificationError,
 )
+from ..settings import cache_home, offline
 from . import registry as _registry
 from .download import UnreachableError, _stderr_is_tty, check_url, fetch_to_part, file_lock, part_path
 from .registry import ModelEntry
@@ -38,16 +39,12 @@ _CHECKPOINT_SUFFIXES = (".pth", ".tar", ".pt", ".ckpt", ".bin")
 # ---------------------------------------------------------------------------------------- places
 def cache_dir() -> Path:
     """``$MATRIS_CACHE``, else ``$XDG_CACHE_HOME/matris``, else ``~/.cache/matris`` (not created)."""
-    if os.environ.get("MATRIS_CACHE"):
-        return Path(os.environ["MATRIS_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "matris"
-    return Path.home() / ".cache" / "matris"
+    return cache_home()
 
 
 def is_offline() -> bool:
     """Whether downloads are disabled (``MATRIS_OFFLINE`` set to 1/true/yes/on)."""
-    return os.environ.get("MATRIS_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return offline()
 
 
 def cached_path(entry: ModelEntry) -> Path:

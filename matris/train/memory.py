@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from ..errors import MatRISInputError
+from ..memory import available_memory
 from ..model import MatRIS
-from ..model.model import available_memory
 from .config import TrainConfig, parse_memory
 
 GB = 2**30

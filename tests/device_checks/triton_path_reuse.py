@@ -16,7 +16,7 @@ from ase.build import molecule
 ROOT = Path(__file__).resolve().parents[2]
 
 from matris import GraphBatch, MatRIS  # noqa: E402
-from matris.kernels import Segments, basis, epilogue  # noqa: E402
+from matris.kernels import Segments, basis, phi  # noqa: E402
 from matris.structures import to_system  # noqa: E402
 
 
@@ -34,8 +34,14 @@ def main() -> int:
     built, weight_flags, freq_flags = [], [], []
     from_index = Segments.from_index.__func__
     Segments.from_index = classmethod(lambda cls, index, n: built.append(n) or from_index(cls, index, n))
-    launch_epilogue = epilogue._launch
-    epilogue._launch = lambda *a: weight_flags.append(a[-1]) or launch_epilogue(*a)
+    launch_epilogue = phi._epilogue_launch
+
+    def epilogue_launch(*a):
+        if a[8] is not None:  # the backward of gated_phi: are the norm weights' terms (∂L/∂cn) written?
+            weight_flags.append(a[14] is not None)
+        return launch_epilogue(*a)
+
+    phi._epilogue_launch = epilogue_launch
     launch_bessel = basis._launch_bessel
     basis._launch_bessel = lambda *a: freq_flags.append(a[5] if len(a) > 5 else None) or launch_bessel(*a)
 
@@ -51,7 +57,7 @@ def main() -> int:
     second = model(batch)
     check("two calls on one graph build no CSR layout", built == [])
     check("same results on the reused layouts", torch.equal(first.forces, second.forces))
-    check("inference: no epilogue launch computes weight sums", weight_flags and not any(weight_flags))
+    check("inference: no gated Φ backward computes weight terms", weight_flags and not any(weight_flags))
     check("inference: the Bessel backward skips frequency sums", False in freq_flags and True not in freq_flags)
     check("inference: requires_grad restored", [p.requires_grad for p in model.parameters()] == before)
     check("inference: no weight gradient stored", all(p.grad is None for p in model.parameters()))

@@ -1,6 +1,10 @@
-"""The environment variables the kernels read, in one leaf module (it imports only ``os``).
+"""The environment variables the package reads, in one leaf module (it imports only ``os`` and
+``pathlib``). Each is documented here and in the docs' troubleshooting and kernels pages.
 
 ========================  ====================================================================
+``MATRIS_CACHE``          the cache folder: models, packed graphs, the CPU library (default
+                          ``$XDG_CACHE_HOME/matris``, else ``~/.cache/matris``)
+``MATRIS_OFFLINE``        ``1``: no downloads (a model must be in the cache already)
 ``MATRIS_KERNELS``        ``auto`` (default), ``triton``, ``fused`` or ``torch``: the kernels of
                           every model in the process, for debugging (per model:
                           ``model.kernel_backend``)
@@ -15,8 +19,26 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 ON = ("1", "true", "yes", "on")
+
+
+def cache_home(*parts: str) -> Path:
+    """``$MATRIS_CACHE``, else ``$XDG_CACHE_HOME/matris``, else ``~/.cache/matris``, joined with
+    ``parts`` (not created)."""
+    if os.environ.get("MATRIS_CACHE"):
+        base = Path(os.environ["MATRIS_CACHE"]).expanduser()
+    elif os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "matris"
+    else:
+        base = Path.home() / ".cache" / "matris"
+    return base.joinpath(*parts)
+
+
+def offline() -> bool:
+    """``MATRIS_OFFLINE`` is on: downloads are disabled."""
+    return os.environ.get("MATRIS_OFFLINE", "").strip().lower() in ON
 
 
 def interpreting() -> bool:

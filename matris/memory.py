@@ -1,0 +1,222 @@
+"""The memory policy, in one place: what a device has free, what a call needs (memory models
+fitted to measured peaks), and the choices made from them: the inference memory level and the
+training recompute mode.
+
+Inference (energy, forces and stress of one call) keeps, per level, the activations of
+:func:`activation_bytes`: level 0 keeps everything (fastest), 1 recomputes each block's four steps
+in the backward pass, 2 also Φ inside them (least memory); :func:`inference_level` picks the
+fastest that fits. Training on forces recomputes nothing, each block, or each block and its
+per-angle work by chunks of :data:`CHUNK_ROWS` rows (:data:`RECOMPUTE_MODES`,
+:mod:`matris.model.recompute`); :func:`training_mode` picks the fastest that fits. By default a
+call may use :data:`DEFAULT_SHARE` of the memory available on its device (:func:`available_memory`:
+cgroup-aware on a CPU). Every choice gives the same numbers, to float rounding.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import MatRISInputError
+from .kernels import heap
+
+# rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
+# the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 4096
+# rows of width 128 ≈ 0.13 GB (float32). Twice that measured 0.4 GB more peak RSS for a 64-atom
+# oxide cell and 6 % less time (the heap's free blocks between chunks' tensors count in RSS;
+# benchmarks/train_memory.py)
+CHUNK_ROWS = 4096
+# the share of the device's available memory a call may use by default (inference and training)
+DEFAULT_SHARE = 0.6
+
+# what a training step on forces recomputes in its backward passes (``MatRIS.training_recompute``):
+# nothing (the whole graph kept), each block, or each block and, inside it, everything per angle by
+# row chunks (least memory)
+RECOMPUTE_MODES = ("none", "blocks", "rows")
+# models this deep or deeper recompute by default where their whole graph would not fit
+RECOMPUTE_MIN_BLOCKS = 4
+# the memory model of a training step (:func:`training_bytes`): rows of the block width
+# per angle (and per directed bond, per atom), fitted to peak RSS (benchmarks/train_memory.py):
+# (rows alive while one block is recomputed, rows kept per block), per mode. The published 10-block
+# model fixes only their sum (peak + 10·kept); the split follows the live tensors' count at the peak
+# (kept: a block's inputs and upstream gradients), scaled to RSS (the heap's free blocks between
+# live ones)
+TRAIN_ROWS = {"none": (0, 180), "blocks": (265, 2.5), "rows": (40, 2.5)}
+# recomputing rows, one chunk of rows (:data:`CHUNK_ROWS`) is alive at a time, whatever the
+# batch: this many floats per row and feature of the three-body width (part of
+# training_fixed_bytes). A chunk recomputed on its own keeps about 145 (fitted with
+# TRAIN_ROWS); rows that make one chunk are computed with the rest of the block, as in "blocks",
+# which counts 265 − 40 more than "rows" per row, the bonds' and atoms' rows too (a tenth more
+# than the angles' in oxide cells), so the bound is that
+TRAIN_CHUNK_FLOATS = 250
+FRAMEWORK_BYTES = 512 * 2**20
+
+
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes of memory free for new tensors on ``device`` (CPU: MemAvailable, or less where the
+    process's memory cgroup allows less (a SLURM job's ``--mem``, a container's limit: MemAvailable
+    is the whole node's there), plus what the heap keeps free for reuse, :mod:`matris.kernels.heap`)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    free = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = 8 * 2**30
+    headroom = cgroup_headroom()
+    if headroom is not None:
+        free = min(free, headroom)
+    return free + heap.free_bytes()
+
+
+def cgroup_headroom(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's memory cgroup and its ancestors still allow: the least of limit − usage
+    over those with a limit, usage without the reclaimable page cache (``inactive_file``); None
+    where no limit is set or nothing can be read. cgroup v2 (``memory.max``, ``memory.current``)
+    and v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``)."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []  # (folder of the process's cgroup, file names)
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # v2: the unified hierarchy, at the root or under unified/
+            for base in (Path(root), Path(root) / "unified"):
+                candidates.append((base, rel, ("memory.max", "memory.current", "inactive_file")))
+        elif "memory" in controllers.split(","):
+            candidates.append((Path(root) / "memory", rel, ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                             "total_inactive_file")))
+    best = None
+    for base, rel, (limit_name, usage_name, cache_key) in candidates:
+        if not (base / limit_name).exists() and not (base / rel / limit_name).exists():
+            continue
+        folder = base / rel
+        # the process's cgroup and its ancestors (a namespaced container sees its own at the root)
+        chain = [folder, *folder.parents] if folder != base else [base]
+        for cg in chain:
+            if not str(cg).startswith(str(base)):
+                break
+            room = _cgroup_room(cg, limit_name, usage_name, cache_key)
+            if room is not None:
+                best = room if best is None else min(best, room)
+    return best
+
+
+def _cgroup_room(folder: Path, limit_name: str, usage_name: str, cache_key: str) -> int | None:
+    """limit − (usage − inactive page cache) of one cgroup folder, or None (no limit, unreadable)."""
+    try:
+        limit_text = (folder / limit_name).read_text().strip()
+        usage = int((folder / usage_name).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 2**60:  # v1's "no limit"
+        return None
+    cache = 0
+    try:
+        for line in (folder / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == cache_key:
+                cache = int(value)
+                break
+    except (OSError, ValueError):
+        pass
+    return max(0, int(limit_text) - max(0, usage - cache))
+
+
+def check_recompute(mode) -> str:
+    """A training recompute mode (:data:`RECOMPUTE_MODES`), or a clear error naming the choices."""
+    if mode not in RECOMPUTE_MODES:
+        raise MatRISInputError(f"unknown training recompute mode {mode!r}: use one of {', '.join(RECOMPUTE_MODES)} "
+                               "(or null for automatic)")
+    return mode
+
+
+def default_budget(device: torch.device) -> int:
+    """Bytes a call on ``device`` may use when no limit is set: :data:`DEFAULT_SHARE` of what it has."""
+    return int(DEFAULT_SHARE * available_memory(device))
+
+
+# ------------------------------------------------------------------------------------- inference
+def activation_bytes(config, n_bonds: int, n_angles: int, level: int, itemsize: int, kernels: str = "torch") -> int:
+    """Rough peak memory of the activations of one energy+forces+stress call at ``level``.
+
+    Counted in angle- (and directed-edge-) sized tensors of the block width, measured on CPU
+    (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the fused operators,
+    ``kernels`` "fused" or "triton", measured on Si64 on a CPU against 48 for the composed ops);
+    level 1 (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
+    (Φ recomputed too) 2 per block plus ≈ 30.
+    """
+    rows = n_angles * config.three_body_feat_dim + 2 * n_bonds * config.edge_feat_dim
+    level0 = 21 if kernels in ("fused", "triton") else 45
+    tensors = {0: level0 * config.num_layers, 1: 2 * config.num_layers + 40, 2: 2 * config.num_layers + 30}[level]
+    return tensors * rows * itemsize
+
+
+def inference_level(config, n_bonds: int, n_angles: int, itemsize: int, kernels: str, budget: int) -> int:
+    """The fastest memory level (0, 1, 2) whose activations (:func:`activation_bytes`) fit ``budget``
+    bytes; 2 where none does."""
+    for level in (0, 1):
+        if activation_bytes(config, n_bonds, n_angles, level, itemsize, kernels) <= budget:
+            return level
+    return 2
+
+
+# -------------------------------------------------------------------------------------- training
+def training_bytes(config, n_atoms, n_bonds, n_angles, itemsize: int, mode: str):
+    """Peak memory of the activations of one training step (energy, forces and stress with
+    ``create_graph``, then the loss's backward) on ``n_atoms`` atoms, ``n_bonds`` bonds and
+    ``n_angles`` angles (ints or arrays: per structure, then the costs add up over a batch), bytes.
+
+    Counted in rows of the block width (``n_angles·d_t + 2·n_bonds·d_e + n_atoms·d_n`` floats) and
+    fitted to peak RSS on CPU, float32, published 10M architecture on rocksalt MgO cells (7,936 to
+    63,488 angles; ``benchmarks/train_memory.py`` checks it): per recompute ``mode`` the rows alive
+    while one block is recomputed plus the rows kept per block (:data:`TRAIN_ROWS`). Recomputing
+    rows, the chunk alive at a time is the same for any batch: part of :func:`training_fixed_bytes`.
+    """
+    rows = n_angles * config.three_body_feat_dim + 2 * n_bonds * config.edge_feat_dim + n_atoms * config.node_feat_dim
+    peak, kept = TRAIN_ROWS[check_recompute(mode)]
+    out = rows * (peak + kept * config.num_layers) * itemsize
+    return int(out) if isinstance(out, float) else out  # arrays (per structure) stay arrays
+
+
+def training_fixed_bytes(config, n_params: int, itemsize: int, ema: bool, mode: str) -> int:
+    """Memory of a training run besides the activations (:func:`training_bytes`): the ``n_params``
+    parameters, their gradients, AdamW's two moments and the EMA copy, the framework's own
+    (:data:`FRAMEWORK_BYTES`) and, recomputing rows, the one chunk of rows recomputed at a time
+    (:data:`TRAIN_CHUNK_FLOATS`), whatever the batch."""
+    chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * config.three_body_feat_dim * itemsize if mode == "rows" else 0
+    return n_params * itemsize * (5 if ema else 4) + FRAMEWORK_BYTES + chunk
+
+
+def training_mode(config, sizes: tuple[int, int, int] | None, itemsize: int, limit: int) -> str:
+    """The recompute mode of a training step: ``"none"`` for models of fewer than
+    :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on a batch of ``sizes`` (atoms, bonds,
+    angles), ``"none"`` where :func:`training_bytes` fits ``limit`` bytes, else ``"blocks"`` where
+    that fits, else ``"rows"``; without sizes (planning), ``"rows"``."""
+    if config.num_layers < RECOMPUTE_MIN_BLOCKS:
+        return "none"
+    if sizes is None:
+        return "rows"
+    for mode in ("none", "blocks"):
+        if training_bytes(config, *sizes, itemsize, mode) <= limit:
+            return mode
+    return "rows"
