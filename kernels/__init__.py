@@ -9,6 +9,7 @@ from .aggregate import (
     attention_pair,
     attention_pair_lse,
     attention_pair_reference,
+    merge_softmax,
     softmax_aggregate_reference,
 )
 from .backend import triton_available, use_fused_cpu, use_triton
@@ -26,6 +27,7 @@ __all__ = [
     "attention_pair",
     "attention_pair_lse",
     "attention_pair_reference",
+    "merge_softmax",
     "gated_phi",
     "gated_phi_reference",
     "refine_edges",

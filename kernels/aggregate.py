@@ -159,6 +159,29 @@ def segment_logsumexp(logits: torch.Tensor, index: torch.Tensor, num_segments: i
                        torch.zeros_like(total))
 
 
+def merge_softmax(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]) -> torch.Tensor:
+    """The softmax aggregate of a segment from partial softmaxes over disjoint parts of its rows.
+
+    Each part is ``(N, D, s)`` ``[n, C]``: ``N = Σ exp(α − s)·m`` and ``D = Σ exp(α − s)`` over its
+    rows, relative to a shift ``s`` (None: 0; ``D`` None: 1). Returns ``Σ_k N_k·exp(s_k − S) /
+    Σ_k D_k·exp(s_k − S)`` with ``S = max_k s_k``, a constant that cancels; 0 where no part has
+    rows. Serves the line-graph steps computed by row chunks (one shift, the chunks' sums added:
+    ``N/D``) and across domain ranks (a part per end of a bond: ``(T, None, lse)`` from
+    :func:`attention_pair_lse`, with ``lse = −inf`` at an end without rows).
+    """
+    shifts = [s for _, _, s in parts if s is not None]
+    top = None
+    if shifts:
+        top = torch.stack(shifts).amax(0).detach()
+        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # no rows in any part
+    num = den = 0
+    for n, d, s in parts:
+        w = torch.ones_like(n) if s is None else torch.exp(s - top)
+        num = num + n * w
+        den = den + (w if d is None else d * w)
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
 def attention_pair_lse(rows, weight, row_index, messages, target, source, num_segments: int,
                        res_weight: torch.Tensor | None = None, fused: bool = True) -> tuple[torch.Tensor, ...]:
     """:func:`attention_pair` that also returns each segment's log-sum-exp of the logits,

@@ -5,16 +5,17 @@ Ownership. A rank owns its atoms (LAMMPS's local atoms), the angles centred on t
 every bond with at least one owned end (a bond between two ranks is computed on both, the same way
 from the same inputs). Its ghost atoms only need to reach one bond (the ghost cutoff r_c + skin
 that LAMMPS gives any pair style): the model is never evaluated on a ghost region; data moves
-instead, four times per block (:func:`evaluate`):
+instead, four times per block. :func:`evaluate` runs the model's own forward with a
+:class:`RankHalo` that its blocks call at these four points:
 
 1. line-graph attention: each bond's softmax runs over the angles at *both* its ends, which may be
    owned by two ranks. Each rank takes the softmax over its own angles, per directed edge (the end
    at which the angle sits): the aggregate ``T`` and the log-sum-exp of the logits ``lse``, per
    channel, differentiable (:func:`matris.kernels.attention_pair_lse`). The owner of each atom
    sends these of the bonds ending at it to the atom's ghost copies (forward exchange, ``4·d_t``
-   floats per short bond of the atom), and every rank combines the two ends of its bonds:
-   ``t_agg = Σ_end T·exp(lse − L)``, ``L = log Σ_end exp(lse)``: the same softmax, in another
-   summation order;
+   floats per short bond of the atom), and every rank combines the two ends of its bonds
+   (:func:`matris.kernels.merge_softmax`): ``t_agg = Σ_end T·exp(lse − L)``, ``L = log Σ_end
+   exp(lse)``: the same softmax, in another summation order;
 2. atom-graph attention, computed locally; then the ghost atoms' features are refreshed from their
    owners (``d_n`` floats per atom);
 3. line-graph Refine: as 1, with the plain sums ``R`` (``d_t`` floats per short bond);
@@ -41,20 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..graph.batch import line_graph
+from ..graph.batch import GraphBatch, line_graph
 from ..graph.neighbors import half_neighbor_list
 from ..graph.system import AtomicSystem
-from ..kernels import (
-    attention_pair,
-    attention_pair_lse,
-    attention_pair_reference,
-    refine_edges,
-    refine_edges_reference,
-    scatter_sum,
-)
-from ..model.attention import pool_directed
-from ..model.layers import call_phi
-from ..model.model import ANGLE_SHRINK
+from ..kernels import merge_softmax
 from .halo import Comm, SimulatedComm, forward_exchange, image_indices, refreshed
 
 # where a block reads from other ranks: the exchanges of :func:`evaluate`, by step
@@ -120,19 +111,6 @@ class RankGraph:
     @property
     def num_bonds(self) -> int:
         return int(self.bond_target.shape[0])
-
-    # read by every block: made once per graph
-    @functools.cached_property
-    def edge_target(self) -> torch.Tensor:
-        return torch.cat([self.bond_target, self.bond_source])
-
-    @functools.cached_property
-    def edge_source(self) -> torch.Tensor:
-        return torch.cat([self.bond_source, self.bond_target])
-
-    @functools.cached_property
-    def edge_bond(self) -> torch.Tensor:
-        return torch.arange(self.num_bonds, device=self.bond_target.device).repeat(2)
 
     @functools.cached_property
     def ends_without_angles(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,86 +221,6 @@ def _exchange_edges(comm: Comm, graphs: list[RankGraph], values: list[list[torch
     return out
 
 
-def _line_attention_sums(att, e, a, g: RankGraph, fused: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The per-angle work of a line-graph attention on this rank's angles, per short directed edge
-    (the end at which the angles sit): the softmax aggregates and log-sum-exps of the logits,
-    ``T_t, lse_t, T_s, lse_s`` ``[2S, d]`` (lse −inf at an end without angles), and the angles'
-    update; by the operator :func:`matris.kernels.attention_pair_lse` (its reference unless
-    ``fused``), with Φ fused where ``fused``."""
-    n_e = 2 * g.short_bond.shape[0]
-    tgt_bond, src_bond = g.angle_target_edge % g.num_bonds, g.angle_source_edge % g.num_bonds
-    m = att.edge_nonlinear_update.forward_terms([(a, None), (e, tgt_bond), (e, src_bond)], fused)
-    tgt, src = g.angle_target_short, g.angle_source_short
-    t_agg, s_agg, a_new, lse_t, lse_s = attention_pair_lse(a, att._logit_weight(), None, m, tgt, src, n_e,
-                                                           res_weight=att.edge_res_weight, fused=fused)
-    out = []
-    for agg, lse, empty in zip((t_agg, s_agg), (lse_t, lse_s), g.ends_without_angles):
-        out += [agg, torch.where(empty, torch.full_like(lse, float("-inf")), lse)]
-    return out, a_new
-
-
-def _softmax_of_two_ends(sums: list[torch.Tensor], n_b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``T_t, lse_t, T_s, lse_s`` ``[2S, d]`` per short directed edge → ``(t_agg, s_agg)`` ``[S, d]``:
-    each short bond's softmax aggregate over the angles at both its ends,
-    ``Σ_end T·exp(lse − L)`` with ``L = log Σ_end exp(lse)`` (0 for a bond without angles)."""
-    out = []
-    for agg, lse in (sums[:2], sums[2:]):
-        d = lse.shape[1]
-        lse = lse.view(2, n_b, d)
-        top = torch.maximum(lse[0], lse[1]).detach()  # a constant that cancels
-        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # no angle at either end
-        weight = torch.exp(lse - top)  # 0 at an end without angles (lse = −inf)
-        total = weight.sum(0)
-        out.append((agg.view(2, n_b, d) * weight).sum(0) / torch.where(total > 0, total, torch.ones_like(total)))
-    return out[0], out[1]
-
-
-def _line_refine_sums(ref, h, e, a, rbf_3b, g: RankGraph, update_edges: bool, fused: bool):
-    """The per-angle work of a line-graph Refine on this rank's angles: ``R`` per short directed
-    edge ``[2S, d]`` and the angles' update (``a`` itself when ``update_edges`` is False), by the
-    operator :func:`matris.kernels.refine_edges` (its reference unless ``fused``) on directed
-    edges: the envelope ``q`` of a directed edge is its bond's."""
-    tgt_bond, src_bond = g.angle_target_edge % g.num_bonds, g.angle_source_edge % g.num_bonds
-    u = ref.edge_nonlinear_update.forward_terms([(a, None), (h, g.angle_atom), (e, tgt_bond), (e, src_bond)], fused)
-    q = ref.learnable_envelope(rbf_3b.index_select(0, g.short_bond)).repeat(2, 1)
-    call = refine_edges if fused else refine_edges_reference
-    src, tgt, n_e = g.angle_source_short, g.angle_target_short, 2 * g.short_bond.shape[0]
-    if not update_edges:
-        return call(u, q, src, tgt, n_e), a
-    ffn = ref.edge_FFN.layers
-    return call(u, q, src, tgt, n_e, a, ref.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight, ffn[3].bias,
-                ref.smooth_delta_edge)
-
-
-def _atom_attention(att, h, e, g: RankGraph, fused: bool):
-    """The atom-graph attention (``SeparableAttention.forward`` on the directed edges) with the
-    atoms' update for owned atoms only: a ghost's is never read (its owner's replaces it)."""
-    tgt, src, d2u, n_local = g.edge_target, g.edge_source, g.edge_bond, g.n_local
-    m = call_phi(att.edge_nonlinear_update, [(e, d2u), (h, tgt), (h, src)], False, fused)
-    logits = e @ att._logit_weight().T  # per bond, read per directed edge
-    if fused:
-        t_agg, s_agg = attention_pair(logits, None, d2u, m, tgt, src, h.shape[0])
-    else:
-        t_agg, s_agg = attention_pair_reference(logits, None, d2u, m, tgt, src, h.shape[0])
-    e_new = torch.addcmul(pool_directed(m), att.edge_res_weight, e)
-    own = att._node_update(h[:n_local], t_agg[:n_local], s_agg[:n_local], fused)
-    return torch.cat([own, h[n_local:]]), e_new
-
-
-def _atom_refine(ref, h, e, rbf_pair, g: RankGraph, update_edges: bool, fused: bool):
-    """The atom-graph Refine (``Refine.forward`` on the directed edges) with the atoms' update for
-    owned atoms only."""
-    tgt, src, d2u, n_local = g.edge_target, g.edge_source, g.edge_bond, g.n_local
-    u = call_phi(ref.edge_nonlinear_update, [(e, d2u), (h, tgt), (h, src)], False, fused)
-    u_g = u * ref.learnable_envelope(rbf_pair).index_select(0, d2u)
-    own = torch.addcmul(ref.node_FFN(scatter_sum(u_g, tgt, h.shape[0])[:n_local]), ref.node_res_weight, h[:n_local])
-    h_new = torch.cat([own, h[n_local:]])
-    if not update_edges:
-        return h_new, e
-    delta = ref.edge_FFN(u_g if ref.smooth_delta_edge else u)
-    return h_new, torch.addcmul(pool_directed(delta), ref.edge_res_weight, e)
-
-
 @dataclass
 class RankResult:
     """One rank's share: ``energy`` (eV, its owned atoms'), ``atomic`` ``[n_local]`` eV, and, on all
@@ -336,78 +234,116 @@ class RankResult:
 
 
 def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] | None = None) -> list[RankResult]:
-    """Energies, forces and virials of the ranks in ``graphs`` (see the module docstring).
-    Collective: every rank calls it with its own graph. ``skip`` = (block, step of
-    :data:`EXCHANGES`): leave out that one exchange, to show that it is needed."""
+    """Energies, forces and virials of the ranks in ``graphs`` (see the module docstring): the model's
+    own forward (:meth:`matris.MatRIS._energy`) on this process's ranks side by side, its blocks
+    exchanging through a :class:`RankHalo`. Collective: every rank calls it with its own graph.
+    ``skip`` = (block, step of :data:`EXCHANGES`): leave out that one exchange, to show that it is
+    needed."""
     dtype, dev = model.dtype, model.device
-    fused = model.kernels_for(dev) in ("fused", "triton")  # the fused operators (no weight gradient here)
     graphs = [g if g.bond_target.device == dev else g.to(dev) for g in graphs]
-    with model._frozen_weights():
-        return _evaluate(model, graphs, comm, skip, dtype, dev, fused)
-
-
-def _evaluate(model, graphs, comm, skip, dtype, dev, fused) -> list[RankResult]:
-    ranks = range(len(graphs))
-    basis = model.kernels_for(dev)  # the bases' operators, or "torch": their references
-    n_local = [g.n_local for g in graphs]
-    v = [(g.domain.positions.to(dev, dtype)[g.bond_target] - g.domain.positions.to(dev, dtype)[g.bond_source])
-         .detach().requires_grad_(True) for g in graphs]
     has_angles = int(comm.total([torch.tensor(int(g.angle_atom.shape[0])) for g in graphs])) > 0
-    with torch.enable_grad():
-        h, e, a, rbf_pair, rbf_3b = [], [], [], [], []
-        for g, vr in zip(graphs, v):
-            r = torch.linalg.vector_norm(vr, dim=-1)
-            unit = torch.cat([vr / r.unsqueeze(-1), -vr / r.unsqueeze(-1)])
-            h.append(model.atom_embedding(g.domain.atomic_numbers.to(dev)))
-            er, rp, r3 = model.edge_embedding(r, basis)
-            e.append(er), rbf_pair.append(rp), rbf_3b.append(r3)
-            u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
-            theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
-            rho = torch.linalg.vector_norm(u_s, dim=-1) / model.config.pairwise_cutoff
-            a.append(model.three_body_embedding(theta, rho, basis))
-        last = len(model.interaction_block) - 1
-        for k, block in enumerate(model.interaction_block):
-            skipped = {s: skip == (k, s) for s in EXCHANGES}
-            if has_angles:
-                att = block.attn_block_line_graph
-                parts = [_line_attention_sums(att, e[r], a[r], graphs[r], fused) for r in ranks]
-                a = [p[1] for p in parts]
-                sums = _exchange_edges(comm, graphs, [p[0] for p in parts], skipped["line_attention"])
-                for r in ranks:
-                    g = graphs[r]
-                    t_agg, s_agg = (e[r].new_zeros(e[r].shape).index_copy(0, g.short_bond, x)
-                                    for x in _softmax_of_two_ends(sums[r], g.short_bond.shape[0]))
-                    e[r] = att._node_update(e[r], t_agg, s_agg, fused)
-            for r in ranks:
-                h[r], e[r] = _atom_attention(block.attn_block_atom_graph, h[r], e[r], graphs[r], fused)
-            h = refreshed(comm, h, n_local, skipped["atom_attention"])
-            if has_angles:
-                ref = block.refine_block_line_graph
-                parts = [_line_refine_sums(ref, h[r], e[r], a[r], rbf_3b[r], graphs[r], k != last, fused)
-                         for r in ranks]
-                a = [p[1] for p in parts]
-                sums = _exchange_edges(comm, graphs, [[p[0]] for p in parts], skipped["line_refine"])
-                for r in ranks:
-                    g = graphs[r]
-                    n_s = g.short_bond.shape[0]
-                    total = e[r].new_zeros((g.num_bonds, sums[r][0].shape[1])).index_copy(
-                        0, g.short_bond, sums[r][0][:n_s] + sums[r][0][n_s:])
-                    e[r] = torch.addcmul(ref.node_FFN(total), ref.node_res_weight, e[r])
-            for r in ranks:
-                h[r], e[r] = _atom_refine(block.refine_block_atom_graph, h[r], e[r], rbf_pair[r], graphs[r], k != last,
-                                          fused)
-            if k != last:
-                h = refreshed(comm, h, n_local, skipped["atom_refine"])
-        atomic = [model.energy_head(model.readout_norm(h[r][: n_local[r]])) for r in ranks]
-        dv = torch.autograd.grad(sum(x.sum() for x in atomic), v, allow_unused=True)
-    reference = _atomic_reference(model, graphs, comm)
+    halo = RankHalo(comm, graphs, has_angles, skip)
+    batch = _side_by_side(graphs, dtype, dev)
+    v = (batch.positions[batch.bond_target] - batch.positions[batch.bond_source]).detach().requires_grad_(True)
+    owned = torch.cat([torch.arange(n, device=dev) + start for n, start in zip(halo.n_local, halo.atom_start)])
+    with model._frozen_weights(), torch.enable_grad():
+        atomic = model._energy(batch, batch.positions, None, 0, model.kernels_for(dev), bond_vectors=v, halo=halo)[3]
+        atomic = atomic.index_select(0, owned)
+        (dv,) = torch.autograd.grad(atomic.sum(), [v], allow_unused=True, materialize_grads=True)
     results = []
-    for g, vr, dvr, at, ref in zip(graphs, v, dv, atomic, reference):
-        dvr = torch.zeros_like(vr) if dvr is None else dvr
+    n_bonds = [g.num_bonds for g in graphs]
+    for g, vr, dvr, at, ref in zip(graphs, v.split(n_bonds), dv.split(n_bonds), atomic.detach().split(halo.n_local),
+                                   _atomic_reference(model, graphs, comm)):
         forces, virial = bond_forces_and_virials(vr, dvr, g.bond_target, g.bond_source, g.domain.positions.shape[0])
-        atomic_total = at.detach() + ref
-        results.append(RankResult(float(atomic_total.sum()), atomic_total, forces, virial))
+        results.append(RankResult(float((at + ref).sum()), at + ref, forces, virial))
     return results
+
+
+def _side_by_side(graphs: list[RankGraph], dtype: torch.dtype, dev: torch.device) -> GraphBatch:
+    """The ranks' graphs as one graph of one structure, atoms, bonds and angles rank after rank
+    (directed edge ``k`` of a rank's ``B`` bonds is ``start + k``, edge ``k + B`` is
+    ``total + start + k``); positions as each rank holds them (ghosts shifted: no periodic images)."""
+    n_atoms = [g.domain.positions.shape[0] for g in graphs]
+    n_bonds = [g.num_bonds for g in graphs]
+    atom_start, bond_start = _starts(n_atoms), _starts(n_bonds)
+    total = sum(n_bonds)
+
+    def edge(g, k, start):  # a rank's directed edge numbers → the stacked ones
+        return torch.where(k < g.num_bonds, k + start, k - g.num_bonds + total + start)
+
+    cat = lambda xs: torch.cat(xs).to(dev)  # noqa: E731
+    one = lambda n: torch.tensor([n], dtype=torch.int64, device=dev)  # noqa: E731
+    n, b, a = sum(n_atoms), total, sum(int(g.angle_atom.shape[0]) for g in graphs)
+    return GraphBatch(
+        atomic_numbers=cat([g.domain.atomic_numbers for g in graphs]),
+        positions=cat([g.domain.positions for g in graphs]).to(dtype),
+        cell=torch.zeros(1, 3, 3, dtype=dtype, device=dev), pbc=torch.zeros(1, 3, dtype=torch.bool, device=dev),
+        atom_batch=torch.zeros(n, dtype=torch.int64, device=dev), n_atoms=one(n),
+        bond_target=cat([g.bond_target + s for g, s in zip(graphs, atom_start)]),
+        bond_source=cat([g.bond_source + s for g, s in zip(graphs, atom_start)]),
+        bond_image=torch.zeros(b, 3, dtype=dtype, device=dev), n_bonds=one(b),
+        angle_atom=cat([g.angle_atom + s for g, s in zip(graphs, atom_start)]),
+        angle_target_edge=cat([edge(g, g.angle_target_edge, s) for g, s in zip(graphs, bond_start)]),
+        angle_source_edge=cat([edge(g, g.angle_source_edge, s) for g, s in zip(graphs, bond_start)]),
+        n_angles=one(a))
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    return [sum(sizes[:k]) for k in range(len(sizes))]
+
+
+class RankHalo:
+    """The exchanges of :func:`evaluate` as the blocks' hook (:class:`matris.model.block.Halo`) for
+    this process's ranks side by side (:func:`_side_by_side`). The line graph's ends are each rank's
+    short directed edges (``j`` and ``j + S`` the two ends of its short bond ``j``)."""
+
+    def __init__(self, comm: Comm, graphs: list[RankGraph], has_angles: bool, skip: tuple[int, str] | None):
+        self.comm, self.graphs, self.has_angles, self.skip, self.block = comm, graphs, has_angles, skip, 0
+        self.n_local = [g.n_local for g in graphs]
+        self.n_atoms = [g.domain.positions.shape[0] for g in graphs]
+        self.atom_start = _starts(self.n_atoms)
+        n_short = [int(g.short_bond.shape[0]) for g in graphs]
+        self.n_rank_ends = [2 * s for s in n_short]
+        end_start, bond_start = _starts(self.n_rank_ends), _starts([g.num_bonds for g in graphs])
+        self.n_ends = sum(self.n_rank_ends)
+        self.n_bonds = sum(g.num_bonds for g in graphs)
+        self.angle_target_end = torch.cat([g.angle_target_short + s for g, s in zip(graphs, end_start)])
+        self.angle_source_end = torch.cat([g.angle_source_short + s for g, s in zip(graphs, end_start)])
+        self.short_bond = torch.cat([g.short_bond + s for g, s in zip(graphs, bond_start)])  # [S], stacked
+        self.end_bond = torch.cat([g.short_bond.repeat(2) + s for g, s in zip(graphs, bond_start)])
+        # each short bond's two ends, stacked: [S] each
+        dev = self.short_bond.device
+        self.first_end = torch.cat([torch.arange(k, device=dev) + s for k, s in zip(n_short, end_start)])
+        self.second_end = torch.cat([torch.arange(k, device=dev) + s + k for k, s in zip(n_short, end_start)])
+        self.empty = [torch.cat(x) for x in zip(*(g.ends_without_angles for g in graphs))]  # [n_ends, 1] each
+
+    def _skipped(self, step: str) -> bool:
+        return self.skip == (self.block, step)
+
+    def _exchange(self, values: list[torch.Tensor], step: str) -> list[torch.Tensor]:
+        """Per-end rows (nonzero at ends on owned atoms) → with the ends on ghosts filled from their owners."""
+        per_rank = [list(x) for x in zip(*(v.split(self.n_rank_ends) for v in values))]
+        out = _exchange_edges(self.comm, self.graphs, per_rank, self._skipped(step))
+        return [torch.cat(x) for x in zip(*out)]
+
+    def _to_bonds(self, short: torch.Tensor) -> torch.Tensor:
+        return short.new_zeros((self.n_bonds, short.shape[1])).index_copy(0, self.short_bond, short)
+
+    def line_softmax(self, t_agg, lse_t, s_agg, lse_s):
+        inf = float("-inf")
+        lse_t, lse_s = (torch.where(e, torch.full_like(x, inf), x) for e, x in zip(self.empty, (lse_t, lse_s)))
+        t_agg, lse_t, s_agg, lse_s = self._exchange([t_agg, lse_t, s_agg, lse_s], "line_attention")
+        return tuple(self._to_bonds(merge_softmax([(agg[ends], None, lse[ends]) for ends in (self.first_end,
+                                                                                             self.second_end)]))
+                     for agg, lse in ((t_agg, lse_t), (s_agg, lse_s)))
+
+    def line_sums(self, sums):
+        (sums,) = self._exchange([sums], "line_refine")
+        return self._to_bonds(sums[self.first_end] + sums[self.second_end])
+
+    def atoms(self, h, step):
+        rows = refreshed(self.comm, list(h.split(self.n_atoms)), self.n_local, self._skipped(step))
+        return torch.cat(rows)
 
 
 def bond_forces_and_virials(v: torch.Tensor, dv: torch.Tensor, target: torch.Tensor, source: torch.Tensor,

@@ -10,7 +10,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import Segments, attention_pair, scatter_sum, segment_max, softmax_aggregate_reference
+from ..kernels import (
+    Segments,
+    attention_pair,
+    attention_pair_lse,
+    merge_softmax,
+    scatter_sum,
+    segment_max,
+    softmax_aggregate_reference,
+)
 from . import recompute
 from .layers import RowRecompute, call_phi, phi, project_terms
 
@@ -48,13 +56,15 @@ class SeparableAttention(nn.Module):
         recompute_phi: bool = False,
         segments: tuple[Segments, Segments] | None = None,
         fused: bool = False,
+        halo=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
         ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
         ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
         ``fused`` selects the fused operators of Φ and of both aggregations (:mod:`matris.kernels`,
         CPU and CUDA); ``segments`` (by target, by source) is the CSR order the CUDA kernels walk,
-        made once per graph."""
+        made once per graph. ``halo`` (line graph, :class:`matris.model.block.BlockGraph`): a domain
+        decomposition's rank, whose bonds' softmax runs per end and is merged across ranks."""
         n = x.shape[0]
         directed = d2u is not None
         if isinstance(recompute_phi, RowRecompute) and not directed:
@@ -68,6 +78,11 @@ class SeparableAttention(nn.Module):
             m = self.edge_nonlinear_update(torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1))
         # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
         w_st = self._logit_weight()
+        if halo is not None:
+            t, s, y_new, lse_t, lse_s = attention_pair_lse(y, w_st, None, m, halo.angle_target_end,
+                                                           halo.angle_source_end, halo.n_ends,
+                                                           res_weight=self.edge_res_weight, fused=fused)
+            return self._node_update(x, *halo.line_softmax(t, lse_t, s, lse_s)), y_new
         if fused:
             if directed:
                 t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
@@ -107,8 +122,7 @@ class SeparableAttention(nn.Module):
                                                row_inputs=(True, False, False), n_rows=y.shape[0],
                                                row_outputs=(False, False, False, False, True))
         # a bond without angles has N = D = 0: its sums are 0, as the softmax's
-        t_agg = n_t / torch.where(d_t > 0, d_t, torch.ones_like(d_t))
-        s_agg = n_s / torch.where(d_s > 0, d_s, torch.ones_like(d_s))
+        t_agg, s_agg = merge_softmax([(n_t, d_t, None)]), merge_softmax([(n_s, d_s, None)])
         return self._node_update(x, t_agg, s_agg), y_new
 
     def _logit_weight(self) -> torch.Tensor:
@@ -119,9 +133,8 @@ class SeparableAttention(nn.Module):
         y_new = torch.addcmul(pool_directed(m) if directed else m, self.edge_res_weight, y)
         return self._node_update(x, t_agg, s_agg), y_new
 
-    def _node_update(self, x, t_agg, s_agg, fused=False):
-        # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two. Φ on the
-        # concatenated input has no fused form: ``fused`` (matris.domain passes it) changes nothing
+    def _node_update(self, x, t_agg, s_agg):
+        # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
         return torch.addcmul(self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)), self.node_res_weight, x)
 
 

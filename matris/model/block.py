@@ -35,6 +35,11 @@ class BlockGraph:
     row_chunks: training's block recomputation (:mod:`matris.model.recompute`) recomputes, inside
     it, the per-angle work of each line-graph step and the atom graph's Φ by row chunks (None:
     as the rest of the block).
+    halo: a domain decomposition's rank (:class:`matris.domain.evaluate.RankHalo`; None for a whole
+    system), called where a block reads what other ranks hold: its ``line_softmax`` and ``line_sums``
+    merge the line graph's per-end results (``angle_target_end``, ``angle_source_end`` ``[A]`` number
+    the angles' ends, ``n_ends`` of them, ``end_bond`` their bonds) into the bonds', its ``atoms``
+    refreshes the ghost atoms' features after the atom-graph steps; ``has_angles`` is global.
     """
 
     edge_target: torch.Tensor
@@ -52,10 +57,11 @@ class BlockGraph:
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
     row_chunks: RowRecompute | None = None
+    halo: object | None = None
 
     @property
     def has_angles(self) -> bool:
-        return self.angle_atom.shape[0] > 0
+        return self.halo.has_angles if self.halo is not None else self.angle_atom.shape[0] > 0
 
 
 class InteractionBlock(nn.Module):
@@ -81,12 +87,16 @@ class InteractionBlock(nn.Module):
             e_new, a = step(self.attn_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond)
             e = _masked(g.line_mask, e_new, e)
         h, e = step(self.attn_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, d2u=g.edge_bond)
+        if g.halo is not None:
+            h = g.halo.atoms(h, "atom_attention")
         if g.has_angles:
             e_new, a = step(self.refine_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond,
                             g.rbf_3b, extra=(h, g.angle_atom), update_edges=not last)
             e = _masked(g.line_mask, e_new, e)
         h, e = step(self.refine_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, g.rbf_pair,
                     d2u=g.edge_bond, update_edges=not last)
+        if g.halo is not None and not last:
+            h = g.halo.atoms(h, "atom_refine")
         return h, e, a
 
 
@@ -102,6 +112,8 @@ class _Steps:
         opts = dict(rewrite=g.rewrite, recompute_phi=g.row_chunks or g.checkpoint >= 2, fused=g.fused)
         if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
             opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
+        if kind == "line" and g.halo is not None:
+            opts["halo"] = g.halo
         return opts
 
     def __call__(self, module, kind, *args, **kwargs):

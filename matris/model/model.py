@@ -331,7 +331,7 @@ class MatRIS(nn.Module):
 
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
                 return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
-                block_kernels: str | None = None, row_chunks: bool = False):
+                block_kernels: str | None = None, row_chunks: bool = False, halo=None):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
@@ -342,7 +342,8 @@ class MatRIS(nn.Module):
         (per-bond forces, per-atom virials). ``block_kernels`` (training on forces): recompute each
         block in the backward passes (:mod:`matris.model.recompute`), running these kernels where no
         weight gradient is wanted and ``kernels`` elsewhere; ``row_chunks``: and inside each block
-        the per-angle work by row chunks (recompute mode ``"rows"``)."""
+        the per-angle work by row chunks (recompute mode ``"rows"``). ``halo``: ``g`` is a domain
+        decomposition's rank (or ranks) and the blocks exchange through it (:mod:`matris.domain`)."""
         cell = g.cell
         if strain is not None:
             eps = (strain + strain.transpose(1, 2)) / 2
@@ -372,7 +373,7 @@ class MatRIS(nn.Module):
 
         # bonds of structures that have angles: the line-graph steps leave the others alone
         # (applied whatever the batch holds: deciding would read a tensor back to the host)
-        line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1) if g.num_angles > 0 else None
+        line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1) if g.num_angles > 0 and halo is None else None
         bg = BlockGraph(
             edge_target=g.edge_target,
             edge_source=g.edge_source,
@@ -385,9 +386,12 @@ class MatRIS(nn.Module):
             rbf_3b=rbf_3b,
             rewrite=self.projection_rewrite,
             checkpoint=level,
+            halo=halo,
         )
         exact = bg  # the composed ops
         segments = g.segments() if "triton" in (kernels, block_kernels) else None
+        if segments is not None and halo is not None:
+            segments = (segments[0], None)  # the line graph's sums run per end (the halo's numbering)
         bg = _with_kernels(exact, kernels, segments)
         fast = _with_kernels(exact, block_kernels, segments) if block_kernels else None
         if fast is not None and row_chunks:
@@ -399,6 +403,8 @@ class MatRIS(nn.Module):
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         for k, block in enumerate(self.interaction_block):
+            if halo is not None:
+                halo.block = k
             if fast is not None:
                 h, e, a = checkpointed_block(block, h, e, a, fast, exact, last=k == last)
             else:

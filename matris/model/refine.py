@@ -43,6 +43,7 @@ class Refine(nn.Module):
         recompute_phi: bool = False,
         fused: bool = False,
         update_edges: bool = True,
+        halo=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
@@ -50,7 +51,9 @@ class Refine(nn.Module):
         recomputes Φ in the backward pass instead of storing its activations; ``fused`` selects
         the fused operators of Φ and, on the line graph, of the edge side
         (:func:`matris.kernels.refine_edges`), on CPU and CUDA. ``update_edges=False`` returns ``y`` unchanged
-        without computing FFN_edge: the last block's edge update reaches no output."""
+        without computing FFN_edge: the last block's edge update reaches no output. ``halo`` (line
+        graph, :class:`matris.model.block.BlockGraph`): a domain decomposition's rank, whose bonds' sums
+        run per end and are merged across ranks."""
         directed = d2u is not None
         if isinstance(recompute_phi, RowRecompute) and not directed:
             if recompute_phi.splits(y.shape[0]):
@@ -63,12 +66,19 @@ class Refine(nn.Module):
         else:
             u = self.edge_nonlinear_update(torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], -1))
         ffn = self.edge_FFN.layers
-        if fused and not directed and not (self.training and ffn[2].p > 0):
+        if (fused or halo is not None) and not directed and not (self.training and ffn[2].p > 0):
+            call = refine_edges if fused else refine_edges_reference
+            n = x.shape[0]
+            if halo is not None:  # the sums per end of each bond, merged across ranks
+                q, src, tgt = q.index_select(0, halo.end_bond), halo.angle_source_end, halo.angle_target_end
+                n = halo.n_ends
             if update_edges:
-                agg, y_new = refine_edges(u, q, src, tgt, x.shape[0], y, self.edge_res_weight, ffn[0].weight,
-                                          ffn[0].bias, ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)
+                agg, y_new = call(u, q, src, tgt, n, y, self.edge_res_weight, ffn[0].weight, ffn[0].bias,
+                                  ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)
             else:
-                agg, y_new = refine_edges(u, q, src, tgt, x.shape[0]), y
+                agg, y_new = call(u, q, src, tgt, n), y
+            if halo is not None:
+                agg = halo.line_sums(agg)
             return torch.addcmul(self.node_FFN(agg), self.node_res_weight, x), y_new
         g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
         u_g = u * g
