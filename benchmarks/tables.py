@@ -253,14 +253,6 @@ def memory_levels(name: str = "memory_levels_cpu") -> str:
     return "\n".join(lines)
 
 
-def rewrite(name: str = "rewrite_cpu") -> str:
-    lines = ["| case | rewrite | plain | speedup |", "|---|---:|---:|---:|"]
-    for r in load(name):
-        angles = f" ({r['angles']:,} angles)" if r.get("angles") else ""
-        lines.append(f"| {r['case']}{angles} | {r['rewrite_s']:.2f} s | {r['plain_s']:.2f} s | {r['speedup']:.2f}× |")
-    return "\n".join(lines)
-
-
 def fusion_memory(name: str = "fusion_memory") -> str:
     d = load(name)
     ref, fused = d["reference"], d["fused"]
@@ -681,7 +673,6 @@ TABLES = {
     "nve_cpu": nve,
     "physics_checks_cpu": physics_checks,
     "memory_levels_cpu": memory_levels,
-    "rewrite_cpu": rewrite,
     "fusion_memory": fusion_memory,
     "kernel_resources_sm90": kernel_resources,
     "train_throughput_cpu": train_throughput,

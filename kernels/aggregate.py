@@ -204,7 +204,7 @@ def attention_pair_lse(rows, weight, row_index, messages, target, source, num_se
 
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
                    res_weight: torch.Tensor | None = None,
-                   segments: "tuple[Segments, Segments] | None" = None) -> tuple[torch.Tensor, ...]:
+                   segments: "tuple[Segments, Segments] | None" = None, fused: bool = True) -> tuple[torch.Tensor, ...]:
     """:func:`attention_pair_reference` as the operator ``matris::attention_pair`` (C++ kernel in
     ``csrc/cpu/attention.cpp``; where it cannot run, e.g. no compiler, the reference).
 
@@ -218,13 +218,14 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
     ``res_weight`` (line graph only): also the residual update y' of the reference, computed in
     the same pass over the rows (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
     ``segments`` (by target, by source): the CSR order the CUDA kernel walks (made once per graph;
-    without it that kernel sorts the indices; the CPU kernel does not need it).
+    without it that kernel sorts the indices; the CPU kernel does not need it). ``fused`` False:
+    the reference (the call's choice, e.g. training on a CPU).
     """
     n_edges = messages.shape[0]
     if res_weight is not None and row_index is not None:
         raise ValueError("attention_pair: res_weight is for the line-graph form (row_index None)")
-    if n_edges == 0 or not operators_run(messages, target, source, row_index, rows, weight, res_weight):
-        # no kernel here (no compiler, not float32/float64 tensors): the reference
+    if not fused or n_edges == 0 or not operators_run(messages, target, source, row_index, rows, weight, res_weight):
+        # not asked for, or no kernel here (no compiler, not float32/float64 tensors): the reference
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
     # the graph's CSR order for the CUDA kernel (which sorts the indices itself without it)
     csr = [t for seg in segments for t in (seg.order, seg.offsets)] if segments is not None else []

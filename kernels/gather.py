@@ -23,7 +23,7 @@ MAX_TERMS = 4
 ACTIVATIONS = ("silu", "relu", "gelu", "softplus", "sigmoid", "tanh")
 
 
-def _activate(z: torch.Tensor, act: str) -> torch.Tensor:
+def activate(z: torch.Tensor, act: str) -> torch.Tensor:
     # the functional forms of the nn modules that matris.model.layers.activation builds
     if act == "silu":
         return F.silu(z)
@@ -57,7 +57,7 @@ def gather_sum_activate_reference(terms: list[Term], bias: torch.Tensor | None, 
             out, owned = out + rows, True
     if bias is not None:
         out = out.add_(bias) if owned else out + bias
-    return _activate(out, act)
+    return activate(out, act)
 
 
 # ---------------------------------------------------------------------------- Triton

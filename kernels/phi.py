@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import LIB, device_constants, operators_run, recompute_backward, register_triton, tile, triton_available
-from .gather import activate_with_slope
+from .gather import activate, activate_with_slope, gather_sum_activate_reference
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 # Rows per chunk of the backward's scatter: a [chunk, 2H] buffer of 4 MiB (4,096 float32 rows for
@@ -66,21 +66,21 @@ def gated_phi_reference(rows: torch.Tensor | None, row_weight: torch.Tensor | No
                         bias1: torch.Tensor, core_weight: torch.Tensor, core_bias: torch.Tensor,
                         gate_weight: torch.Tensor, gate_bias: torch.Tensor, core_norm: torch.Tensor,
                         gate_norm: torch.Tensor, eps: float, *, norm: str = "rms",
-                        core_norm_bias: torch.Tensor | None = None,
-                        gate_norm_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """PyTorch reference of the formula in the module docstring → ``[E, d]``.
+                        core_norm_bias: torch.Tensor | None = None, gate_norm_bias: torch.Tensor | None = None,
+                        act: str = "silu", dropout=None) -> torch.Tensor:
+    """PyTorch reference of the formula in the module docstring → ``[E, d]``; Φ of every model
+    configuration (``GatedMLP.forward_terms``): the operator's formula with SiLU, and any ``act``
+    of :data:`.gather.ACTIVATIONS` in place of both SiLUs, ``dropout`` (a module, or None) on ``hid``.
 
     rows ``[E, d_r]`` and row_weight ``[2H, d_r]`` (or both None); terms ``(P_k [n_k, 2H],
     idx_k [E])``; bias1 ``[2H]``; core/gate weight ``[d, H]`` and bias ``[d]``; core/gate
     norm ``[d]`` (the norms' weights); eps the norms' epsilon. ``norm``: ``"rms"`` (RMSNorm) or
     ``"layer"`` (LayerNorm, with the biases ``core_norm_bias``/``gate_norm_bias [d]``, None for none).
     """
-    pre = bias1
-    if rows is not None:
-        pre = pre + rows @ row_weight.T
-    for proj, index in terms:
-        pre = pre + proj.index_select(0, index)
-    hid = F.silu(pre)
+    first = ([(rows @ row_weight.T, None)] if rows is not None else []) + list(terms)
+    hid = gather_sum_activate_reference(first, bias1, act)
+    if dropout is not None:
+        hid = dropout(hid)
     h = core_weight.shape[1]
     core = F.linear(hid[:, :h], core_weight, core_bias)
     gate = F.linear(hid[:, h:], gate_weight, gate_bias)
@@ -90,7 +90,7 @@ def gated_phi_reference(rows: torch.Tensor | None, row_weight: torch.Tensor | No
         gn = F.layer_norm(gate, (d,), gate_norm, gate_norm_bias, eps)
     else:
         cn, gn = F.rms_norm(core, (d,), core_norm, eps), F.rms_norm(gate, (d,), gate_norm, eps)
-    return F.silu(cn) * torch.sigmoid(gn)
+    return activate(cn, act) * torch.sigmoid(gn)
 
 
 NORMS = ("rms", "layer")
@@ -98,19 +98,21 @@ NORMS = ("rms", "layer")
 
 def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
               eps: float, chunk: int | None = None, *, norm: str = "rms", core_norm_bias=None,
-              gate_norm_bias=None) -> torch.Tensor:
-    """The fused Φ (same arguments as :func:`gated_phi_reference`; ``chunk``: rows per chunk of the
+              gate_norm_bias=None, act: str = "silu", dropout=None, fused: bool = True) -> torch.Tensor:
+    """Φ (same arguments as :func:`gated_phi_reference`; ``chunk``: rows per chunk of the
     backward's scatter, default sized to the cache). At least one term or ``rows`` must be given.
-    Runs the operator ``matris::gated_phi`` (:mod:`.native`); where it cannot run (no compiler,
-    tensors that are not float32/float64 CPU tensors) the reference, with the same numbers."""
+    Runs the operator ``matris::gated_phi`` (:mod:`.native`) where it applies (SiLU, no active
+    dropout) and has a kernel (float32/float64 CPU tensors with the C++ library, CUDA with Triton);
+    otherwise, or not ``fused`` (the call's choice), the reference."""
     if norm not in NORMS:
         raise ValueError(f"gated_phi: norm must be one of {NORMS}, got {norm!r}")
     n = rows.shape[0] if rows is not None else terms[0][1].shape[0]
     projs, indices = [p for p, _ in terms], [i for _, i in terms]
-    if n == 0 or not operators_run(rows, bias1, *projs, *indices):
+    applies = act == "silu" and (dropout is None or not dropout.training or dropout.p == 0)
+    if not (fused and applies) or n == 0 or not operators_run(rows, bias1, *projs, *indices):
         return gated_phi_reference(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weight, gate_bias,
                                    core_norm, gate_norm, eps, norm=norm, core_norm_bias=core_norm_bias,
-                                   gate_norm_bias=gate_norm_bias)
+                                   gate_norm_bias=gate_norm_bias, act=act, dropout=dropout)
     if chunk is None:
         chunk = max(64, CHUNK_BYTES // (bias1.shape[0] * bias1.element_size()))
     layer = norm == "layer"

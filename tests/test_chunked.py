@@ -313,8 +313,7 @@ def test_last_block_skips_its_dead_edge_updates(backend, monkeypatch):
     evaluate(model, systems[:1])
     last = len(model.interaction_block) - 1
     assert not [c for c in calls if c[0] == last]
-    # the chunked line-graph Refine runs its FFN inside refine_edges (its weights, not the module)
-    want = {(k, n) for k in range(last) for n in ("refine_block_line_graph", "refine_block_atom_graph")
-            if not (backend == "fused" and n == "refine_block_line_graph")}
-    assert set(calls) == want
-    assert chunked_calls == ([True] * last + [False] if backend == "fused" else [])
+    # the line-graph Refine runs its FFN inside refine_edges (its weights, not the module), the
+    # operator's kernel or its reference
+    assert set(calls) == {(k, "refine_block_atom_graph") for k in range(last)}
+    assert chunked_calls == [True] * last + [False]

@@ -17,7 +17,6 @@ from ..kernels import (
     merge_softmax,
     scatter_sum,
     segment_max,
-    softmax_aggregate_reference,
 )
 from . import recompute
 from .layers import RowRecompute, call_phi, phi, project_terms
@@ -52,14 +51,12 @@ class SeparableAttention(nn.Module):
         tgt: torch.Tensor,
         src: torch.Tensor,
         d2u: torch.Tensor | None = None,
-        rewrite: bool = True,
         recompute_phi: bool = False,
         segments: tuple[Segments, Segments] | None = None,
         fused: bool = False,
         halo=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
-        ``rewrite`` selects the projection rewrite of Φ_edge's first layer (same numbers);
         ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
         ``fused`` selects the fused operators of Φ and of both aggregations (:mod:`matris.kernels`,
         CPU and CUDA); ``segments`` (by target, by source) is the CSR order the CUDA kernels walk,
@@ -71,33 +68,22 @@ class SeparableAttention(nn.Module):
             if recompute_phi.splits(y.shape[0]):
                 return self._line_by_rows(x, y, tgt, src, recompute_phi)
             recompute_phi = False  # one chunk: as the rest of the block
-        if rewrite:
-            m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi, fused)
-        else:
-            y0 = y.index_select(0, d2u) if directed else y
-            m = self.edge_nonlinear_update(torch.cat([y0, x.index_select(0, tgt), x.index_select(0, src)], dim=-1))
-        # the logits are linear in y0 = y[d2u]: project per bond, then copy to both directions
+        m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi, fused)
         w_st = self._logit_weight()
         if halo is not None:
             t, s, y_new, lse_t, lse_s = attention_pair_lse(y, w_st, None, m, halo.angle_target_end,
                                                            halo.angle_source_end, halo.n_ends,
                                                            res_weight=self.edge_res_weight, fused=fused)
             return self._node_update(x, *halo.line_softmax(t, lse_t, s, lse_s)), y_new
-        if fused:
-            if directed:
-                t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
-                return self._update(x, y, m, t_agg, s_agg, directed)
-            # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
-            t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight,
-                                                 segments=segments)
-            return self._node_update(x, t_agg, s_agg), y_new
-        alpha = y @ w_st.T
         if directed:
-            alpha = alpha.index_select(0, d2u)
-        alpha_s, alpha_t = alpha.split(y.shape[-1], dim=-1)
-        t_agg = softmax_aggregate_reference(alpha_t, m, tgt, n)
-        s_agg = softmax_aggregate_reference(alpha_s, m, src, n)
-        return self._update(x, y, m, t_agg, s_agg, directed)
+            # the logits are linear in y0 = y[d2u]: projected per bond, read per directed edge
+            t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments, fused=fused)
+            y_new = torch.addcmul(pool_directed(m), self.edge_res_weight, y)
+            return self._node_update(x, t_agg, s_agg), y_new
+        # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
+        t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight,
+                                             segments=segments, fused=fused)
+        return self._node_update(x, t_agg, s_agg), y_new
 
     def _line_by_rows(self, x, y, tgt, src, rows: RowRecompute):
         """The line-graph step inside training's block recomputation: everything per angle (Φ_edge,
@@ -128,10 +114,6 @@ class SeparableAttention(nn.Module):
     def _logit_weight(self) -> torch.Tensor:
         """``[2·d_y, d_y]``: the source and target logit projections, stacked."""
         return torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
-
-    def _update(self, x, y, m, t_agg, s_agg, directed):
-        y_new = torch.addcmul(pool_directed(m) if directed else m, self.edge_res_weight, y)
-        return self._node_update(x, t_agg, s_agg), y_new
 
     def _node_update(self, x, t_agg, s_agg):
         # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two

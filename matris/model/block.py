@@ -24,7 +24,6 @@ class BlockGraph:
     angle_atom, angle_target_bond, angle_source_bond: ``[A]``.
     line_mask: ``[B, 1]`` bool, bonds of structures that have angles; None when all do.
     rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
-    rewrite: use the projection rewrite of Φ's first layer (same numbers, less work).
     checkpoint: memory saving for large systems at inference, same numbers: 0 keeps all
     activations; 1 recomputes each of the four steps in the backward pass; 2 also
     recomputes Φ inside them (least memory, most compute).
@@ -51,7 +50,6 @@ class BlockGraph:
     line_mask: torch.Tensor | None
     rbf_pair: torch.Tensor
     rbf_3b: torch.Tensor
-    rewrite: bool = True
     checkpoint: int = 0
     fused: bool = False
     atom_segments: tuple | None = None
@@ -109,7 +107,7 @@ class _Steps:
 
     @staticmethod
     def options(g: BlockGraph, module, kind: str) -> dict:
-        opts = dict(rewrite=g.rewrite, recompute_phi=g.row_chunks or g.checkpoint >= 2, fused=g.fused)
+        opts = dict(recompute_phi=g.row_chunks or g.checkpoint >= 2, fused=g.fused)
         if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
             opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
         if kind == "line" and g.halo is not None:

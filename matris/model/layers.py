@@ -103,12 +103,8 @@ def first_weight(module: nn.Module) -> torch.Tensor:
 
 
 class GatedMLP(nn.Module):
-    """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias.
-
-    ``forward_terms(..., fused=True)`` runs the whole Φ as the operator :func:`matris.kernels.gated_phi`
-    (CPU and CUDA) where it applies (:attr:`chunkable`: SiLU, every published model); otherwise, and
-    on a concatenated input (``forward``), Φ is the composed PyTorch ops on every device.
-    """
+    """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias: the operator
+    :func:`matris.kernels.gated_phi` (its kernel where one applies, else its reference)."""
 
     def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str, norm_type: str, dropout: float):
         super().__init__()
@@ -116,32 +112,16 @@ class GatedMLP(nn.Module):
         self.mlp_gate = MLP(d_in, d_hidden, d_out, act, True, dropout)
         self.core_norm = norm(norm_type, d_out)
         self.gate_norm = norm(norm_type, d_out)
-        self.act = activation(act)
         self.act_name, self.norm_type = act, norm_type
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self._epilogue(self.mlp_core(z), self.mlp_gate(z))
-
-    @property
-    def chunkable(self) -> bool:
-        """Whether :func:`matris.kernels.gated_phi` computes this Φ: SiLU (every published model),
-        RMSNorm or LayerNorm, and no active dropout."""
-        return (self.act_name == "silu" and self.mlp_core.layers[0].bias is not None
-                and not (self.training and self.mlp_core.layers[2].p > 0))
+        return self.forward_terms([(z, None)])
 
     def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
-        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation.
-        ``fused``: the operator :func:`matris.kernels.gated_phi` where it applies (:attr:`chunkable`),
-        else (or False) the composed PyTorch ops. ``projected``: further terms, already projected
-        (:func:`project_terms`), after ``terms``."""
-        if fused and self.chunkable:
-            return self._fused(terms, projected)
-        core_layers, gate_layers = self.mlp_core.layers, self.mlp_gate.layers
-        hidden = core_layers[2](first_layer([core_layers[0], gate_layers[0]], self.act_name, terms, projected))
-        h_core, h_gate = hidden.split(core_layers[0].out_features, dim=-1)
-        return self._epilogue(core_layers[3](h_core), gate_layers[3](h_gate))
-
-    def _fused(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
+        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation (the
+        per-row term, index None, is multiplied inside the operator; the others are projected per
+        node and gathered). ``fused``: the operator's kernel where it has one, else its reference.
+        ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``."""
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = first_weight(self)
@@ -150,7 +130,7 @@ class GatedMLP(nn.Module):
         for feat, index in terms:
             w = weight[:, col : col + feat.shape[-1]]
             col += feat.shape[-1]
-            if index is None:  # per-row term: multiplied chunk by chunk inside the kernel
+            if index is None:  # the per-row term
                 rows, row_weight = feat, w
             else:
                 gathered.append((feat @ w.T, index))
@@ -159,11 +139,8 @@ class GatedMLP(nn.Module):
         eps = cn.eps if cn.eps is not None else torch.finfo(weight.dtype).eps
         return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,
                          g3.bias, cn.weight, gn.weight, eps, norm=self.norm_type,
-                         core_norm_bias=getattr(cn, "bias", None), gate_norm_bias=getattr(gn, "bias", None))
-
-    def _epilogue(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """``[n, d_out]`` MLP outputs → ``act(Norm_c(core)) ⊙ σ(Norm_g(gate))``."""
-        return self.act(self.core_norm(core)) * torch.sigmoid(self.gate_norm(gate))
+                         core_norm_bias=getattr(cn, "bias", None), gate_norm_bias=getattr(gn, "bias", None),
+                         act=self.act_name, dropout=self.mlp_core.layers[2], fused=fused)
 
 
 class NormedMLP(nn.Sequential):

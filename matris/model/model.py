@@ -74,8 +74,6 @@ class MatRIS(nn.Module):
         self.energy_head = EnergyHead(c.node_feat_dim, c.mlp_hidden_dims, c.activation_type, c.dropout)
         self.magmom_head = MagmomHead(c.node_feat_dim, c.activation_type, c.dropout)
         self.reference_energy = ReferenceEnergy() if c.reference_energy is not None else None
-        # Φ's first layer as per-node projections + gathers (same numbers; see layers.py)
-        self.projection_rewrite = True
         # Large systems recompute activations in the backward pass instead of storing them
         # (see checkpoint_level); None = automatic. Same numbers either way.
         self.checkpointing: int | None = None
@@ -384,7 +382,6 @@ class MatRIS(nn.Module):
             line_mask=line_mask,
             rbf_pair=rbf_pair,
             rbf_3b=rbf_3b,
-            rewrite=self.projection_rewrite,
             checkpoint=level,
             halo=halo,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import refine_edges, refine_edges_reference, scatter_sum
+from ..kernels import refine_edges, scatter_sum
 from . import recompute
 from .attention import pool_directed
 from .layers import RowRecompute, call_phi, ffn, phi, project_terms
@@ -39,7 +39,6 @@ class Refine(nn.Module):
         basis: torch.Tensor,
         extra: tuple[torch.Tensor, torch.Tensor] | None = None,
         d2u: torch.Tensor | None = None,
-        rewrite: bool = True,
         recompute_phi: bool = False,
         fused: bool = False,
         update_edges: bool = True,
@@ -61,22 +60,17 @@ class Refine(nn.Module):
             recompute_phi = False  # one chunk: as the rest of the block
         q = self.learnable_envelope(basis)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
-        if rewrite:
-            u = call_phi(self.edge_nonlinear_update, terms, recompute_phi, fused)
-        else:
-            u = self.edge_nonlinear_update(torch.cat([f if i is None else f.index_select(0, i) for f, i in terms], -1))
+        u = call_phi(self.edge_nonlinear_update, terms, recompute_phi, fused)
         ffn = self.edge_FFN.layers
-        if (fused or halo is not None) and not directed and not (self.training and ffn[2].p > 0):
-            call = refine_edges if fused else refine_edges_reference
+        if not directed and not (self.training and ffn[2].p > 0):  # the line graph's edge side: one operator
             n = x.shape[0]
             if halo is not None:  # the sums per end of each bond, merged across ranks
                 q, src, tgt = q.index_select(0, halo.end_bond), halo.angle_source_end, halo.angle_target_end
                 n = halo.n_ends
-            if update_edges:
-                agg, y_new = call(u, q, src, tgt, n, y, self.edge_res_weight, ffn[0].weight, ffn[0].bias,
-                                  ffn[3].weight, ffn[3].bias, self.smooth_delta_edge)
-            else:
-                agg, y_new = call(u, q, src, tgt, n), y
+            edge_update = (y, self.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight, ffn[3].bias,
+                           self.smooth_delta_edge) if update_edges else ()
+            out = refine_edges(u, q, src, tgt, n, *edge_update, fused=fused)
+            agg, y_new = out if update_edges else (out, y)
             if halo is not None:
                 agg = halo.line_sums(agg)
             return torch.addcmul(self.node_FFN(agg), self.node_res_weight, x), y_new
@@ -129,7 +123,6 @@ class _RefineRows(nn.Module):
         u = r.edge_nonlinear_update.forward_terms([(y, None)], fused, [(p_h, atom), (p_t, tgt), (p_s, src)])
         ffn = r.edge_FFN.layers
         if not update_edges:
-            return (refine_edges(u, q, src, tgt, n) if fused else refine_edges_reference(u, q, src, tgt, n),)
-        call = refine_edges if fused else refine_edges_reference
-        return tuple(call(u, q, src, tgt, n, y, r.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight,
-                          ffn[3].bias, r.smooth_delta_edge))
+            return (refine_edges(u, q, src, tgt, n, fused=fused),)
+        return tuple(refine_edges(u, q, src, tgt, n, y, r.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight,
+                                  ffn[3].bias, r.smooth_delta_edge, fused=fused))
