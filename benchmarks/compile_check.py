@@ -39,7 +39,7 @@ def run(dtype: torch.dtype, backend: str, steps: int) -> dict:
     torch._dynamo.reset()
     model = load_fixture_model("small_sh_float64", dtype).compile(fullgraph=True, backend=backend)
     eager = load_fixture_model("small_sh_float64", dtype)
-    eager.kernel_backend = "torch"
+    eager.options.kernels = "torch"
     torch._dynamo.utils.counters.clear()
     rng = np.random.default_rng(0)
     errors, times = [], []

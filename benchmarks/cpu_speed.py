@@ -120,7 +120,7 @@ def build_model(variant: str, base: MatRIS) -> MatRIS:
 
     model = copy.deepcopy(base)
     if variant == "torch":
-        model.kernel_backend = "torch"
+        model.options.kernels = "torch"
     elif variant == "compiled":
         model.compile()
     elif variant != "fused":
@@ -181,7 +181,7 @@ def train_steps(rounds: int) -> list[dict]:
         times = {"default": [], "torch": []}
         for r in range(rounds + 1):
             for backend in times:
-                model.kernel_backend = None if backend == "default" else "torch"
+                model.options.kernels = None if backend == "default" else "torch"
                 t0 = time.perf_counter()
                 step()
                 if r:  # the first round warms up
@@ -223,14 +223,14 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
             return out
 
     model = calc.model
-    previous = model.kernel_backend
-    model.kernel_backend = "torch"
+    previous = model.options.kernels
+    model.options.kernels = "torch"
     try:
         calc.reset()
         with Count():
             calc.calculate(atoms, ["energy", "forces", "stress"])
     finally:
-        model.kernel_backend = previous
+        model.options.kernels = previous
     calc.reset()
     t0 = time.perf_counter()
     calc.calculate(atoms, ["energy", "forces", "stress"])

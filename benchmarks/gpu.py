@@ -318,7 +318,7 @@ def _parity(folder, device):
     base = ROOT / "tests" / "fixtures" / "official-v0.9" / folder
     ref = json.loads((base / "reference.json").read_text())
     model = MatRIS.from_checkpoint(base / "checkpoint.pth.tar").to(device=device, dtype=torch.float64)
-    model.kernel_backend = "triton"
+    model.options.kernels = "triton"
     worst = {"energy_per_atom": 0.0, "forces": 0.0, "stress": 0.0}
     pairs = list(zip(read_extxyz(base / "structures.extxyz"), ref["structures"]))
     for system, r in pairs[:1] if SMOKE else pairs:  # the interpreter is slow: one structure in a dry run
@@ -430,14 +430,14 @@ def _efs_row(model, system, device):
     g = graph_of(model, system, device, torch.float32)
     row = {"structure": system.name, "atoms": system.num_atoms, "angles": g.num_angles}
     for backend in ("triton", "torch"):
-        model.kernel_backend = backend
+        model.options.kernels = backend
         reset_peak(device)
         try:
             t = median_time(lambda: model(g), device, repeat=3)
             row[backend] = {"s": t, "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
         except torch.OutOfMemoryError:
             row[backend] = {"s": None, "error": "out of memory"}
-    model.kernel_backend = None
+    model.options.kernels = None
     tt, tr = row["triton"].get("s"), row["torch"].get("s")
     row["speedup"] = tr / tt if tt and tr else None
     row["us_per_atom_triton"] = 1e6 * tt / system.num_atoms if tt else None
@@ -487,7 +487,7 @@ def training(sec, device, smoke):
 
     res = {"structures": len(systems), "atoms": g.num_atoms, "angles": g.num_angles}
     for backend in ("triton", "torch"):
-        model.kernel_backend = backend
+        model.options.kernels = backend
         reset_peak(device)
         res[backend] = {"s": median_time(step, device, repeat=3), "peak_gb": peak_mem_gb(device)}
     res["speedup"] = res["torch"]["s"] / res["triton"]["s"]
@@ -495,26 +495,26 @@ def training(sec, device, smoke):
         f"triton {1e3 * res['triton']['s']:.1f} ms, "
         f"reference {1e3 * res['torch']['s']:.1f} ms, speedup {res['speedup']:.2f}×, "
         f"peak {res['triton']['peak_gb']:.1f} / {res['torch']['peak_gb']:.1f} GB")
-    # the recompute modes of training (MatRIS.training_recompute), Triton path: peak memory
+    # the recompute modes of training (MatRIS.options.training_recompute), Triton path: peak memory
     # (torch.cuda.max_memory_allocated) and time, against the memory model
-    model.kernel_backend = "triton"
+    model.options.kernels = "triton"
     res["recompute"] = {}
     for mode in ("none", "blocks", "rows"):
-        model.training_recompute = mode
+        model.options.training_recompute = mode
         reset_peak(device)
         took, peak = median_time(step, device, repeat=3), peak_mem_gb(device)
         need = (model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(
             g.num_atoms, g.num_bonds, g.num_angles))) / 2**30
         res["recompute"][mode] = {"s": took, "peak_gb": peak, "model_gb": need}
         log(f"   recompute {mode:6s}: {1e3 * took:.1f} ms, peak {peak:.2f} GB (memory model {need:.2f} GB)")
-    model.training_recompute = None
+    model.options.training_recompute = None
     return res
 
 
 @section("5. largest cell that fits (E+F+S, Triton path)")
 def largest(sec, device, smoke, budget_s):
     model = published_model(device, torch.float32, smoke)
-    model.kernel_backend = "triton"
+    model.options.kernels = "triton"
     t0, best, k = time.perf_counter(), None, (1 if smoke else 16)
     while time.perf_counter() - t0 < min(budget_s, sec.budget_s):
         k = int(math.ceil(k * 1.25))
@@ -626,9 +626,9 @@ def md_on_device(sec, device, smoke):
         return res
 
     for backend in ("triton", "torch"):
-        model.kernel_backend = backend
+        model.options.kernels = backend
         sec.check(backend, measure)
-    model.kernel_backend = None
+    model.options.kernels = None
 
 
 @section("9. compiled and TF32 variants")
@@ -640,7 +640,7 @@ def compiled_variants(sec, device, smoke):
     options = {"backend": "aot_eager"} if smoke else {}
     compiled = copy.deepcopy(eager).compile(**options)
     compiled_tf32 = copy.deepcopy(eager).compile(**options)
-    compiled_tf32.tf32 = True
+    compiled_tf32.options.tf32 = True
     # CUDA graphs (mode="reduce-overhead"): possible since every fused kernel is a registered operator
     graphs = copy.deepcopy(eager).compile(mode="reduce-overhead") if device.type == "cuda" and not smoke else None
     systems = [diamond_si(1)] if smoke else [bcc_fe(8), bcc_fe(13), bcc_fe(16)]  # 1,024 / 4,394 / 8,192 atoms
@@ -690,7 +690,7 @@ def compiled_variants(sec, device, smoke):
         model = MatRIS.from_checkpoint(base / "checkpoint.pth.tar").to(device=device, dtype=torch.float32)
         out = {}
         for tf32 in (False, True):
-            model.tf32 = tf32
+            model.options.tf32 = tf32
             e_err = f_err = 0.0
             for system, r in zip(read_extxyz(base / "structures.extxyz"), ref["structures"]):
                 o = model(graph_of(model, system, device, torch.float32))

@@ -6,7 +6,7 @@ The "Large systems and memory" table of the docs (docs/memory.md) comes from thi
 1,000-atom bcc Fe cell of ``benchmarks/speed.py`` (rattled by 0.02 Å), a random-weight model
 of the published 10M architecture (``examples/configs/matris-10m.yaml``: width 128,
 r_c = 6 Å, r_3 = 4.5 Å) with 1 and 2 interaction blocks, and runs one E+F+S call in a fresh
-subprocess per (level, blocks), forcing ``model.checkpointing = level``. Per row it reports:
+subprocess per (level, blocks), forcing ``model.options.memory_level = level``. Per row it reports:
 
 - the model's own estimate of the activations (``MatRIS.estimated_activation_bytes``), the
   figure the automatic level choice uses;
@@ -70,7 +70,7 @@ def child(level: int, blocks: int, atoms: int) -> dict:
     import resource
 
     model, graph = _model_and_graph(blocks, atoms)
-    model.checkpointing = level
+    model.options.memory_level = level
     before = _rss_kib()
     t0 = time.perf_counter()
     out = model(graph, compute_forces=True, compute_stress=True)

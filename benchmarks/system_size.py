@@ -53,14 +53,14 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
     torch.manual_seed(0)
     model = MatRIS(MatRISConfig.published_10m()).eval()
     if level != "auto":
-        model.checkpointing = int(level)
+        model.options.memory_level = int(level)
     calc = MatRISCalculator(model, device="cpu", dtype=torch.float32)
     warm = standard_structure("si", 8).atoms
     calc.calculate(warm, ["energy", "forces", "stress"])
     atoms = standard_structure("si", atoms_count).atoms
     c = model.config
     graph = GraphBatch.from_systems([to_system(atoms)], c.pairwise_cutoff, c.three_body_cutoff)
-    chosen = model.checkpoint_level(graph, torch.float32, kernels=model.kernels_for(torch.device("cpu")))
+    chosen = model.checkpoint_level(graph, torch.float32)
     calc.reset()
     t0 = time.perf_counter()
     calc.calculate(atoms, ["energy", "forces", "stress"])

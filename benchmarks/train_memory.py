@@ -22,7 +22,7 @@ Cases: rocksalt MgO (a = 4.21 Å, rattled 0.05 Å) of 8, 16 and 64 atoms (``mgo8
 (``examples/configs/data/emt_finetune.extxyz``: fcc metals of 1 to 8 atoms), its 2 and 16 (the
 example config's ``max_structures``) largest structures (``emt2``, ``emt16``).
 
-Modes (``MatRIS.training_recompute``): ``none`` (every block's graph kept; composed ops),
+Modes (``MatRIS.options.training_recompute``): ``none`` (every block's graph kept; composed ops),
 ``blocks`` (blocks recomputed in the backward passes), ``rows`` (``blocks``, and inside each block
 the line-graph steps' work per angle and the atom graph's Φ by row chunks where they make more
 than one): these two run the forward and the first-order passes on the fused CPU operators, the
@@ -134,9 +134,9 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, break
     torch.manual_seed(0)
     dev = torch.device(device)
     model = published().to(dev).train()
-    model.training_recompute = recompute_mode(mode)
+    model.options.training_recompute = recompute_mode(mode)
     if mode.endswith("-composed"):
-        model.kernel_backend = "torch"
+        model.options.kernels = "torch"
     systems = [to_system(a) for a in structures(case)]
     g = GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -212,7 +212,7 @@ def predicted(case: str, mode: str) -> dict:
 
     torch.manual_seed(0)
     model = published()
-    model.training_recompute = recompute_mode(mode)
+    model.options.training_recompute = recompute_mode(mode)
     g = GraphBatch.from_systems([to_system(a) for a in structures(case)], model.cutoff, model.three_body_cutoff)
     sizes = {"atoms": int(g.n_atoms.sum()), "bonds": g.num_bonds, "angles": g.num_angles}
     need = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(*sizes.values()))

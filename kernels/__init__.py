@@ -12,7 +12,7 @@ from .aggregate import (
     merge_softmax,
     softmax_aggregate_reference,
 )
-from .backend import triton_available, use_fused_cpu, use_triton
+from .backend import choose, triton_available
 from .gather import gather_sum_activate_reference
 from .phi import gated_phi, gated_phi_reference
 from .refine import refine_edges, refine_edges_reference
@@ -34,6 +34,5 @@ __all__ = [
     "refine_edges_reference",
     "gather_sum_activate_reference",
     "triton_available",
-    "use_triton",
-    "use_fused_cpu",
+    "choose",
 ]

@@ -4,9 +4,9 @@ The fused formulas are operators (``torch.ops.matris.*``) with a CUDA kernel in 
 kernel in C++ (:mod:`.native`); a call runs the kernel of its tensors' device. ``"triton"``: the
 model on CUDA (the operators and the Triton bases, with the graph's CSR segments). ``"fused"``: the
 same operators on a CPU (their C++ kernels). ``"torch"``: the composed PyTorch reference.
-``"auto"`` (default) picks ``"triton"`` on CUDA and ``"fused"`` elsewhere. Override per model with
-``model.kernel_backend`` (per call with ``backend=...``), or for the whole process with the
-environment variable ``MATRIS_KERNELS``. Under ``TRITON_INTERPRET=1`` the Triton kernels also serve
+``"auto"`` (default) picks ``"triton"`` on CUDA and ``"fused"`` elsewhere (:func:`choose`). Override per
+model with ``model.options.kernels`` (:class:`matris.RunOptions`, or per call), or for the whole process
+with the environment variable ``MATRIS_KERNELS``. Under ``TRITON_INTERPRET=1`` the Triton kernels also serve
 CPU tensors (slow; the CPU checks of the GPU code).
 """
 
@@ -50,34 +50,27 @@ def tile(gpu: int, interpreted: int) -> int:
     return gpu
 
 
-def kernel_choice(backend: str | None = None) -> str:
-    """``backend``, else ``$MATRIS_KERNELS``, else ``"auto"``; one of :data:`BACKENDS`."""
+def choose(device: torch.device, backend: str | None = None, create_graph: bool = False) -> str:
+    """The kernels a model call on ``device`` runs, the one place where they are chosen:
+    ``"triton"`` (CUDA, or any device under ``TRITON_INTERPRET=1`` when asked for), ``"fused"`` (a
+    CPU: the operators' C++ kernels) or ``"torch"`` (the operators' PyTorch references).
+    ``backend``: one of :data:`BACKENDS` (None: ``$MATRIS_KERNELS``, else ``"auto"``); ``"auto"``
+    runs the references for a call that keeps the graph of its forces on a CPU (training), whose
+    double backward they give directly. Each operator still falls back to its reference where it
+    has no kernel for its tensors (no compiler, another activation, float16)."""
     choice = backend or kernels_override() or "auto"
     if choice not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {choice!r}; use one of {BACKENDS} (argument or MATRIS_KERNELS)")
-    return choice
-
-
-def use_triton(device: torch.device, backend: str | None = None) -> bool:
-    """Whether a kernel on ``device`` runs in Triton (see the module docstring)."""
-    choice = kernel_choice(backend)
-    if choice in ("torch", "fused"):
-        return False
+        raise ValueError(f"unknown kernel backend {choice!r}; use one of {BACKENDS} (RunOptions.kernels or "
+                         "MATRIS_KERNELS)")
     runnable = triton_available() and (device.type == "cuda" or interpreting())
-    if choice == "triton":
-        if not runnable:
-            raise RuntimeError(
-                "the Triton kernels need triton and a CUDA device (or TRITON_INTERPRET=1 for CPU tensors); "
-                "use backend='torch' or MATRIS_KERNELS=torch"
-            )
-        return True
-    return runnable and device.type == "cuda"
-
-
-def use_fused_cpu(device: torch.device, backend: str | None = None) -> bool:
-    """Whether the fused CPU kernels run on ``device`` (see the module docstring)."""
-    choice = kernel_choice(backend)
-    return choice == "fused" or (choice == "auto" and not use_triton(device, backend))
+    if choice == "triton" and not runnable:
+        raise RuntimeError("the Triton kernels need triton and a CUDA device (or TRITON_INTERPRET=1 for CPU "
+                           "tensors); use RunOptions(kernels='torch') or MATRIS_KERNELS=torch")
+    if choice == "auto":
+        if runnable and device.type == "cuda":
+            return "triton"
+        return "torch" if create_graph else "fused"
+    return choice
 
 
 def recompute_backward(fn, inputs, grad):

@@ -19,7 +19,15 @@ import math
 
 import torch
 
-from .backend import check_dtype, device_constants, interpreting, recompute_backward, tile, triton_available
+from .backend import (
+    check_dtype,
+    device_constants,
+    interpreting,
+    operators_run,
+    recompute_backward,
+    tile,
+    triton_available,
+)
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -313,21 +321,28 @@ def _sh_backward(ctx, grad):
 spherical_op.register_autograd(_sh_backward, setup_context=_sh_setup)
 
 
-def bessel(r, frequencies, cutoff: float, p: int):
-    """``[B]`` → ``[B, K]`` Bessel × envelope (fused)."""
+def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
+    """``[B]`` → ``[B, K]`` Bessel × envelope: the operator where it has a kernel and ``fused``
+    (the call's choice), else :func:`bessel_basis`."""
     check_dtype(r)
-    return bessel_op(r, frequencies, float(cutoff), int(p))
+    if not (fused and r.shape[0] and operators_run(r)):
+        return bessel_basis(r, frequencies, cutoff, p)
+    return bessel_op(r, frequencies.to(r.dtype), float(cutoff), int(p))
 
 
-def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT):
-    """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (fused)."""
+def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT, fused: bool = True):
+    """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (as :func:`bessel`; reference :func:`fourier_basis`)."""
     check_dtype(theta)
-    return fourier_op(theta, frequencies, float(constant))
+    if not (fused and theta.shape[0] and operators_run(theta)):
+        return fourier_basis(theta, frequencies, constant)
+    return fourier_op(theta, frequencies.to(theta.dtype), float(constant))
 
 
-def spherical(theta, rho, factor, max_l: int, max_n: int):
-    """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (fused)."""
+def spherical(theta, rho, factor, max_l: int, max_n: int, fused: bool = True):
+    """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (as :func:`bessel`; reference :func:`sh_basis`)."""
     check_dtype(theta, rho)
+    if not (fused and theta.shape[0] and operators_run(theta, rho)):
+        return sh_basis(theta, rho, factor.to(theta.dtype), max_l, max_n)
     return spherical_op(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
 
 

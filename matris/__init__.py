@@ -53,6 +53,7 @@ _map_source_kernels()
 _LAZY = {
     "MatRIS": ".model",
     "MatRISConfig": ".model",
+    "RunOptions": ".model",
     "ModelOutput": ".model",
     "GraphBatch": ".graph",
     "AtomicSystem": ".graph",
@@ -66,11 +67,12 @@ if TYPE_CHECKING:  # for type checkers and the API docs; at run time see __getat
     from .calculator import MatRISCalculator
     from .errors import CheckpointError, MatRISInputError, MatRISInputWarning
     from .graph import AtomicSystem, GraphBatch
-    from .model import MatRIS, MatRISConfig, ModelOutput
+    from .model import MatRIS, MatRISConfig, ModelOutput, RunOptions
 
 __all__ = [
     "MatRIS",
     "MatRISConfig",
+    "RunOptions",
     "ModelOutput",
     "GraphBatch",
     "AtomicSystem",

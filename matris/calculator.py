@@ -39,7 +39,7 @@ class MatRISCalculator(Calculator):
             the first call takes tens of seconds; opt-in: measure it on your machine, see
             ``benchmarks/cpu_speed.py``). A :class:`MatRIS` passed in is copied first.
         tf32: TF32 matmuls on CUDA for this calculator's calls (faster, less exact; see
-            :attr:`MatRIS.tf32`). A :class:`MatRIS` passed in is copied first.
+            :attr:`RunOptions.tf32`). A :class:`MatRIS` passed in is copied first.
         **kwargs: passed on to ASE's ``Calculator``.
     """
 
@@ -60,7 +60,7 @@ class MatRISCalculator(Calculator):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         if isinstance(model, MatRIS):
-            changes = (compile and not model.compiled) or tf32 != model.tf32
+            changes = (compile and not model.compiled) or tf32 != model.options.tf32
             if model.dtype != self.dtype or model.device != self.device or changes:
                 model = copy.deepcopy(model)  # Module.to() works in place: leave the caller's model alone
             self.model = model.to(device=self.device, dtype=self.dtype).eval()
@@ -68,7 +68,7 @@ class MatRISCalculator(Calculator):
             self.model = MatRIS.load(model, device=self.device, dtype=self.dtype).eval()
         if compile and not self.model.compiled:
             self.model.compile()
-        self.model.tf32 = tf32
+        self.model.options.tf32 = tf32
         self.compute_stress = compute_stress
         self._checked = None  # the (numbers, pbc) last checked for plausibility
         # a model trained without magnetic moments (targets "efs") does not offer them

@@ -31,7 +31,7 @@ CHUNK_ROWS = 4096
 # the share of the device's available memory a call may use by default (inference and training)
 DEFAULT_SHARE = 0.6
 
-# what a training step on forces recomputes in its backward passes (``MatRIS.training_recompute``):
+# what a training step on forces recomputes in its backward passes (``RunOptions.training_recompute``):
 # nothing (the whole graph kept), each block, or each block and, inside it, everything per angle by
 # row chunks (least memory)
 RECOMPUTE_MODES = ("none", "blocks", "rows")

@@ -7,7 +7,7 @@
 ``MATRIS_OFFLINE``        ``1``: no downloads (a model must be in the cache already)
 ``MATRIS_KERNELS``        ``auto`` (default), ``triton``, ``fused`` or ``torch``: the kernels of
                           every model in the process, for debugging (per model:
-                          ``model.kernel_backend``)
+                          ``model.options.kernels``)
 ``MATRIS_NATIVE``         ``0``: no fused CPU library (the PyTorch references run); ``1``: a
                           failed build is an error instead of a warning; ``auto`` (default)
 ``MATRIS_NATIVE_CACHE``   where the CPU library is built (default ``$MATRIS_CACHE/native``)

@@ -276,10 +276,10 @@ def test_chunked_model_equals_composed_ops(folder):
     model = load_fixture_model(folder, F64)
     systems = [to_system(a) for a in read(FIXTURES / folder / "structures.extxyz", ":")]
     assert load_reference(folder)["dtype"] == "float64"
-    model.kernel_backend = "torch"
+    model.options.kernels = "torch"
     ref, _ = evaluate(model, systems)
     assert not profiled_operator_counts(lambda: evaluate(model, systems[:1]))
-    model.kernel_backend = "fused"
+    model.options.kernels = "fused"
     got, _ = evaluate(model, systems)
     ran = profiled_operator_counts(lambda: evaluate(model, systems[:1]))
     assert {"attention_pair", "refine_edges"} <= set(ran), ran  # Φ too where its activation has a kernel
@@ -303,7 +303,7 @@ def test_last_block_skips_its_dead_edge_updates(backend, monkeypatch):
 
     monkeypatch.setattr(refine_module, "refine_edges", recording)
     model = load_fixture_model("small_sh_float64", F64)
-    model.kernel_backend = backend
+    model.options.kernels = backend
     calls = []
     for k, block in enumerate(model.interaction_block):
         for name in ("refine_block_line_graph", "refine_block_atom_graph"):

@@ -145,7 +145,7 @@ for name in ("gated_phi", "attention_pair", "refine_edges", "bessel", "fourier",
 assert native.library() is None  # interpreted: the operators' CPU kernels are their Triton kernels
 model = load_fixture_model("small_sh_float64", torch.float64)
 eager = load_fixture_model("small_sh_float64", torch.float64)
-eager.kernel_backend = "torch"  # the composed ops: only the compiled model runs in the (slow) interpreter
+eager.options.kernels = "torch"  # the composed ops: only the compiled model runs in the (slow) interpreter
 model.compile(fullgraph=True, backend="aot_eager")
 s = [rattled_si(0, np.random.default_rng(0))]  # 8 atoms: the interpreter is slow
 got, _ = evaluate(model, s)
@@ -162,14 +162,14 @@ print("compiled through custom ops: ok")
 
 
 def test_tf32_switch_is_scoped_to_the_call():
-    """model.tf32 turns TF32 matmuls on for CUDA calls only and restores the global setting."""
+    """model.options.tf32 turns TF32 matmuls on for CUDA calls only and restores the global setting."""
     model = load_fixture_model("small_sh_float64", torch.float32)
     matmul = torch.backends.cuda.matmul
     name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
     before = getattr(matmul, name)
     with model._tf32_context(torch.device("cuda")):  # off by default: nothing changes
         assert getattr(matmul, name) == before
-    model.tf32 = True
+    model.options.tf32 = True
     with model._tf32_context(torch.device("cpu")):
         assert getattr(matmul, name) == before
     with model._tf32_context(torch.device("cuda")):

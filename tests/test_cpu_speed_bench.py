@@ -28,7 +28,7 @@ def test_profile_and_gemm_floor_count_the_gemms():
         assert shares["families"]["fused operators"]["ms"] > 0  # the matris::* operators, by their names
     floor = gemm_floor(calc, atoms, chgnet_seconds=0.1)
     assert floor["gflop"] > 0 and floor["gemm_calls"] > 0 and floor["floor_ratio_vs_chgnet"] > 0
-    assert floor["call_seconds"] > 0 and calc.model.kernel_backend is None  # the backend is put back
+    assert floor["call_seconds"] > 0 and calc.model.options.kernels is None  # the backend is put back
 
 
 @pytest.mark.slow

@@ -33,14 +33,14 @@ def test_projection_rewrite_equals_concatenation(folder):
 @pytest.mark.parametrize("level", [1, 2])
 def test_checkpointing_levels_give_the_same_numbers(model64, level):
     systems = [random_system(np.random.default_rng(5), n=6)]
-    model64.checkpointing = 0
+    model64.options.memory_level = 0
     ref, g = evaluate(model64, systems)
-    model64.checkpointing = level
+    model64.options.memory_level = level
     try:
         out, _ = evaluate(model64, systems)
         assert model64.checkpoint_level(g) == level
     finally:
-        model64.checkpointing = None
+        model64.options.memory_level = None
     torch.testing.assert_close(out.energy, ref.energy, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.forces, ref.forces, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.stress, ref.stress, rtol=0, atol=1e-11)
@@ -51,13 +51,31 @@ def test_automatic_level_follows_the_memory_budget(model64):
     assert model64.checkpoint_level(g) == 0  # small systems keep everything
     # the chunked CPU kernels keep fewer activations than the composed ops
     assert model64.estimated_activation_bytes(g, 0, kernels="fused") < model64.estimated_activation_bytes(g, 0)
-    model64.kernel_backend = "torch"  # a shallow model on the chunked path skips level 1 (it keeps more)
-    model64.activation_memory_limit = model64.estimated_activation_bytes(g, 1)
+    model64.options.kernels = "torch"  # a shallow model on the chunked path skips level 1 (it keeps more)
+    model64.options.memory_limit = model64.estimated_activation_bytes(g, 1)
     try:
         assert model64.checkpoint_level(g) == 1
-        model64.activation_memory_limit = 1
+        model64.options.memory_limit = 1
         assert model64.checkpoint_level(g) == 2
         assert model64.checkpoint_level(g, create_graph=True) == 0  # training keeps its graph
     finally:
-        model64.activation_memory_limit = None
-        model64.kernel_backend = None
+        model64.options.memory_limit = None
+        model64.options.kernels = None
+
+
+def test_run_options_per_call_and_the_switches_they_replaced(model64):
+    """RunOptions set per call apply to that call only (same numbers, the model's own options
+    untouched); setting a switch RunOptions replaced says where it went instead of being ignored."""
+    from matris import RunOptions
+
+    systems = [random_system(np.random.default_rng(5), n=6)]
+    ref, g = evaluate(model64, systems)
+    before = model64.options
+    out = model64(g, options=RunOptions(kernels="torch", memory_level=2))
+    assert model64.options is before and model64.options.memory_level is None
+    torch.testing.assert_close(out.forces, ref.forces, rtol=0, atol=1e-12)
+    for old, new in (("checkpointing", "memory_level"), ("kernel_backend", "kernels"), ("tf32", "tf32")):
+        with pytest.raises(AttributeError, match=rf"model\.options\.{new}"):
+            setattr(model64, old, 1)
+    with pytest.raises(ValueError, match="memory_level"):
+        RunOptions(memory_level=3)

@@ -54,7 +54,7 @@ def test_published_architecture_runs_the_fused_cpu_path_and_equals_the_composed_
     results = {}
     for backend in ("torch", None):  # composed ops, then the default (fused) CPU path
         model = MatRIS.load(published_file, dtype=torch.float64)
-        model.kernel_backend = backend
+        model.options.kernels = backend
         calc = MatRISCalculator(model)
         with OperatorLog() as log:
             calc.calculate(atoms, ["energy", "forces", "stress"])
@@ -86,7 +86,7 @@ def test_published_family_equals_the_official_1_0_code_in_float64(backend):
     ref = json.loads((OFFICIAL_V1 / "reference.json").read_text())
     model = MatRIS.load(OFFICIAL_V1 / "checkpoint.pth.tar", dtype=torch.float64)
     assert model.config.to_dict() == ref["config"]
-    model.kernel_backend = backend
+    model.options.kernels = backend
     calc = MatRISCalculator(model)
     for atoms, want in zip(read(OFFICIAL_V1 / "structures.extxyz", ":"), ref["structures"], strict=True):
         calc.calculate(atoms, ["energy", "forces", "stress"])

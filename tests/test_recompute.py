@@ -67,9 +67,9 @@ def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, di
     g = _graph(model, dimer=dimer)
     # the split softmax meets bonds without angles (N = D = 0) in every graph
     assert g.angle_target_edge.remainder(g.num_bonds).unique().numel() < g.num_bonds
-    model.training_recompute = "none"
+    model.options.training_recompute = "none"
     want, out_want = _loss_grads(model, g, terms)
-    model.training_recompute = mode
+    model.options.training_recompute = mode
     got, out_got = _loss_grads(model, g, terms)
     assert set(got) == set(want)
     for name in want:
@@ -87,7 +87,7 @@ def test_checkpointed_training_step_runs_the_fused_operators_in_its_first_order_
     runs the composed ops."""
     model = _model()
     g = _graph(model)
-    model.training_recompute = mode
+    model.options.training_recompute = mode
     with OperatorLog() as log:
         _loss_grads(model, g)
     counts = log.counts()
@@ -100,7 +100,7 @@ def test_checkpointed_training_step_runs_the_fused_operators_in_its_first_order_
     assert with_weights["refine_edges_backward"] >= 1
     if mode == "blocks":  # rows: this graph's angles make two chunks, whose attention sums are not the operator
         assert with_weights["attention_pair_backward"] >= 1
-    model.training_recompute = "none"
+    model.options.training_recompute = "none"
     with OperatorLog() as log:
         _loss_grads(model, g)
     assert log.calls == {}  # without checkpointing, training keeps the composed ops
@@ -115,17 +115,17 @@ def test_recompute_by_default_the_least_that_fits_for_a_deep_model():
     sizes = (int(g.n_atoms.sum()), g.num_bonds, g.num_angles)
     need = {mode: deep.estimated_training_bytes(*sizes, recompute=mode) for mode in ("none", "blocks", "rows")}
     assert need["none"] > need["blocks"] > need["rows"]
-    deep.training_memory_limit = need["none"]  # fits: the whole graph (fastest)
+    deep.options.training_memory_limit = need["none"]  # fits: the whole graph (fastest)
     assert deep.training_recompute_mode(graph=g) == "none"
-    deep.training_memory_limit = need["none"] - 1  # does not: recomputed blocks
+    deep.options.training_memory_limit = need["none"] - 1  # does not: recomputed blocks
     assert deep.training_recompute_mode(graph=g) == "blocks"
-    deep.training_memory_limit = need["blocks"] - 1  # does not: blocks and rows recomputed
+    deep.options.training_memory_limit = need["blocks"] - 1  # does not: blocks and rows recomputed
     assert deep.training_recompute_mode(graph=g) == "rows"
-    deep.training_memory_limit = need["rows"] // 2  # nothing fits: the least memory
+    deep.options.training_memory_limit = need["rows"] // 2  # nothing fits: the least memory
     assert deep.training_recompute_mode(graph=g) == "rows"
-    deep.training_recompute = "none"
+    deep.options.training_recompute = "none"
     assert deep.training_recompute_mode(graph=g) == "none"
-    deep.training_recompute = "layers"
+    deep.options.training_recompute = "layers"
     with pytest.raises(MatRISInputError, match="unknown training recompute mode 'layers'.*none, blocks, rows"):
         deep.training_recompute_mode(graph=g)
 
@@ -136,7 +136,7 @@ def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph(sma
     graphs = [_graph(model, seed=1), _graph(model, seed=2)]
     result = {}
     for ckpt in (False, True):
-        model.training_recompute = "rows" if ckpt else "none"
+        model.options.training_recompute = "rows" if ckpt else "none"
         model.zero_grad(set_to_none=True)
         for g in graphs:
             out = model(g, compute_forces=True, compute_stress=False, create_graph=True)
@@ -163,7 +163,7 @@ def test_rows_are_recomputed_on_their_own_only_where_they_make_several_chunks(mo
     monkeypatch.setattr(memory, "CHUNK_ROWS", chunk)
     for mode in ("blocks", "rows"):
         calls.clear()
-        model.training_recompute = mode
+        model.options.training_recompute = mode
         _loss_grads(model, g)
         inner = [name for name in calls if name != "InteractionBlock"]
         assert calls.count("InteractionBlock") == model.config.num_layers

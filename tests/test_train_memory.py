@@ -86,10 +86,10 @@ def test_a_structure_that_cannot_fit_is_refused_before_training_with_what_it_nee
                                                r"\(data.max_memory = 3 GB; recompute rows\); "
                                                r"structures of up to about \d+ angles fit"):
         check_fits(plan, sizes)
-    model.training_recompute = "none"  # set: the plan keeps it, and the error names the mode that needs less
+    model.options.training_recompute = "none"  # set: the plan keeps it, and the error names the mode that needs less
     with pytest.raises(MatRISInputError, match=r"recompute none\).*set trainer.recompute: rows"):
         check_fits(plan_memory(model, config, sizes), sizes)
-    model.training_recompute = None
+    model.options.training_recompute = None
     small = plan_memory(model, config, (sizes[0][:1], sizes[1][:1], sizes[2][:1]))
     check_fits(small, (sizes[0][:1], sizes[1][:1], sizes[2][:1]))
     tiny = plan_memory(model, config, sizes, max_memory="100 MB")

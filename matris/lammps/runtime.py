@@ -33,6 +33,7 @@ from ..domain.evaluate import bond_forces_and_virials
 from ..errors import MatRISInputError, is_out_of_memory
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.system import MAX_Z, element_symbol
+from ..kernels import choose
 from ..model import MatRIS
 
 _SYMBOLS = {element_symbol(z): z for z in range(1, MAX_Z + 1)}
@@ -224,7 +225,7 @@ class LammpsEvaluator:
                               name="LAMMPS system")
         m = self.model
         g = GraphBatch.from_systems([system], m.cutoff, m.three_body_cutoff, dtype=m.dtype, device=m.device)
-        kernels = m.kernels_for(g.positions.device)
+        kernels = choose(g.positions.device, m.options.kernels)
         level = m.checkpoint_level(g, m.dtype, False, kernels)
         shift = g.bond_image @ g.cell[0]
         v = (g.positions[g.bond_target] - g.positions[g.bond_source] - shift).detach().requires_grad_(True)

@@ -7,12 +7,12 @@ import torch.
 
 from typing import TYPE_CHECKING
 
-from .config import MatRISConfig
+from .config import MatRISConfig, RunOptions
 
 if TYPE_CHECKING:  # for type checkers and the API docs; at run time see __getattr__
     from .model import MatRIS, ModelOutput
 
-__all__ = ["MatRIS", "MatRISConfig", "ModelOutput"]
+__all__ = ["MatRIS", "MatRISConfig", "ModelOutput", "RunOptions"]
 
 
 def __getattr__(name: str):

@@ -3,7 +3,7 @@
 All functions take lengths in Å and angles in radians and return ``[n, K]`` tensors in the
 dtype of their input. These PyTorch forms are the references; the operators of
 ``matris.kernels.basis`` (Triton kernels on CUDA, C++ kernels on a CPU) compute the same values
-(``backend`` selects: "torch" the references, "triton"/"fused" or None the operators where they run). Constants that
+(``fused`` False: the references). Constants that
 the reference keeps in float32 (SH coefficients and factor, Gaussian centres) enter float64
 computations as their float32 values, so float64 results match the reference to rounding; the
 Fourier basis's constant term is 1/√2 in the compute dtype, as in the official 1.0 code. The
@@ -17,21 +17,9 @@ import math
 import torch
 from torch import nn
 
-from ..kernels import basis as fused
-from ..kernels import use_triton
-from ..kernels.backend import kernel_choice, operators_run
-from ..kernels.basis import FOURIER_CONSTANT, bessel_basis, fourier_basis, sh_basis
+from ..kernels import basis as ops
+from ..kernels.basis import FOURIER_CONSTANT
 
-
-def _operators(backend: str | None, *tensors: torch.Tensor) -> bool:
-    """Whether a basis runs its fused operator: not for ``backend="torch"`` (or ``MATRIS_KERNELS=torch``);
-    ``"triton"`` insists on the Triton kernels; otherwise wherever the operator has a kernel."""
-    backend = kernel_choice(backend)
-    if backend == "torch":
-        return False
-    if backend == "triton":
-        return use_triton(tensors[0].device, "triton")
-    return operators_run(*tensors)
 
 class BesselExpansion(nn.Module):
     """``b_k(r) = sqrt(2/r_c) · sin(freq_k · r / r_c) / r · f(r / r_c)`` → ``[n, K]``."""
@@ -46,10 +34,8 @@ class BesselExpansion(nn.Module):
         else:
             self.register_buffer("frequencies", freq)
 
-    def forward(self, r: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        if _operators(backend, r) and r.shape[0]:
-            return fused.bessel(r, self.frequencies.to(r.dtype), self.cutoff, self.envelope_exponent)
-        return bessel_basis(r, self.frequencies, self.cutoff, self.envelope_exponent)
+    def forward(self, r: torch.Tensor, fused: bool = True) -> torch.Tensor:
+        return ops.bessel(r, self.frequencies, self.cutoff, self.envelope_exponent, fused=fused)
 
 
 class GaussianExpansion(nn.Module):
@@ -59,7 +45,7 @@ class GaussianExpansion(nn.Module):
         super().__init__()
         self.register_buffer("offset", torch.linspace(0, cutoff, num_radial, dtype=torch.float32))
 
-    def forward(self, r: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    def forward(self, r: torch.Tensor, fused: bool = True) -> torch.Tensor:
         mu = self.offset.to(r.dtype)
         coeff = -0.5 / (2 * (mu[1] - mu[0])) ** 2
         return torch.exp(coeff * (r.unsqueeze(-1) - mu) ** 2)
@@ -80,10 +66,8 @@ class FourierExpansion(nn.Module):
         else:
             self.register_buffer("frequencies", freq)
 
-    def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
-        if _operators(backend, theta) and theta.shape[0]:
-            return fused.fourier(theta, self.frequencies.to(theta.dtype), self.constant)
-        return fourier_basis(theta, self.frequencies, self.constant)
+    def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
+        return ops.fourier(theta, self.frequencies, self.constant, fused=fused)
 
 
 class SphericalExpansion(nn.Module):
@@ -99,7 +83,5 @@ class SphericalExpansion(nn.Module):
         self.max_n = int(max_n)
         self.register_buffer("factor", torch.tensor(math.sqrt(2 / float(cutoff) ** 3), dtype=torch.float32))
 
-    def forward(self, theta: torch.Tensor, rho: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        if _operators(backend, theta, rho) and theta.shape[0]:
-            return fused.spherical(theta, rho, self.factor, self.max_l, self.max_n)
-        return sh_basis(theta, rho, self.factor.to(theta.dtype), self.max_l, self.max_n)
+    def forward(self, theta: torch.Tensor, rho: torch.Tensor, fused: bool = True) -> torch.Tensor:
+        return ops.spherical(theta, rho, self.factor, self.max_l, self.max_n, fused=fused)

@@ -17,11 +17,11 @@ from .. import memory
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
-from ..kernels import heap, use_fused_cpu, use_triton
+from ..kernels import choose, heap
 from ..targets import DEFAULT_TARGETS, normalize_targets
 from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock, checkpointed_block
-from .config import MatRISConfig
+from .config import MOVED_TO_OPTIONS, MatRISConfig, RunOptions
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import RowRecompute, norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
@@ -74,26 +74,18 @@ class MatRIS(nn.Module):
         self.energy_head = EnergyHead(c.node_feat_dim, c.mlp_hidden_dims, c.activation_type, c.dropout)
         self.magmom_head = MagmomHead(c.node_feat_dim, c.activation_type, c.dropout)
         self.reference_energy = ReferenceEnergy() if c.reference_energy is not None else None
-        # Large systems recompute activations in the backward pass instead of storing them
-        # (see checkpoint_level); None = automatic. Same numbers either way.
-        self.checkpointing: int | None = None
-        self.activation_memory_limit: int | None = None
-        # Training on forces (create_graph): what the backward passes recompute, exactly, instead
-        # of keeping every block's intermediates (RECOMPUTE_MODES, matris.model.recompute). None =
-        # automatic (see training_recompute_mode), with training_memory_limit (bytes; None: 60 % of
-        # the device's available memory) as the bound.
-        self.training_recompute: str | None = None
-        self.training_memory_limit: int | None = None
-        # Kernel implementation: None = automatic (Triton on CUDA, PyTorch elsewhere),
-        # "triton", "fused" (CPU) or "torch"; the environment variable MATRIS_KERNELS also selects.
-        self.kernel_backend: str | None = None
+        self.options = RunOptions()  # kernels, memory and TF32 (how it runs, not what it computes)
         self.targets: str = DEFAULT_TARGETS
         self.name: str = "MatRIS"
         # see compile(): torch.compile options (None: eager) and the compiled energy function
         self._compile_options: dict | None = None
         self._compiled = None
-        # TF32 for the float32 GEMMs on CUDA (faster, less exact; see _tf32_context). Off by default.
-        self.tf32: bool = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in MOVED_TO_OPTIONS:  # a removed switch would otherwise become a new, ignored attribute
+            raise AttributeError(f"MatRIS.{name} is now model.options.{MOVED_TO_OPTIONS[name]} (matris.RunOptions): "
+                                 f"set model.options.{MOVED_TO_OPTIONS[name]} = {value!r}")
+        super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -153,18 +145,18 @@ class MatRIS(nn.Module):
         float rounding): ``"none"`` keeps the whole graph (fastest); ``"blocks"`` recomputes each
         interaction block; ``"rows"`` too, and inside it the line-graph steps' per-angle work and
         the atom-graph Φ by row chunks where they make more than one (least memory). ``"none"``
-        without ``create_graph``. ``self.training_recompute`` decides if set; by default
-        :func:`matris.memory.training_mode` on ``graph``, within ``self.training_memory_limit`` bytes
+        without ``create_graph``. ``options.training_recompute`` decides if set; by default
+        :func:`matris.memory.training_mode` on ``graph``, within ``options.training_memory_limit`` bytes
         (default: :func:`matris.memory.default_budget`; a run with ``data.max_memory`` sets it)."""
         if not create_graph:
             return "none"
-        if self.training_recompute is not None:
-            return memory.check_recompute(self.training_recompute)
+        if self.options.training_recompute is not None:
+            return memory.check_recompute(self.options.training_recompute)
         if graph is None or self.config.num_layers < memory.RECOMPUTE_MIN_BLOCKS:
             return memory.training_mode(self.config, None, self._itemsize(dtype), 0)
         # the batch's atom count is read back to the host only where a choice depends on it
         sizes = (int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles)
-        limit = self.training_memory_limit
+        limit = self.options.training_memory_limit
         if limit is None:
             limit = memory.default_budget(self.device)
         return memory.training_mode(self.config, sizes, self._itemsize(dtype), limit)
@@ -187,6 +179,7 @@ class MatRIS(nn.Module):
         create_graph: bool | None = None,
         return_node_features: bool = False,
         compute_atomic_energies: bool = False,
+        options: RunOptions | None = None,
     ) -> ModelOutput:
         """Energy, forces, stress and magnetic moments of every structure in ``graph``.
 
@@ -195,8 +188,15 @@ class MatRIS(nn.Module):
         ``create_graph`` keeps the graph of the force computation for training on forces
         (default: ``self.training``). ``compute_atomic_energies``: also each atom's energy
         ``[N]`` (the readout's per-atom term plus the atom's reference energy; they sum to the
-        structure's energy).
+        structure's energy). ``options``: :class:`RunOptions` for this call (default: ``self.options``).
         """
+        if options is not None:
+            kept, self.options = self.options, options
+            try:
+                return self.forward(graph, compute_forces, compute_stress, compute_magmoms, create_graph,
+                                    return_node_features, compute_atomic_energies)
+            finally:
+                self.options = kept
         if create_graph is None:
             create_graph = self.training
         if compute_magmoms is None:
@@ -254,14 +254,14 @@ class MatRIS(nn.Module):
             strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
         # decided on the host, outside the (possibly compiled) energy function
         compiled = self._compile_options is not None and not create_graph and not return_node_features
-        kernels = self.kernels_for(positions.device, create_graph, compiled)
+        kernels = choose(positions.device, self.options.kernels, create_graph)  # the one place it is chosen
         if positions.device.type == "cpu":
             heap.apply_environment()  # MATRIS_CPU_HEAP=1 only: calls reuse freed memory (no page faults)
         level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
         # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
         recompute_mode = self.training_recompute_mode(create_graph, g, positions.dtype)
-        block_kernels = self.kernels_for(positions.device) if recompute_mode != "none" else None
+        block_kernels = choose(positions.device, self.options.kernels) if recompute_mode != "none" else None
         if compiled:
             if self._compiled is None:
                 # the first compiled call traces and generates code for tens of seconds to minutes
@@ -360,14 +360,14 @@ class MatRIS(nn.Module):
         unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]
 
         n_b = g.num_bonds
-        basis_backend = kernels  # the bases' operators (Triton or C++) or, "torch", their references
+        fused = kernels != "torch"  # the bases' operators (Triton or C++), or their references
         h = self.atom_embedding(g.atomic_numbers)
-        e, rbf_pair, rbf_3b = self.edge_embedding(r, basis_backend)
+        e, rbf_pair, rbf_3b = self.edge_embedding(r, fused)
         u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
         theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
         # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
         rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
-        a = self.three_body_embedding(theta, rho, basis_backend)
+        a = self.three_body_embedding(theta, rho, fused)
 
         # bonds of structures that have angles: the line-graph steps leave the others alone
         # (applied whatever the batch holds: deciding would read a tensor back to the host)
@@ -389,8 +389,8 @@ class MatRIS(nn.Module):
         segments = g.segments() if "triton" in (kernels, block_kernels) else None
         if segments is not None and halo is not None:
             segments = (segments[0], None)  # the line graph's sums run per end (the halo's numbering)
-        bg = _with_kernels(exact, kernels, segments)
-        fast = _with_kernels(exact, block_kernels, segments) if block_kernels else None
+        bg = _running(exact, kernels, segments)
+        fast = _running(exact, block_kernels, segments) if block_kernels else None
         if fast is not None and row_chunks:
             # training's block recomputation with weight gradients: the per-angle work of the
             # line-graph steps and the atom graph's Φ by row chunks inside it (the fast kernels
@@ -449,9 +449,9 @@ class MatRIS(nn.Module):
 
     @contextlib.contextmanager
     def _tf32_context(self, device: torch.device):
-        """TF32 matmuls for the duration of a call when ``self.tf32`` is set and the model
+        """TF32 matmuls for the duration of a call when ``options.tf32`` is set and the model
         runs on CUDA; the global setting is restored afterwards (never changed elsewhere)."""
-        if not (self.tf32 and device.type == "cuda"):
+        if not (self.options.tf32 and device.type == "cuda"):
             yield
             return
         matmul = torch.backends.cuda.matmul
@@ -462,16 +462,6 @@ class MatRIS(nn.Module):
             yield
         finally:
             setattr(matmul, name, before)
-
-    def kernels_for(self, device: torch.device, create_graph: bool = False, compiled: bool = False) -> str:
-        """The kernels a call runs: "triton" (CUDA: the registered ``torch.ops.matris`` operators with
-        their Triton kernels, and the Triton bases), "fused" (the CPU fast path for inference: the
-        same operators with their C++ kernels, eager or compiled) or "torch" (composed ops)."""
-        if use_triton(device, self.kernel_backend):
-            return "triton"
-        if not create_graph and use_fused_cpu(device, self.kernel_backend):
-            return "fused"
-        return "torch"
 
     def estimated_activation_bytes(self, graph: GraphBatch, level: int = 0, dtype: torch.dtype | None = None,
                                    kernels: str = "torch") -> int:
@@ -499,19 +489,19 @@ class MatRIS(nn.Module):
                          kernels: str | None = None) -> int:
         """The memory-saving level (see :class:`BlockGraph`) a call on ``graph`` will use.
 
-        ``self.checkpointing`` forces a level; by default :func:`matris.memory.inference_level`, within
-        ``self.activation_memory_limit`` bytes (default: :func:`matris.memory.default_budget`).
+        ``options.memory_level`` forces a level; by default :func:`matris.memory.inference_level`, within
+        ``options.memory_limit`` bytes (default: :func:`matris.memory.default_budget`).
         Training (``create_graph``) always keeps everything.
         """
         if create_graph or not torch.is_grad_enabled():
             return 0
-        if self.checkpointing is not None:
-            return int(self.checkpointing)
-        budget = self.activation_memory_limit
+        if self.options.memory_level is not None:
+            return int(self.options.memory_level)
+        budget = self.options.memory_limit
         if budget is None:
             budget = memory.default_budget(self.device)
         if kernels is None:
-            kernels = self.kernels_for(self.device, create_graph, self._compile_options is not None)
+            kernels = choose(self.device, self.options.kernels, create_graph)
         return memory.inference_level(self.config, graph.num_bonds, graph.num_angles, self._itemsize(dtype), kernels,
                                       budget)
 
@@ -636,10 +626,8 @@ class MatRIS(nn.Module):
         return predict(self, structures, batch_size=batch_size, **kwargs)
 
 
-def _with_kernels(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
-    """``bg`` set up for ``kernels``: the fused operators ("triton" on CUDA, with the graph's CSR
-    ``segments``; "fused" on a CPU) or the composed ops ("torch")."""
-    if kernels == "triton":
-        atom, line = segments
-        return dataclasses.replace(bg, fused=True, atom_segments=atom, line_segments=line)
-    return dataclasses.replace(bg, fused=kernels == "fused")
+def _running(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
+    """``bg`` set up for ``kernels`` (:func:`matris.kernels.choose`): the operators' kernels
+    ("triton" on CUDA, with the graph's CSR ``segments``; "fused" on a CPU) or their references ("torch")."""
+    atom, line = segments if kernels == "triton" else (None, None)
+    return dataclasses.replace(bg, fused=kernels != "torch", atom_segments=atom, line_segments=line)

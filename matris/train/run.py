@@ -115,7 +115,7 @@ def build_model(config: TrainConfig) -> MatRIS:
         model = MatRIS.load(ft.from_checkpoint).train()
     else:
         model = MatRIS(config.model).train()
-    model.training_recompute = config.trainer.recompute
+    model.options.training_recompute = config.trainer.recompute
     n_blocks = len(model.interaction_block)
     if ft.freeze_blocks > n_blocks:
         raise MatRISInputError(f"finetune.freeze_blocks = {ft.freeze_blocks} but the model has {n_blocks} blocks")
@@ -144,7 +144,7 @@ def apply_memory_budget(model: MatRIS, config: TrainConfig, data: MatRISDataModu
     data.set_memory_budget(lambda a, b, t: model.estimated_training_bytes(np.asarray(a), np.asarray(b),
                                                                           np.asarray(t), dtype, plan.recompute),
                            plan.budget)
-    model.training_memory_limit = plan.budget  # a batch keeps its whole graph only where that fits too
+    model.options.training_memory_limit = plan.budget  # a batch keeps its whole graph only where that fits too
     rank_zero_info(f"matris: batches of up to {plan.budget / 2**30:.2f} GB of activations ({plan.source}; "
                    f"{plan.fixed / 2**30:.2f} GB for weights, optimizer and framework)")
     return plan
@@ -162,8 +162,8 @@ def dry_run(config: TrainConfig) -> str:
     sizes = data.train_set.sizes()
     device = training_device(config)
     plan = plan_memory(model, config, sizes, device, max_memory=config.data.max_memory or "auto")
-    if model.training_recompute is not None:
-        recompute = model.training_recompute
+    if model.options.training_recompute is not None:
+        recompute = model.options.training_recompute
     elif model.training_recompute_mode() == "none":
         recompute = "none"
     else:

@@ -25,7 +25,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "official-v0.9"
 
 def run_case(folder: str, dtype: torch.dtype, backend: str) -> None:
     model = MatRIS.from_checkpoint(FIXTURES / folder / "checkpoint.pth.tar").to(dtype)
-    model.kernel_backend = backend
+    model.options.kernels = backend
     atoms = molecule("H2O")  # in a periodic box: bonds, angles and a stress, in few of them
     atoms.set_cell([7.0, 7.5, 8.0])
     atoms.pbc = True

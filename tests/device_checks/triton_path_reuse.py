@@ -23,7 +23,7 @@ from matris.structures import to_system  # noqa: E402
 def main() -> int:
     model = MatRIS.from_checkpoint(ROOT / "tests" / "fixtures" / "official-v0.9" / "small_sh_float64" /
                                    "checkpoint.pth.tar").double()
-    model.kernel_backend = "triton"
+    model.options.kernels = "triton"
     atoms = molecule("H2O")  # in a periodic box: bonds, angles and a stress, few of them (fast in the interpreter)
     atoms.set_cell([7.0, 7.5, 8.0])
     atoms.pbc = True
