@@ -91,10 +91,7 @@ def test_the_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# The one cycle left (issue 47): MatRIS.load resolves names through matris.pretrained, whose
-# download verification builds a MatRIS. Listed so that any other cycle fails, and so that this
-# test fails too, to be updated, once the cycle is gone.
-KNOWN = [["matris.model", "matris.model.model", "matris.pretrained", "matris.pretrained.cache"]]
+KNOWN: list[list[str]] = []  # no cycle (matris.pretrained verifies by the check the model passes it)
 
 
 def test_no_import_cycles():

@@ -295,7 +295,10 @@ def test_verification_is_a_strict_load_of_the_files_own_config(server, checkpoin
         torch.save(ckpt, tmp_path / "broken.pth.tar")
         server.files["/broken.pth.tar"] = (tmp_path / "broken.pth.tar").read_bytes()
         with pytest.raises(VerificationError, match="state_dict does not match its config.*atom_embedding"):
-            pt.fetch_url(server.url("broken.pth.tar"))
+            pt.fetch_url(server.url("broken.pth.tar"), check=MatRIS.check_checkpoint)  # as MatRIS.load checks
+        assert not pt.url_cache_path(server.url("broken.pth.tar")).exists()
+        with pytest.raises(VerificationError, match="state_dict does not match its config.*atom_embedding"):
+            MatRIS.load(server.url("broken.pth.tar"))
         assert not pt.url_cache_path(server.url("broken.pth.tar")).exists()
     finally:
         pt.unregister("test-params")

@@ -51,7 +51,14 @@ def check_inputs(files: Iterable[str] = (), model: Any = None) -> None:
     from ..pretrained import locate, resolve
 
     if locate(model)[0] != "path":
-        resolve(model)  # download it now (stdlib only): no network fails here, in a moment
+        resolve(model, check=check_checkpoint)  # download it now: no network fails here, in a moment
+
+
+def check_checkpoint(contents, source: str) -> None:
+    """The model's check of a downloaded checkpoint without a published hash (torch on use only)."""
+    from ..model import MatRIS
+
+    MatRIS.check_checkpoint(contents, source)
 
 
 def load_model(args: argparse.Namespace):

@@ -94,8 +94,9 @@ def run_export(args: argparse.Namespace) -> int:
     from ..graph.system import element_symbol
     from ..model import MatRIS
     from ..pretrained import resolve
+    from .common import check_checkpoint
 
-    source = resolve(args.model)
+    source = resolve(args.model, check=check_checkpoint)
     model = MatRIS.load(args.model, dtype="float64")
     # keep the weights' stored precision, so the file evaluates exactly as the source does
     state = torch.load(source, map_location="cpu", weights_only=True)

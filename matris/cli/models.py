@@ -55,7 +55,7 @@ def add_download_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..pretrained import cache_dir, is_offline, list_models
 
-    models = list_models()
+    models = list_models(count=_parameters)
     if args.json:
         print(json.dumps({"cache_dir": str(cache_dir()), "offline": is_offline(), "models": models}, indent=1))
         return 0
@@ -79,6 +79,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parameters(path) -> int | None:
+    """The parameters of a cached checkpoint whose registry entry does not say."""
+    from ..errors import CheckpointError
+    from ..model import MatRIS
+
+    try:
+        return sum(p.numel() for p in MatRIS.from_checkpoint(path).parameters())
+    except (CheckpointError, OSError):
+        return None
+
+
 def _size(n: int | None) -> str:
     if n is None:
         return "?"
@@ -87,9 +98,10 @@ def _size(n: int | None) -> str:
 
 def run_download(args: argparse.Namespace) -> int:
     from ..pretrained import download
+    from .common import check_checkpoint
 
     for name in args.names:
-        path = download(name, force=args.force, progress=args.progress)
+        path = download(name, force=args.force, progress=args.progress, check=check_checkpoint)
         print(path)
         sys.stdout.flush()
     return 0

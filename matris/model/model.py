@@ -13,13 +13,13 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from .. import checkpoint_files as ckpt_io
 from .. import memory
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..kernels import choose, heap
 from ..targets import DEFAULT_TARGETS, normalize_targets
-from . import checkpoint as ckpt_io
 from .block import BlockGraph, InteractionBlock, checkpointed_block
 from .config import MOVED_TO_OPTIONS, MatRISConfig, RunOptions
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
@@ -510,7 +510,7 @@ class MatRIS(nn.Module):
     def from_checkpoint(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu",
                         targets: str | None = None, default_targets: str | None = None) -> "MatRIS":
         """Load a checkpoint file in any layout the official loader reads (see
-        :mod:`matris.model.checkpoint`): plain ``{"config", "state_dict"}``, nested
+        :func:`matris.checkpoint_files.read`): plain ``{"config", "state_dict"}``, nested
         ``{"model": {...}}``, the legacy reference key, any reference width.
 
         Loaded with ``weights_only=True``: no arbitrary objects are unpickled. Extra
@@ -557,7 +557,7 @@ class MatRIS(nn.Module):
         if model is None:
             announce_default_model()
 
-        path = resolve(model, progress=progress)
+        path = resolve(model, progress=progress, check=cls.check_checkpoint)
         entry = REGISTRY.find(str(model)) if isinstance(model, str) else None
         net = cls.from_checkpoint(path, map_location="cpu", targets=targets,
                                   default_targets=entry.targets if entry is not None else None)
@@ -598,6 +598,13 @@ class MatRIS(nn.Module):
                 f" unexpected {unexpected[:5]}{'…' if len(unexpected) > 5 else ''}"
             )
         return model.eval()
+
+    @classmethod
+    def check_checkpoint(cls, contents: ckpt_io.CheckpointContents, source: str) -> None:
+        """Raise :class:`CheckpointError` unless ``contents`` (a read checkpoint) builds its own
+        config's architecture with a strict state-dict match: the check of a downloaded file
+        without a published hash (``check`` of :func:`matris.pretrained.resolve`)."""
+        cls.from_state(contents.config, contents.state_dict, source=source)
 
     def checkpoint_state(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
         """The published checkpoint dict: config, a ``dtype`` (float32) CPU state_dict, and

@@ -17,8 +17,9 @@ import sys
 import urllib.parse
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from .. import checkpoint_files
 from ..errors import (
     CheckpointError,
     DownloadError,
@@ -104,15 +105,17 @@ def _update_record(path: Path, sha: str | None, source: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------- verification
-def verify_checkpoint(path: str | os.PathLike, entry: ModelEntry | None = None, label: str | None = None) -> str:
+def verify_checkpoint(path: str | os.PathLike, entry: ModelEntry | None = None, label: str | None = None,
+                      check: Callable[[Any, str], None] | None = None) -> str:
     """Check that ``path`` is what ``entry`` promises and return its sha256.
 
     Only published facts are checked: the size and sha256 of ``entry`` where it has them.
-    Without a hash the file must load with ``torch.load(weights_only=True)`` (any layout
-    the official loader reads) into the architecture of its own stored config, with a
-    strict state-dict match. ``entry=None`` checks only that. Raises
-    :class:`VerificationError` naming ``label`` (default: the path), the expected and the
-    actual value.
+    Without a hash the file must load with ``torch.load(weights_only=True)`` in a layout the
+    official loader reads (:func:`matris.checkpoint_files.read`) and pass ``check`` (given the
+    :class:`~matris.checkpoint_files.CheckpointContents` and ``label``; :meth:`MatRIS.check_checkpoint`,
+    which :meth:`MatRIS.load` and the CLI pass: the weights fit the architecture of the file's own
+    config, strictly). ``entry=None`` checks only that. Raises :class:`VerificationError` naming
+    ``label`` (default: the path), the expected and the actual value.
     """
     path = Path(path)
     label = label or str(path)
@@ -123,25 +126,23 @@ def verify_checkpoint(path: str | os.PathLike, entry: ModelEntry | None = None, 
         if sha != entry.sha256.lower():
             raise VerificationError(f"{label}: sha256 mismatch: expected {entry.sha256.lower()}, got {sha}")
         return sha
-    from ..model import MatRIS
-    from ..model import checkpoint as ckpt_io
-
     try:
-        obj = ckpt_io.load_file(path)
+        obj = checkpoint_files.load_file(path)
     except CheckpointError as exc:
         raise VerificationError(f"{label}: does not load with torch.load(weights_only=True) "
                                 f"({str(exc.__cause__ or exc)[:200]})") from exc
     try:
-        contents = ckpt_io.unpack(obj, label)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # unknown config keys: the strict state-dict match decides
-            MatRIS.from_state(contents.config, contents.state_dict, source=label)
+        contents = checkpoint_files.unpack(obj, label)
+        if check is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # unknown config keys: the strict state-dict match decides
+                check(contents, label)
     except (CheckpointError, TypeError, ValueError) as exc:
         raise VerificationError(f"{label}: not a valid MatRIS checkpoint: {exc}") from None
     return sha
 
 
-def _check_cached(path: Path, entry: ModelEntry | None, sources: tuple[str, ...]) -> str | None:
+def _check_cached(path: Path, entry: ModelEntry | None, sources: tuple[str, ...], check=None) -> str | None:
     """``None`` if the cached ``path`` is intact, else why not. A file with a recorded hash is
     compared with it; a file without one (copied in by hand, records lost) is verified in full
     and then recorded."""
@@ -158,7 +159,7 @@ def _check_cached(path: Path, entry: ModelEntry | None, sources: tuple[str, ...]
         actual = sha256_file(path)
         return None if actual == record["sha256"] else f"sha256 {actual}, recorded {record['sha256']}"
     try:
-        sha = verify_checkpoint(path, entry)
+        sha = verify_checkpoint(path, entry, check=check)
     except VerificationError as exc:
         return str(exc)
     _update_record(path, sha, sources[0])
@@ -166,7 +167,7 @@ def _check_cached(path: Path, entry: ModelEntry | None, sources: tuple[str, ...]
 
 
 # -------------------------------------------------------------------------------------- fetching
-def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None = None) -> Path:
+def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None = None, check=None) -> Path:
     """The local file of a registered model, downloading and verifying it if needed.
 
     A cached file is checked (sha256) first; a corrupted one is deleted and fetched again.
@@ -182,20 +183,21 @@ def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None
     if entry.url is None:
         raise ModelUnavailableError(f"model {entry.name!r} cannot be downloaded: {entry.unavailable_reason}.")
     check_url(entry.url)
-    return _fetch(entry.urls, cached_path(entry), entry, entry.name, force, progress)
+    return _fetch(entry.urls, cached_path(entry), entry, entry.name, force, progress, check)
 
 
-def fetch_url(url: str, *, force: bool = False, progress: bool | None = None) -> Path:
+def fetch_url(url: str, *, force: bool = False, progress: bool | None = None, check=None) -> Path:
     """The local copy of the checkpoint at ``url`` (https, or http to a loopback host), cached
     under :func:`url_cache_path` and verified as a MatRIS checkpoint that loads with
-    ``weights_only=True``; its sha256 is recorded and checked on later loads."""
+    ``weights_only=True`` (and passes ``check``, :func:`verify_checkpoint`); its sha256 is recorded
+    and checked on later loads."""
     check_url(url)
-    return _fetch((url,), url_cache_path(url), None, url, force, progress)
+    return _fetch((url,), url_cache_path(url), None, url, force, progress, check)
 
 
 def _fetch(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: str, force: bool,
-           progress: bool | None) -> Path:
-    if path.exists() and not force and _check_cached(path, entry, urls) is None:
+           progress: bool | None, check=None) -> Path:
+    if path.exists() and not force and _check_cached(path, entry, urls, check) is None:
         return path
     if is_offline():
         if force:
@@ -214,14 +216,14 @@ def _fetch(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: st
         with file_lock(lock, f"waiting for another process downloading {what} (lock {lock})" if progress else None):
             if path.exists():
                 if not force:
-                    problem = _check_cached(path, entry, urls)  # another process may have just fetched it
+                    problem = _check_cached(path, entry, urls, check)  # another process may have just fetched it
                     if problem is None:
                         return path
                     warnings.warn(f"cached {what} at {path} is corrupt ({problem}): deleting it and downloading it "
                                   "again", stacklevel=3)
                 path.unlink()
                 _update_record(path, None, None)
-            return _download_any(urls, path, entry, what, progress)
+            return _download_any(urls, path, entry, what, progress, check)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
             raise
@@ -236,7 +238,8 @@ def _by_hand(urls: tuple[str, ...], path: Path) -> str:
             "loaded)")
 
 
-def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: str, progress: bool) -> Path:
+def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: str, progress: bool,
+                  check=None) -> Path:
     """Try each URL in turn (a mirror after the primary). The error lists every URL's failure
     and, unless every file arrived and failed verification, how to fetch the file by hand."""
     failures: list[DownloadError] = []
@@ -247,7 +250,7 @@ def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, w
                 print(f"matris: downloading {what} from {urls[k - 1]} failed; trying {url}", file=sys.stderr,
                       flush=True)
         try:
-            return _download_verified(url, path, entry, what, progress)
+            return _download_verified(url, path, entry, what, progress, check)
         except DownloadError as exc:
             failures.append(exc)
     if all(isinstance(exc, UnreachableError) for exc in failures):
@@ -279,13 +282,14 @@ def _no_network_message(urls: tuple[str, ...], path: Path, what: str, failures: 
             "so that matris uses the cache without trying the network")
 
 
-def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str, progress: bool) -> Path:
+def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str, progress: bool,
+                       check=None) -> Path:
     """Download ``url`` to ``path.part``, verify it, then rename it to ``path``."""
     label = f"{path.name} (downloaded from {url})"
 
     def verify(part: Path) -> str:
         try:
-            return verify_checkpoint(part, entry, label)
+            return verify_checkpoint(part, entry, label, check)
         except VerificationError:
             part.unlink(missing_ok=True)
             raise
@@ -317,8 +321,10 @@ def _failed_verification(exc: VerificationError, what: str) -> VerificationError
 
 
 # ------------------------------------------------------------------------------------ resolution
-def resolve(model: str | os.PathLike | None = None, *, force: bool = False, progress: bool | None = None) -> Path:
-    """The checkpoint file ``model`` names, fetched and verified if needed.
+def resolve(model: str | os.PathLike | None = None, *, force: bool = False, progress: bool | None = None,
+            check=None) -> Path:
+    """The checkpoint file ``model`` names, fetched and verified (with ``check``, see
+    :func:`verify_checkpoint`) if needed.
 
     ``model`` is ``None`` (the bundled model), a registry name (``-``/``_``, any case), an
     ``https://`` URL (``http://`` for loopback hosts only), or a path. A string that is
@@ -327,9 +333,9 @@ def resolve(model: str | os.PathLike | None = None, *, force: bool = False, prog
     """
     kind, target = locate(model)
     if kind == "url":
-        return fetch_url(target, force=force, progress=progress)
+        return fetch_url(target, force=force, progress=progress, check=check)
     if kind == "entry":
-        return fetch(target, force=force, progress=progress)
+        return fetch(target, force=force, progress=progress, check=check)
     return target
 
 
@@ -364,12 +370,12 @@ def locate(model: str | os.PathLike | None) -> tuple[str, Any]:
     return "path", _existing_path(Path(text).expanduser())
 
 
-def download(model: str, *, force: bool = False, progress: bool | None = None) -> Path:
+def download(model: str, *, force: bool = False, progress: bool | None = None, check=None) -> Path:
     """Fetch a registry model (or URL) into the cache and return its path (``matris download``)."""
     text = str(model).strip()
     if "://" in text:
-        return fetch_url(text, force=force, progress=progress)
-    return fetch(_registry.REGISTRY.get(text), force=force, progress=progress)
+        return fetch_url(text, force=force, progress=progress, check=check)
+    return fetch(_registry.REGISTRY.get(text), force=force, progress=progress, check=check)
 
 
 def _looks_like_path(text: str) -> bool:
@@ -417,15 +423,16 @@ def entry_for_file(path: str | os.PathLike) -> ModelEntry | None:
 
 
 # --------------------------------------------------------------------------------------- listing
-def model_info(entry: ModelEntry) -> dict[str, Any]:
+def model_info(entry: ModelEntry, count: Callable[[Path], int | None] | None = None) -> dict[str, Any]:
     """What ``matris models`` shows for ``entry``: registry fields plus cache state
     (``cached``, ``path``, ``size_bytes``; ``status`` is bundled / cached / not cached /
-    unavailable). The file is not verified here."""
+    unavailable). The file is not verified here. ``count``: the parameters of a checkpoint file,
+    for a cached model whose entry does not say."""
     path = cached_path(entry)
     exists = path.is_file()
     num_params = entry.num_params
-    if num_params is None and exists:  # counted from the file at hand
-        num_params = _count_parameters(path)
+    if num_params is None and exists and count is not None:  # counted from the file at hand
+        num_params = count(path)
     if entry.bundled:
         status = "bundled"
     elif exists:
@@ -459,9 +466,9 @@ def model_info(entry: ModelEntry) -> dict[str, Any]:
     }
 
 
-def list_models() -> list[dict[str, Any]]:
+def list_models(count: Callable[[Path], int | None] | None = None) -> list[dict[str, Any]]:
     """:func:`model_info` of every registered model, in registry order."""
-    return [model_info(entry) for entry in _registry.REGISTRY]
+    return [model_info(entry, count) for entry in _registry.REGISTRY]
 
 
 def cached_models() -> list[tuple[str, Path]]:
@@ -482,15 +489,6 @@ def available_offline() -> str:
 def _is_bundled(name: str) -> bool:
     entry = _registry.REGISTRY.find(name)
     return entry is not None and entry.bundled
-
-
-def _count_parameters(path: Path) -> int | None:
-    try:
-        from ..model import MatRIS
-
-        return sum(p.numel() for p in MatRIS.from_checkpoint(path).parameters())
-    except (CheckpointError, OSError):
-        return None
 
 
 __all__ = [
