@@ -64,7 +64,7 @@ from matris.kernels import (  # noqa: E402
     refine_edges_reference,
 )
 from matris.kernels import basis as B  # noqa: E402
-from matris.kernels.aggregate import Segments  # noqa: E402
+from matris.kernels.attention import Segments  # noqa: E402
 
 RESULTS: dict = {}
 

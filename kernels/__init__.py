@@ -4,7 +4,7 @@ Each operation has a PyTorch reference (used on every device and by the tests as
 truth); GPU kernels written in Triton live beside their reference and are selected on CUDA.
 """
 
-from .aggregate import (
+from .attention import (
     Segments,
     attention_pair,
     attention_pair_lse,

@@ -20,11 +20,12 @@ import math
 import torch
 
 from .backend import (
+    LIB,
     check_dtype,
     device_constants,
-    interpreting,
     operators_run,
     recompute_backward,
+    register_triton,
     tile,
     triton_available,
 )
@@ -196,32 +197,33 @@ SH_NORMS = (0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqr
             math.sqrt(7 / (16 * math.pi)))
 
 
-# ---------------------------------------------------------------------------- custom ops
-# Registered with torch.library with their autograd formulas: single nodes under torch.compile. The
-# functions below are their CUDA kernels (Triton; under TRITON_INTERPRET=1 their CPU kernels too);
-# the C++ library registers the CPU kernels when it loads (kernels/native.py).
-DEVICES = ("cuda", "cpu") if interpreting() else "cuda"
-@torch.library.custom_op("matris::bessel", mutates_args=(), device_types=DEVICES)
-def bessel_op(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: int) -> torch.Tensor:
-    return _launch_bessel(r.contiguous(), frequencies.contiguous(), cutoff, p, None)
+# ---------------------------------------------------------------------------- registered operators
+# Defined here, their CUDA kernels in Triton (below; under TRITON_INTERPRET=1 their CPU kernels too), the
+# C++ library's CPU kernels registered when it loads (kernels/native.py); fake kernels and autograd:
+# single nodes under torch.compile. The backwards without a graph of the backward run the backward
+# operators; with one (create_graph), the references under autograd (exact second order).
+LIB.define("bessel(Tensor r, Tensor frequencies, float cutoff, int p) -> Tensor")
+LIB.define("bessel_backward(Tensor r, Tensor frequencies, float cutoff, int p, Tensor grad, bool freq_grad) "
+           "-> (Tensor, Tensor)")
+LIB.define("fourier(Tensor theta, Tensor frequencies, float constant) -> Tensor")
+LIB.define("fourier_backward(Tensor theta, Tensor frequencies, Tensor grad, bool freq_grad) -> (Tensor, Tensor)")
+LIB.define("spherical(Tensor theta, Tensor rho, Tensor factor, int max_l, int max_n) -> Tensor")
+LIB.define("spherical_backward(Tensor theta, Tensor rho, Tensor factor, int max_l, int max_n, Tensor grad) "
+           "-> (Tensor, Tensor)")
 
 
-@bessel_op.register_fake
-def _(r, frequencies, cutoff, p):
-    return r.new_empty((r.shape[0], frequencies.shape[0]))
+def _grads_fake(x, frequencies, freq_grad):  # (∂L/∂x, ∂L/∂frequencies or empty)
+    return torch.empty_like(x), frequencies.new_empty(frequencies.shape if freq_grad else (0,))
 
 
-@torch.library.custom_op("matris::bessel_backward", mutates_args=(), device_types=DEVICES)
-def bessel_backward_op(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: int, grad: torch.Tensor,
-                       freq_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(∂L/∂r [B], ∂L/∂frequencies [K])`` (the second empty without ``freq_grad``)."""
-    g_r, g_f = _launch_bessel(r.contiguous(), frequencies.contiguous(), cutoff, p, grad.contiguous(), freq_grad)
-    return g_r, g_f.sum(0) if freq_grad else frequencies.new_empty(0)
-
-
-@bessel_backward_op.register_fake
-def _(r, frequencies, cutoff, p, grad, freq_grad):
-    return torch.empty_like(r), frequencies.new_empty(frequencies.shape if freq_grad else (0,))
+torch.library.register_fake("matris::bessel")(lambda r, f, cutoff, p: r.new_empty((r.shape[0], f.shape[0])))
+torch.library.register_fake("matris::bessel_backward")(lambda r, f, cutoff, p, grad, fg: _grads_fake(r, f, fg))
+torch.library.register_fake("matris::fourier")(lambda t, f, constant: t.new_empty((t.shape[0], 2 * f.shape[0] + 1)))
+torch.library.register_fake("matris::fourier_backward")(lambda t, f, grad, fg: _grads_fake(t, f, fg))
+torch.library.register_fake("matris::spherical")(lambda t, rho, factor, max_l, max_n: t.new_empty((t.shape[0],
+                                                                                                   max_l * max_n)))
+torch.library.register_fake("matris::spherical_backward")(lambda t, rho, *_: (torch.empty_like(t),
+                                                                              torch.empty_like(rho)))
 
 
 def _bessel_setup(ctx, inputs, output):
@@ -236,34 +238,8 @@ def _bessel_backward(ctx, grad):
         return (*recompute_backward(lambda a, b: bessel_reference(a, b, ctx.cutoff, ctx.p), (r, freq), grad),
                 None, None)
     want_f = ctx.needs_input_grad[1]  # frozen frequencies (inference): no per-element sums
-    g_r, g_f = bessel_backward_op(r, freq, ctx.cutoff, ctx.p, grad, want_f)
+    g_r, g_f = torch.ops.matris.bessel_backward(r, freq, ctx.cutoff, ctx.p, grad, want_f)
     return g_r, g_f if want_f else None, None, None
-
-
-bessel_op.register_autograd(_bessel_backward, setup_context=_bessel_setup)
-
-
-@torch.library.custom_op("matris::fourier", mutates_args=(), device_types=DEVICES)
-def fourier_op(theta: torch.Tensor, frequencies: torch.Tensor, constant: float) -> torch.Tensor:
-    """``constant``: the first column's value before the 1/√π (1/√2; v0.9 kept its float32 value)."""
-    return _launch_fourier(theta.contiguous(), frequencies.contiguous(), None, constant=constant)
-
-
-@fourier_op.register_fake
-def _(theta, frequencies, constant):
-    return theta.new_empty((theta.shape[0], 2 * frequencies.shape[0] + 1))
-
-
-@torch.library.custom_op("matris::fourier_backward", mutates_args=(), device_types=DEVICES)
-def fourier_backward_op(theta: torch.Tensor, frequencies: torch.Tensor, grad: torch.Tensor,
-                        freq_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    g_t, g_f = _launch_fourier(theta.contiguous(), frequencies.contiguous(), grad.contiguous(), freq_grad)
-    return g_t, g_f.sum(0) if freq_grad else frequencies.new_empty(0)
-
-
-@fourier_backward_op.register_fake
-def _(theta, frequencies, grad, freq_grad):
-    return torch.empty_like(theta), frequencies.new_empty(frequencies.shape if freq_grad else (0,))
 
 
 def _fourier_setup(ctx, inputs, output):
@@ -275,32 +251,8 @@ def _fourier_backward(ctx, grad):
     if torch.is_grad_enabled():
         return (*recompute_backward(fourier_reference, (theta, freq), grad), None)
     want_f = ctx.needs_input_grad[1]
-    g_t, g_f = fourier_backward_op(theta, freq, grad, want_f)
+    g_t, g_f = torch.ops.matris.fourier_backward(theta, freq, grad, want_f)
     return g_t, g_f if want_f else None, None
-
-
-fourier_op.register_autograd(_fourier_backward, setup_context=_fourier_setup)
-
-
-@torch.library.custom_op("matris::spherical", mutates_args=(), device_types=DEVICES)
-def spherical_op(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int) -> torch.Tensor:
-    return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, None)
-
-
-@spherical_op.register_fake
-def _(theta, rho, factor, max_l, max_n):
-    return theta.new_empty((theta.shape[0], max_l * max_n))
-
-
-@torch.library.custom_op("matris::spherical_backward", mutates_args=(), device_types=DEVICES)
-def spherical_backward_op(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int,
-                          grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_sh(theta.contiguous(), rho.contiguous(), factor, max_l, max_n, grad.contiguous())
-
-
-@spherical_backward_op.register_fake
-def _(theta, rho, factor, max_l, max_n, grad):
-    return torch.empty_like(theta), torch.empty_like(rho)
 
 
 def _sh_setup(ctx, inputs, output):
@@ -314,11 +266,13 @@ def _sh_backward(ctx, grad):
     if torch.is_grad_enabled():
         g_t, g_r = recompute_backward(lambda a, b: sh_reference(a, b, factor, ctx.max_l, ctx.max_n), (theta, rho), grad)
         return g_t, g_r, None, None, None
-    g_t, g_r = spherical_backward_op(theta, rho, factor, ctx.max_l, ctx.max_n, grad)
+    g_t, g_r = torch.ops.matris.spherical_backward(theta, rho, factor, ctx.max_l, ctx.max_n, grad)
     return g_t, g_r, None, None, None
 
 
-spherical_op.register_autograd(_sh_backward, setup_context=_sh_setup)
+torch.library.register_autograd("matris::bessel", _bessel_backward, setup_context=_bessel_setup)
+torch.library.register_autograd("matris::fourier", _fourier_backward, setup_context=_fourier_setup)
+torch.library.register_autograd("matris::spherical", _sh_backward, setup_context=_sh_setup)
 
 
 def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
@@ -327,7 +281,7 @@ def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
     check_dtype(r)
     if not (fused and r.shape[0] and operators_run(r)):
         return bessel_basis(r, frequencies, cutoff, p)
-    return bessel_op(r, frequencies.to(r.dtype), float(cutoff), int(p))
+    return torch.ops.matris.bessel(r, frequencies.to(r.dtype), float(cutoff), int(p))
 
 
 def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT, fused: bool = True):
@@ -335,7 +289,7 @@ def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT, fused: bool 
     check_dtype(theta)
     if not (fused and theta.shape[0] and operators_run(theta)):
         return fourier_basis(theta, frequencies, constant)
-    return fourier_op(theta, frequencies.to(theta.dtype), float(constant))
+    return torch.ops.matris.fourier(theta, frequencies.to(theta.dtype), float(constant))
 
 
 def spherical(theta, rho, factor, max_l: int, max_n: int, fused: bool = True):
@@ -343,7 +297,7 @@ def spherical(theta, rho, factor, max_l: int, max_n: int, fused: bool = True):
     check_dtype(theta, rho)
     if not (fused and theta.shape[0] and operators_run(theta, rho)):
         return sh_basis(theta, rho, factor.to(theta.dtype), max_l, max_n)
-    return spherical_op(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
+    return torch.ops.matris.spherical(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
 
 
 # ---------------------------------------------------------------------------- Triton
@@ -562,3 +516,24 @@ def _launch_sh(theta, rho, factor, max_l, max_n, grad):
         sh_kernel[_grid(n)](theta, rho, coef, grad, grad, grad_t, grad_rho, consts, n, MAX_L=max_l, MAX_N=max_n,
                             BACKWARD=True, BLOCK=_block())
     return grad_t, grad_rho
+
+
+def _bessel_backward_triton(r, freq, cutoff, p, grad, freq_grad):
+    g_r, g_f = _launch_bessel(r.contiguous(), freq.contiguous(), cutoff, p, grad.contiguous(), freq_grad)
+    return g_r, g_f.sum(0) if freq_grad else freq.new_empty(0)
+
+
+def _fourier_backward_triton(theta, freq, grad, freq_grad):
+    g_t, g_f = _launch_fourier(theta.contiguous(), freq.contiguous(), grad.contiguous(), freq_grad)
+    return g_t, g_f.sum(0) if freq_grad else freq.new_empty(0)
+
+
+register_triton("bessel", lambda r, freq, cutoff, p: _launch_bessel(r.contiguous(), freq.contiguous(), cutoff, p, None))
+register_triton("bessel_backward", _bessel_backward_triton)
+register_triton("fourier", lambda theta, freq, constant: _launch_fourier(theta.contiguous(), freq.contiguous(), None,
+                                                                         constant=constant))
+register_triton("fourier_backward", _fourier_backward_triton)
+register_triton("spherical", lambda theta, rho, factor, max_l, max_n: _launch_sh(
+    theta.contiguous(), rho.contiguous(), factor, max_l, max_n, None))
+register_triton("spherical_backward", lambda theta, rho, factor, max_l, max_n, grad: _launch_sh(
+    theta.contiguous(), rho.contiguous(), factor, max_l, max_n, grad.contiguous()))

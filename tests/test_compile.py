@@ -139,7 +139,7 @@ sys.path.insert(0, "tests")
 from conftest import evaluate, load_fixture_model
 from matris.kernels import native
 from test_compile import rattled_si
-import matris.kernels.aggregate, matris.kernels.basis
+import matris.kernels.attention, matris.kernels.basis
 for name in ("gated_phi", "attention_pair", "refine_edges", "bessel", "fourier", "spherical"):
     assert hasattr(torch.ops.matris, name), name
 assert native.library() is None  # interpreted: the operators' CPU kernels are their Triton kernels
