@@ -26,7 +26,7 @@ CHGNet's timed call follows an untimed one of its own (the memory another call r
 whoever runs next).
 
 ``heap``: the same Si64 call of ours with glibc's malloc as it is (the default) and with
-:func:`matris.kernels.heap.keep_freed_memory` (opt-in), interleaved: the measured gain of that
+:func:`matris.heap.keep_freed_memory` (opt-in), interleaved: the measured gain of that
 setting. The JSON records the CPU model and its widest instruction set (``meta.cpu``) and the
 fused operators' float32 GEMM kernel that ran (``native``: ``avx512``, ``avx2`` or ``portable``).
 
@@ -56,11 +56,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.provenance import cpu_description, provenance  # noqa: E402
-from matris import MatRIS, MatRISCalculator, MatRISConfig  # noqa: E402
+from matris import MatRIS, MatRISCalculator, MatRISConfig, heap  # noqa: E402
 from matris.atomic import write_json  # noqa: E402
 from matris.bench.measure import md_speed  # noqa: E402
 from matris.bench.structures import standard_structure  # noqa: E402
-from matris.kernels import heap, native  # noqa: E402
+from matris.kernels import native  # noqa: E402
 
 FAMILIES = {
     "GEMM": ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm"),
@@ -130,7 +130,7 @@ def build_model(variant: str, base: MatRIS) -> MatRIS:
 
 def heap_gain(calc, rounds: int, size: int = 64) -> dict:
     """Our Si``size`` E+F+S call with glibc's malloc as the process has it (the default) and with
-    :func:`matris.kernels.heap.keep_freed_memory` (opt-in), interleaved: each timed call follows an
+    :func:`matris.heap.keep_freed_memory` (opt-in), interleaved: each timed call follows an
     untimed one in its mode. glibc's behaviour is put back at the end."""
     atoms = standard_structure("si", size).atoms
     times = {"glibc": [], "kept": []}
@@ -297,7 +297,7 @@ def markdown(path: str, command: bool = True) -> str:
                      "(activation checkpointing); each timed inside its own process.")
     if data.get("heap", {}).get("available"):
         h = data["heap"]
-        lines.append(f"\nMemory reuse (opt-in `matris.kernels.heap.keep_freed_memory()` or `MATRIS_CPU_HEAP=1`): "
+        lines.append(f"\nMemory reuse (opt-in `matris.heap.keep_freed_memory()` or `MATRIS_CPU_HEAP=1`): "
                      f"{h['structure']} E+F+S {h['seconds']['glibc']:.3g} s with glibc's malloc as it is, "
                      f"{h['seconds']['kept']:.3g} s with it ({h['gain']:.2f}×), interleaved.")
     if data.get("train_steps"):

@@ -140,7 +140,7 @@ class OfficialWorker:
         """Build the official ``MatRISCalculator(checkpoint, task, device="cpu", mode,
         activation_checkpoint)``; ``dtype``: "float32" (the official one) or "float64" (see the module
         docstring); ``threads``: ``torch.set_num_threads``; ``keep_heap``: glibc keeps freed memory
-        for reuse (``True``), the opt-in setting of ``matris.kernels.heap.keep_freed_memory``
+        for reuse (``True``), the opt-in setting of ``matris.heap.keep_freed_memory``
         (``MATRIS_CPU_HEAP=1``), so that both can run under one allocator; ``False`` puts glibc's
         thresholds back; ``None`` leaves glibc's defaults (the official code as a user runs it). Returns ``params`` (the
         official count), ``log`` (what the official code printed), the settings and the versions."""
@@ -340,7 +340,7 @@ class _Worker:
 
 def _set_keep_heap(keep: bool) -> bool:
     """glibc's malloc keeps freed memory (``M_MMAP_MAX = 0``, ``M_TRIM_THRESHOLD = 2 GiB - 1``) or
-    goes back to its usual thresholds and trims, as ``matris.kernels.heap.set_keep`` does (copied:
+    goes back to its usual thresholds and trims, as ``matris.heap.set_keep`` does (copied:
     our package is not importable here). Returns whether keeping is on; False off glibc."""
     import ctypes
     import platform
@@ -421,7 +421,7 @@ def check(python: str, site: str, threads: int, repeat: int, keep_heap: bool = F
 
     torch.set_num_threads(threads)
     if keep_heap:
-        from matris.kernels import heap
+        from matris import heap
 
         heap.set_keep(True)
     torch.manual_seed(0)
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads in both processes (default: torch's)")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per variant")
     p.add_argument("--keep-heap", action="store_true",
-                   help="glibc keeps freed memory in both processes (matris.kernels.heap.set_keep), not as each ships")
+                   help="glibc keeps freed memory in both processes (matris.heap.set_keep), not as each ships")
     p.add_argument("--json", default=None, help="write the check's numbers to this JSON file")
     args = p.parse_args(argv)
     if args.worker:

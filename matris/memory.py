@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from . import heap
 from .errors import MatRISInputError
-from .kernels import heap
 
 # rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
 # the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 4096
@@ -59,7 +59,7 @@ FRAMEWORK_BYTES = 512 * 2**20
 def available_memory(device: torch.device) -> int:
     """Bytes of memory free for new tensors on ``device`` (CPU: MemAvailable, or less where the
     process's memory cgroup allows less (a SLURM job's ``--mem``, a container's limit: MemAvailable
-    is the whole node's there), plus what the heap keeps free for reuse, :mod:`matris.kernels.heap`)."""
+    is the whole node's there), plus what the heap keeps free for reuse, :mod:`matris.heap`)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))

@@ -39,7 +39,7 @@ def test_the_benchmark_runs_end_to_end_on_the_published_architecture(tmp_path):
     import json
 
     from benchmarks.cpu_speed import main, markdown
-    from matris.kernels import heap
+    from matris import heap
 
     out = tmp_path / "cpu_speed.json"
     assert main(["--sizes", "8", "--rounds", "1", "--md-steps", "0", "--no-chgnet", "--no-profile",

@@ -1,4 +1,4 @@
-"""CPU memory reuse (matris.kernels.heap): opt-in (keep_freed_memory() or MATRIS_CPU_HEAP=1); then
+"""CPU memory reuse (matris.heap): opt-in (keep_freed_memory() or MATRIS_CPU_HEAP=1); then
 freed blocks stay in the heap, so a repeated call touches no fresh pages. By default a model call
 leaves glibc's malloc as the host process set it."""
 
@@ -19,7 +19,7 @@ glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc
 PROBE = textwrap.dedent("""
     import resource, sys
     import torch
-    from matris.kernels import heap
+    from matris import heap
     print(heap.keep_freed_memory() if sys.argv[1] != "default" else heap._state["applied"], file=sys.stderr)
     if sys.argv[1] == "off":  # on, then back to glibc's long-run limits (the benchmarks' toggle)
         print(heap.set_keep(False), file=sys.stderr)
@@ -61,7 +61,7 @@ MODEL_CALL = textwrap.dedent("""
     import torch
     from ase.build import bulk
     from matris import MatRIS, MatRISCalculator, MatRISConfig
-    from matris.kernels import heap
+    from matris import heap
     assert not heap._state["applied"]
     torch.manual_seed(0)
     model = MatRIS(MatRISConfig(num_layers=1, node_feat_dim=8, edge_feat_dim=8, three_body_feat_dim=8,

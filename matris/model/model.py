@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from .. import checkpoint_files as ckpt_io
-from .. import memory
+from .. import heap, memory
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
-from ..kernels import choose, heap
+from ..kernels import choose
 from ..targets import DEFAULT_TARGETS, normalize_targets
 from .block import BlockGraph, InteractionBlock, checkpointed_block
 from .config import MOVED_TO_OPTIONS, MatRISConfig, RunOptions

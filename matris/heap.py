@@ -28,7 +28,7 @@ import functools
 import platform
 import sys
 
-from ..settings import cpu_heap
+from .settings import cpu_heap
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 _KEEP_BYTES = 2**31 - 1  # mallopt takes an int
