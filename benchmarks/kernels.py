@@ -121,7 +121,7 @@ def interpret_checks():
 
 def kernel_specs():
     """(name, kernel, signature, constexprs) for every specialisation the package launches."""
-    from matris.kernels import aggregate as S
+    from matris.kernels import attention as S
     from matris.kernels import basis as B
     from matris.kernels import gather as GA
     from matris.kernels import phi as PHI

@@ -77,8 +77,12 @@ def gated_phi_reference(rows: torch.Tensor | None, row_weight: torch.Tensor | No
     norm ``[d]`` (the norms' weights); eps the norms' epsilon. ``norm``: ``"rms"`` (RMSNorm) or
     ``"layer"`` (LayerNorm, with the biases ``core_norm_bias``/``gate_norm_bias [d]``, None for none).
     """
-    first = ([(rows @ row_weight.T, None)] if rows is not None else []) + list(terms)
-    hid = gather_sum_activate_reference(first, bias1, act)
+    if rows is not None and not terms:  # Φ of one input (a concatenation): its two Linears, as nn.Linear computes
+        h = bias1.shape[0] // 2
+        hid = torch.cat([activate(F.linear(rows, row_weight[k:k + h], bias1[k:k + h]), act) for k in (0, h)], dim=1)
+    else:
+        first = ([(rows @ row_weight.T, None)] if rows is not None else []) + list(terms)
+        hid = gather_sum_activate_reference(first, bias1, act)
     if dropout is not None:
         hid = dropout(hid)
     h = core_weight.shape[1]
