@@ -54,7 +54,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig  # noqa: E402
+from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig, memory  # noqa: E402
 from matris.kernels import (  # noqa: E402
     attention_pair,
     attention_pair_reference,
@@ -434,7 +434,7 @@ def _efs_row(model, system, device):
         reset_peak(device)
         try:
             t = median_time(lambda: model(g), device, repeat=3)
-            row[backend] = {"s": t, "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
+            row[backend] = {"s": t, "peak_gb": peak_mem_gb(device), "level": memory.inference_level(model, g)}
         except torch.OutOfMemoryError:
             row[backend] = {"s": None, "error": "out of memory"}
     model.options.kernels = None
@@ -503,7 +503,7 @@ def training(sec, device, smoke):
         model.options.training_recompute = mode
         reset_peak(device)
         took, peak = median_time(step, device, repeat=3), peak_mem_gb(device)
-        need = (model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(
+        need = (memory.training_fixed_bytes(model, ema=False) + int(memory.training_bytes(model,
             g.num_atoms, g.num_bonds, g.num_angles))) / 2**30
         res["recompute"][mode] = {"s": took, "peak_gb": peak, "model_gb": need}
         log(f"   recompute {mode:6s}: {1e3 * took:.1f} ms, peak {peak:.2f} GB (memory model {need:.2f} GB)")
@@ -526,7 +526,7 @@ def largest(sec, device, smoke, budget_s):
             model(g)
             sync(device)
             best = {"atoms": system.num_atoms, "angles": g.num_angles, "s": time.perf_counter() - t1,
-                    "peak_gb": peak_mem_gb(device), "level": model.checkpoint_level(g)}
+                    "peak_gb": peak_mem_gb(device), "level": memory.inference_level(model, g)}
             log(f"   Fe {system.num_atoms:7d} atoms fits: {best['s']:.1f} s, peak {best['peak_gb']:.1f} GB, "
                 f"level {best['level']}")
             del g

@@ -8,7 +8,7 @@ of the published 10M architecture (``examples/configs/matris-10m.yaml``: width 1
 r_c = 6 Å, r_3 = 4.5 Å) with 1 and 2 interaction blocks, and runs one E+F+S call in a fresh
 subprocess per (level, blocks), forcing ``model.options.memory_level = level``. Per row it reports:
 
-- the model's own estimate of the activations (``MatRIS.estimated_activation_bytes``), the
+- the model's own estimate of the activations (``matris.memory.activation_bytes``), the
   figure the automatic level choice uses;
 - the measured peak resident memory of the call: the process's peak RSS minus its RSS just
   before the call (model, graph and Python already loaded);
@@ -33,6 +33,13 @@ sys.path.insert(0, str(ROOT))
 
 GIB = 2**30
 
+
+
+def _estimate(model, graph, level: int) -> float:
+    """The model's own estimate of the activations, GB (:func:`matris.memory.activation_bytes`)."""
+    from matris import memory
+
+    return memory.activation_bytes(model, graph, level) / 1e9
 
 def _rss_kib() -> int:
     """Current resident memory of this process, KiB (Linux /proc)."""
@@ -79,7 +86,7 @@ def child(level: int, blocks: int, atoms: int) -> dict:
     assert out.forces is not None and bool(out.energy.isfinite().all())
     return {"level": level, "blocks": blocks, "atoms": atoms, "bonds": int(graph.num_bonds),
             "angles": int(graph.num_angles),
-            "estimate_GB": model.estimated_activation_bytes(graph, level) / 1e9,
+            "estimate_GB": _estimate(model, graph, level),
             "measured_peak_GB": (peak - before) * 1024 / 1e9, "rss_before_GB": before * 1024 / 1e9,
             "seconds": seconds}
 
@@ -87,7 +94,7 @@ def child(level: int, blocks: int, atoms: int) -> dict:
 def estimate(level: int, blocks: int, atoms: int) -> dict:
     model, graph = _model_and_graph(blocks, atoms)
     return {"level": level, "blocks": blocks, "atoms": atoms, "bonds": int(graph.num_bonds),
-            "angles": int(graph.num_angles), "estimate_GB": model.estimated_activation_bytes(graph, level) / 1e9,
+            "angles": int(graph.num_angles), "estimate_GB": _estimate(model, graph, level),
             "measured_peak_GB": None, "rss_before_GB": None, "seconds": None}
 
 

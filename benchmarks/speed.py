@@ -10,7 +10,7 @@ calls after one warm-up call, measured with time.perf_counter on this process's 
 "graph" is structure → GraphBatch (neighbour list + line graph); "E+F+S" is one model
 call on a prebuilt graph; "total" is both, what a calculator call costs. "ckpt" is the
 memory-saving level the model chose (0: none; 1, 2: activations recomputed in the
-backward pass, see MatRIS.checkpoint_level); "peak RSS" is this process's peak so far.
+backward pass, see matris.memory.inference_level); "peak RSS" is this process's peak so far.
 Sizes run in increasing order, so a row's peak RSS is that row's peak. The structures and
 timing helpers are matris.bench's; ``matris bench`` measures a loaded model (and other
 potentials) through their ASE calculators, with MD speed, JSON/CSV and a plot.
@@ -26,7 +26,7 @@ import sys
 import numpy as np
 import torch
 
-from matris import GraphBatch, MatRIS, MatRISConfig
+from matris import GraphBatch, MatRIS, MatRISConfig, memory
 from matris.atomic import write_json
 from matris.bench.measure import median_time, peak_rss_gb
 from matris.bench.structures import standard_structure
@@ -94,7 +94,7 @@ def main(argv=None):
         row = dict(structure=name, atoms=len(atoms), directed_edges=2 * graph.num_bonds, angles=graph.num_angles,
                    graph_ms=1e3 * t_graph, efs_ms=1e3 * t_model, total_ms=1e3 * total,
                    graph_share_of_efs=t_graph / t_model, us_per_atom=1e6 * total / len(atoms),
-                   checkpoint_level=model.checkpoint_level(graph), peak_rss_gb=peak_rss_gb())
+                   checkpoint_level=memory.inference_level(model, graph), peak_rss_gb=peak_rss_gb())
         rows.append(row)
         print(f"{name:16s} {row['atoms']:6d} {row['directed_edges']:8d} {row['angles']:9d} {row['graph_ms']:11.1f} "
               f"{row['efs_ms']:11.1f} {row['total_ms']:11.1f} {100 * row['graph_share_of_efs']:10.3f}% "

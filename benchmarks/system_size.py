@@ -43,7 +43,7 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
 
     import torch
 
-    from matris import MatRIS, MatRISCalculator, MatRISConfig
+    from matris import MatRIS, MatRISCalculator, MatRISConfig, memory
     from matris.bench import standard_structure
     from matris.graph import GraphBatch
     from matris.structures import to_system
@@ -60,7 +60,7 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
     atoms = standard_structure("si", atoms_count).atoms
     c = model.config
     graph = GraphBatch.from_systems([to_system(atoms)], c.pairwise_cutoff, c.three_body_cutoff)
-    chosen = model.checkpoint_level(graph, torch.float32)
+    chosen = memory.inference_level(model, graph, torch.float32)
     calc.reset()
     t0 = time.perf_counter()
     calc.calculate(atoms, ["energy", "forces", "stress"])

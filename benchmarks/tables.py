@@ -181,8 +181,8 @@ def train_memory(name: str = "train_memory") -> str:
     d = load(name)
     text = memory_table(d["rows"], live=True) + (
         f"\n\nCPU: {d['meta']['cpu']['model']} ({d['meta']['cpu']['isa']}); peak memory: the peak resident set "
-        "size of each row's process; memory model: `MatRIS.training_fixed_bytes` (without EMA) plus "
-        "`estimated_training_bytes` of this version of the code." if d["meta"].get("cpu") else "")
+        "size of each row's process; memory model: `matris.memory.training_fixed_bytes` (without EMA) plus "
+        "`training_bytes` of this version of the code." if d["meta"].get("cpu") else "")
     text += ("\n\nWhat the memory model implies for GPUs (float32, AdamW + EMA; angles of MgO-like cells per "
              "batch, and how many 64-atom MgO cells that is):\n\n" + gpu_table(gpu_sizes()))
     timed = {r["mode"]: r for r in d["rows"] if r["case"] == "mgo64" and r.get("breakdown_seconds")

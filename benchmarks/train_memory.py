@@ -30,7 +30,7 @@ second order in the composed ops; and ``blocks-composed``, ``rows-composed`` (th
 ``MATRIS_KERNELS=torch``). A mode
 whose memory model predicts more than this machine has free is skipped, with the prediction
 recorded. Every row also gives the memory model's prediction
-(``MatRIS.training_fixed_bytes + estimated_training_bytes``) against the measured peak.
+(``matris.memory.training_fixed_bytes + training_bytes``) against the measured peak.
 
 ``--breakdown``: the timed steps' seconds per kind of recomputation node
 (:mod:`matris.model.recompute`), each exclusive of the nodes it runs inside it, per step: a block's
@@ -128,7 +128,7 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, break
 
     import torch
 
-    from matris import GraphBatch
+    from matris import GraphBatch, memory
     from matris.structures import to_system
 
     torch.manual_seed(0)
@@ -165,7 +165,8 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, break
         parts.close()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
-    predicted = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(n_atoms, n_bonds, n_angles))
+    predicted = memory.training_fixed_bytes(model, ema=False) + int(memory.training_bytes(model, n_atoms, n_bonds,
+                                                                                           n_angles))
     row = {"case": case, "mode": mode, "layers": LAYERS, "device": str(dev), "structures": len(systems),
            "atoms": n_atoms, "bonds": n_bonds, "angles": n_angles, "step_seconds": statistics.median(times),
            "all_seconds": times,
@@ -207,7 +208,7 @@ def predicted(case: str, mode: str) -> dict:
     """The memory model's prediction for a (case, mode), without running it, with the batch's sizes."""
     import torch
 
-    from matris import GraphBatch
+    from matris import GraphBatch, memory
     from matris.structures import to_system
 
     torch.manual_seed(0)
@@ -215,7 +216,7 @@ def predicted(case: str, mode: str) -> dict:
     model.options.training_recompute = recompute_mode(mode)
     g = GraphBatch.from_systems([to_system(a) for a in structures(case)], model.cutoff, model.three_body_cutoff)
     sizes = {"atoms": int(g.n_atoms.sum()), "bonds": g.num_bonds, "angles": g.num_angles}
-    need = model.training_fixed_bytes(ema=False) + int(model.estimated_training_bytes(*sizes.values()))
+    need = memory.training_fixed_bytes(model, ema=False) + int(memory.training_bytes(model, *sizes.values()))
     return {"case": case, "mode": mode, **sizes, "predicted_bytes": need}
 
 
@@ -225,7 +226,7 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     one batch, in each recompute mode."""
     import torch
 
-    from matris import GraphBatch
+    from matris import GraphBatch, memory
     from matris.structures import to_system
 
     torch.manual_seed(0)
@@ -236,8 +237,8 @@ def gpu_sizes(sizes=(24, 40, 80, 141)) -> list[dict]:
     for size in sizes:
         row = {"gpu_gb": size}
         for name in GPU_MODES:
-            per_angle = model.estimated_training_bytes(n_atoms, n_bonds, n_angles, recompute=name) / n_angles
-            fixed = model.training_fixed_bytes(recompute=name)
+            per_angle = memory.training_bytes(model, n_atoms, n_bonds, n_angles, recompute=name) / n_angles
+            fixed = memory.training_fixed_bytes(model, recompute=name)
             row[f"{name}_angles"] = max(0, int((size * GB - fixed) / per_angle))
         out.append(row)
     return out
@@ -262,9 +263,11 @@ def model_prediction(row: dict) -> int:
 
 
     torch.manual_seed(0)
+    from matris import memory
+
     model = published(row.get("layers"))
     mode = recompute_mode(row["mode"])
-    return model.training_fixed_bytes(ema=False, recompute=mode) + int(model.estimated_training_bytes(
+    return memory.training_fixed_bytes(model, ema=False, recompute=mode) + int(memory.training_bytes(model,
         row["atoms"], row["bonds"], row["angles"], recompute=mode))
 
 

@@ -132,11 +132,3 @@ def operators_run(*tensors: torch.Tensor) -> bool:
     if device.type == "cuda" or (device.type == "cpu" and interpreting()):
         return triton_available()
     return device.type == "cpu" and native.available()
-
-
-def check_dtype(*tensors: torch.Tensor) -> None:
-    """Refuse, before any launch, dtypes the fused kernels do not implement (half precision)."""
-    for t in tensors:
-        if t is not None and t.dtype not in KERNEL_DTYPES:
-            raise TypeError(f"the fused MatRIS kernels take float32 or float64 tensors, got {t.dtype}; cast to "
-                            "float32 (half precision cannot resolve the force and stress derivatives)")

@@ -21,7 +21,6 @@ import torch
 
 from .backend import (
     LIB,
-    check_dtype,
     device_constants,
     operators_run,
     recompute_backward,
@@ -278,7 +277,6 @@ torch.library.register_autograd("matris::spherical", _sh_backward, setup_context
 def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
     """``[B]`` → ``[B, K]`` Bessel × envelope: the operator where it has a kernel and ``fused``
     (the call's choice), else :func:`bessel_basis`."""
-    check_dtype(r)
     if not (fused and r.shape[0] and operators_run(r)):
         return bessel_basis(r, frequencies, cutoff, p)
     return torch.ops.matris.bessel(r, frequencies.to(r.dtype), float(cutoff), int(p))
@@ -286,7 +284,6 @@ def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
 
 def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT, fused: bool = True):
     """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (as :func:`bessel`; reference :func:`fourier_basis`)."""
-    check_dtype(theta)
     if not (fused and theta.shape[0] and operators_run(theta)):
         return fourier_basis(theta, frequencies, constant)
     return torch.ops.matris.fourier(theta, frequencies.to(theta.dtype), float(constant))
@@ -294,7 +291,6 @@ def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT, fused: bool 
 
 def spherical(theta, rho, factor, max_l: int, max_n: int, fused: bool = True):
     """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (as :func:`bessel`; reference :func:`sh_basis`)."""
-    check_dtype(theta, rho)
     if not (fused and theta.shape[0] and operators_run(theta, rho)):
         return sh_basis(theta, rho, factor.to(theta.dtype), max_l, max_n)
     return torch.ops.matris.spherical(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))

@@ -182,21 +182,10 @@ def _compile_and_link(cxx: str, compile_flags: list[str], link_flags: list[str],
         os.replace(out, lib)
 
 
-_enabled = True
-
-
-def set_enabled(flag: bool) -> bool:
-    """Turn the fused CPU kernels on or off for this process (benchmarks and tests compare them
-    with the references); returns the previous setting. ``MATRIS_NATIVE=0`` turns them off from
-    the start."""
-    global _enabled
-    previous, _enabled = _enabled, bool(flag)
-    return previous
-
-
 def library() -> Path | None:
-    """The loaded library's path, or None where it is turned off or cannot be built (warned once)."""
-    return _load() if _enabled else None
+    """The loaded library's path, or None where it is turned off (``MATRIS_NATIVE=0``) or cannot be
+    built (warned once)."""
+    return _load()
 
 
 @functools.lru_cache(maxsize=1)

@@ -53,7 +53,7 @@ _map_source_kernels()
 _LAZY = {
     "MatRIS": ".model",
     "MatRISConfig": ".model",
-    "RunOptions": ".model",
+    "RunOptions": ".settings",
     "ModelOutput": ".model",
     "GraphBatch": ".graph",
     "AtomicSystem": ".graph",
@@ -67,7 +67,8 @@ if TYPE_CHECKING:  # for type checkers and the API docs; at run time see __getat
     from .calculator import MatRISCalculator
     from .errors import CheckpointError, MatRISInputError, MatRISInputWarning
     from .graph import AtomicSystem, GraphBatch
-    from .model import MatRIS, MatRISConfig, ModelOutput, RunOptions
+    from .model import MatRIS, MatRISConfig, ModelOutput
+    from .settings import RunOptions
 
 __all__ = [
     "MatRIS",

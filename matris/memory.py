@@ -21,6 +21,7 @@ import torch
 
 from . import heap
 from .errors import MatRISInputError
+from .kernels import choose
 
 # rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
 # the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 4096
@@ -156,8 +157,13 @@ def default_budget(device: torch.device) -> int:
 
 
 # ------------------------------------------------------------------------------------- inference
-def activation_bytes(config, n_bonds: int, n_angles: int, level: int, itemsize: int, kernels: str = "torch") -> int:
-    """Rough peak memory of the activations of one energy+forces+stress call at ``level``.
+def _itemsize(model, dtype: torch.dtype | None) -> int:
+    return torch.finfo(dtype or model.dtype).bits // 8
+
+
+def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = None, kernels: str = "torch") -> int:
+    """Rough peak memory of the activations of one energy+forces+stress call of ``model`` on
+    ``graph`` (a :class:`~matris.graph.GraphBatch`) at ``level``, in ``dtype`` (default the model's).
 
     Counted in angle- (and directed-edge-) sized tensors of the block width, measured on CPU
     (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the fused operators,
@@ -165,58 +171,89 @@ def activation_bytes(config, n_bonds: int, n_angles: int, level: int, itemsize: 
     level 1 (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
     (Φ recomputed too) 2 per block plus ≈ 30.
     """
-    rows = n_angles * config.three_body_feat_dim + 2 * n_bonds * config.edge_feat_dim
+    c = model.config
+    rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
     level0 = 21 if kernels in ("fused", "triton") else 45
-    tensors = {0: level0 * config.num_layers, 1: 2 * config.num_layers + 40, 2: 2 * config.num_layers + 30}[level]
-    return tensors * rows * itemsize
+    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
+    return tensors * rows * _itemsize(model, dtype)
 
 
-def inference_level(config, n_bonds: int, n_angles: int, itemsize: int, kernels: str, budget: int) -> int:
-    """The fastest memory level (0, 1, 2) whose activations (:func:`activation_bytes`) fit ``budget``
-    bytes; 2 where none does."""
+def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph: bool = False,
+                    kernels: str | None = None) -> int:
+    """The memory-saving level (0, 1, 2; :class:`matris.model.block.BlockGraph`) a call of ``model``
+    on ``graph`` uses: ``model.options.memory_level`` where set; else the fastest whose activations
+    (:func:`activation_bytes`) fit ``options.memory_limit`` bytes (default :func:`default_budget`),
+    2 where none does. Training (``create_graph``) and calls without autograd keep everything (0)."""
+    if create_graph or not torch.is_grad_enabled():
+        return 0
+    opts = model.options
+    if opts.memory_level is not None:
+        return int(opts.memory_level)
+    budget = opts.memory_limit if opts.memory_limit is not None else default_budget(model.device)
+    if kernels is None:
+        kernels = choose(model.device, opts.kernels, create_graph)
     for level in (0, 1):
-        if activation_bytes(config, n_bonds, n_angles, level, itemsize, kernels) <= budget:
+        if activation_bytes(model, graph, level, dtype, kernels) <= budget:
             return level
     return 2
 
 
 # -------------------------------------------------------------------------------------- training
-def training_bytes(config, n_atoms, n_bonds, n_angles, itemsize: int, mode: str):
-    """Peak memory of the activations of one training step (energy, forces and stress with
-    ``create_graph``, then the loss's backward) on ``n_atoms`` atoms, ``n_bonds`` bonds and
-    ``n_angles`` angles (ints or arrays: per structure, then the costs add up over a batch), bytes.
+def training_bytes(model, n_atoms, n_bonds, n_angles, dtype: torch.dtype | None = None, recompute: str | None = None):
+    """Peak memory of the activations of one training step of ``model`` (energy, forces and stress
+    with ``create_graph``, then the loss's backward) on ``n_atoms`` atoms, ``n_bonds`` bonds and
+    ``n_angles`` angles (ints or arrays: per structure, then the costs add up over a batch), bytes,
+    recomputing as ``recompute`` (None: as planned without a graph, :func:`training_mode`).
 
     Counted in rows of the block width (``n_angles·d_t + 2·n_bonds·d_e + n_atoms·d_n`` floats) and
     fitted to peak RSS on CPU, float32, published 10M architecture on rocksalt MgO cells (7,936 to
-    63,488 angles; ``benchmarks/train_memory.py`` checks it): per recompute ``mode`` the rows alive
+    63,488 angles; ``benchmarks/train_memory.py`` checks it): per recompute mode the rows alive
     while one block is recomputed plus the rows kept per block (:data:`TRAIN_ROWS`). Recomputing
     rows, the chunk alive at a time is the same for any batch: part of :func:`training_fixed_bytes`.
     """
-    rows = n_angles * config.three_body_feat_dim + 2 * n_bonds * config.edge_feat_dim + n_atoms * config.node_feat_dim
-    peak, kept = TRAIN_ROWS[check_recompute(mode)]
-    out = rows * (peak + kept * config.num_layers) * itemsize
+    c = model.config
+    mode = training_mode(model) if recompute is None else check_recompute(recompute)
+    rows = n_angles * c.three_body_feat_dim + 2 * n_bonds * c.edge_feat_dim + n_atoms * c.node_feat_dim
+    peak, kept = TRAIN_ROWS[mode]
+    out = rows * (peak + kept * c.num_layers) * _itemsize(model, dtype)
     return int(out) if isinstance(out, float) else out  # arrays (per structure) stay arrays
 
 
-def training_fixed_bytes(config, n_params: int, itemsize: int, ema: bool, mode: str) -> int:
-    """Memory of a training run besides the activations (:func:`training_bytes`): the ``n_params``
-    parameters, their gradients, AdamW's two moments and the EMA copy, the framework's own
-    (:data:`FRAMEWORK_BYTES`) and, recomputing rows, the one chunk of rows recomputed at a time
+def training_fixed_bytes(model, dtype: torch.dtype | None = None, ema: bool = True, recompute: str | None = None
+                         ) -> int:
+    """Memory of a training run of ``model`` besides the activations (:func:`training_bytes`): the
+    parameters, their gradients, AdamW's two moments and the EMA copy (``ema``), the framework's
+    own (:data:`FRAMEWORK_BYTES`) and, recomputing rows, the one chunk of rows recomputed at a time
     (:data:`TRAIN_CHUNK_FLOATS`), whatever the batch."""
-    chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * config.three_body_feat_dim * itemsize if mode == "rows" else 0
-    return n_params * itemsize * (5 if ema else 4) + FRAMEWORK_BYTES + chunk
+    mode = training_mode(model) if recompute is None else check_recompute(recompute)
+    itemsize = _itemsize(model, dtype)
+    chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * model.config.three_body_feat_dim * itemsize if mode == "rows" else 0
+    return sum(p.numel() for p in model.parameters()) * itemsize * (5 if ema else 4) + FRAMEWORK_BYTES + chunk
 
 
-def training_mode(config, sizes: tuple[int, int, int] | None, itemsize: int, limit: int) -> str:
-    """The recompute mode of a training step: ``"none"`` for models of fewer than
-    :data:`RECOMPUTE_MIN_BLOCKS` blocks; for deeper ones, on a batch of ``sizes`` (atoms, bonds,
-    angles), ``"none"`` where :func:`training_bytes` fits ``limit`` bytes, else ``"blocks"`` where
-    that fits, else ``"rows"``; without sizes (planning), ``"rows"``."""
-    if config.num_layers < RECOMPUTE_MIN_BLOCKS:
+def training_mode(model, create_graph: bool = True, graph=None, dtype: torch.dtype | None = None) -> str:
+    """What a call of ``model`` with ``create_graph`` (training on forces) recomputes in the backward
+    passes (:data:`RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to float
+    rounding): ``"none"`` keeps the whole graph (fastest; also without ``create_graph`` and for
+    models of fewer than :data:`RECOMPUTE_MIN_BLOCKS` blocks); ``"blocks"`` recomputes each
+    interaction block; ``"rows"`` too, and inside it the line-graph steps' per-angle work and the
+    atom-graph Φ by row chunks (least memory). ``model.options.training_recompute`` decides where
+    set; else, on ``graph``, the fastest whose :func:`training_bytes` fit
+    ``options.training_memory_limit`` bytes (default :func:`default_budget`; a run with
+    ``data.max_memory`` sets it); without a graph (planning), ``"rows"``."""
+    if not create_graph:
         return "none"
-    if sizes is None:
+    opts = model.options
+    if opts.training_recompute is not None:
+        return check_recompute(opts.training_recompute)
+    if model.config.num_layers < RECOMPUTE_MIN_BLOCKS:
+        return "none"
+    if graph is None:
         return "rows"
+    # the batch's atom count is read back to the host only where a choice depends on it
+    sizes = (int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles)
+    limit = opts.training_memory_limit if opts.training_memory_limit is not None else default_budget(model.device)
     for mode in ("none", "blocks"):
-        if training_bytes(config, *sizes, itemsize, mode) <= limit:
+        if training_bytes(model, *sizes, dtype, mode) <= limit:
             return mode
     return "rows"

@@ -1,5 +1,6 @@
-"""The environment variables the package reads, in one leaf module (it imports only ``os`` and
-``pathlib``). Each is documented here and in the docs' troubleshooting and kernels pages.
+"""How the package runs: the environment variables it reads, and :class:`RunOptions`, the same
+kind of choice per model, in one leaf module (it imports only the standard library). Each variable
+is documented here and in the docs' troubleshooting and kernels pages.
 
 ========================  ====================================================================
 ``MATRIS_CACHE``          the cache folder: models, packed graphs, the CPU library (default
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 ON = ("1", "true", "yes", "on")
@@ -70,3 +72,38 @@ def native_cache() -> str | None:
 def cpu_heap() -> bool:
     """``MATRIS_CPU_HEAP`` is on."""
     return os.environ.get("MATRIS_CPU_HEAP", "0").strip().lower() in ON
+
+
+@dataclass
+class RunOptions:
+    """How a model runs, not what it computes: every choice gives the same numbers to float
+    rounding, except ``tf32``. Set on the model (``model.options``) or per call
+    (``model(graph, options=...)``).
+
+    kernels: ``"auto"`` (Triton on CUDA; on a CPU the C++ kernels, and for training the PyTorch
+    references), ``"triton"``, ``"fused"`` or ``"torch"`` (the references); None: ``$MATRIS_KERNELS``,
+    else ``"auto"`` (:func:`matris.kernels.choose`).
+    memory_limit: bytes the activations of an inference call may use (None: a share of the device's
+    available memory, :func:`matris.memory.default_budget`); memory_level: force the inference
+    memory level, 0 (keep everything), 1 or 2 (recompute more; None: the lowest within the limit).
+    training_recompute: what a training step on forces recomputes (``"none"``, ``"blocks"``,
+    ``"rows"``; None: the least that fits ``training_memory_limit`` bytes, None as ``memory_limit``).
+    tf32: TF32 matmuls for float32 on CUDA (faster, less exact).
+    """
+
+    kernels: str | None = None
+    memory_limit: int | None = None
+    memory_level: int | None = None
+    training_recompute: str | None = None
+    training_memory_limit: int | None = None
+    tf32: bool = False
+
+    def __post_init__(self):
+        if self.memory_level not in (None, 0, 1, 2):
+            raise ValueError(f"RunOptions.memory_level must be 0, 1, 2 or None, got {self.memory_level!r}")
+
+
+# the attributes RunOptions replaced (0.7.0): setting one on a model says where it went
+MOVED_TO_OPTIONS = {"kernel_backend": "kernels", "activation_memory_limit": "memory_limit",
+                    "checkpointing": "memory_level", "training_recompute": "training_recompute",
+                    "training_memory_limit": "training_memory_limit", "tf32": "tf32"}

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import FOLDERS, evaluate, load_fixture_model, random_system
+from matris import memory
 
 
 @pytest.mark.parametrize("folder", FOLDERS[:3])
@@ -38,7 +39,7 @@ def test_checkpointing_levels_give_the_same_numbers(model64, level):
     model64.options.memory_level = level
     try:
         out, _ = evaluate(model64, systems)
-        assert model64.checkpoint_level(g) == level
+        assert memory.inference_level(model64, g) == level
     finally:
         model64.options.memory_level = None
     torch.testing.assert_close(out.energy, ref.energy, rtol=0, atol=1e-12)
@@ -48,16 +49,16 @@ def test_checkpointing_levels_give_the_same_numbers(model64, level):
 
 def test_automatic_level_follows_the_memory_budget(model64):
     _, g = evaluate(model64, [random_system(np.random.default_rng(1), n=6)])
-    assert model64.checkpoint_level(g) == 0  # small systems keep everything
+    assert memory.inference_level(model64, g) == 0  # small systems keep everything
     # the chunked CPU kernels keep fewer activations than the composed ops
-    assert model64.estimated_activation_bytes(g, 0, kernels="fused") < model64.estimated_activation_bytes(g, 0)
+    assert memory.activation_bytes(model64, g, 0, kernels="fused") < memory.activation_bytes(model64, g, 0)
     model64.options.kernels = "torch"  # a shallow model on the chunked path skips level 1 (it keeps more)
-    model64.options.memory_limit = model64.estimated_activation_bytes(g, 1)
+    model64.options.memory_limit = memory.activation_bytes(model64, g, 1)
     try:
-        assert model64.checkpoint_level(g) == 1
+        assert memory.inference_level(model64, g) == 1
         model64.options.memory_limit = 1
-        assert model64.checkpoint_level(g) == 2
-        assert model64.checkpoint_level(g, create_graph=True) == 0  # training keeps its graph
+        assert memory.inference_level(model64, g) == 2
+        assert memory.inference_level(model64, g, create_graph=True) == 0  # training keeps its graph
     finally:
         model64.options.memory_limit = None
         model64.options.kernels = None

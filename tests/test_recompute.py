@@ -109,25 +109,25 @@ def test_checkpointed_training_step_runs_the_fused_operators_in_its_first_order_
 def test_recompute_by_default_the_least_that_fits_for_a_deep_model():
     shallow, deep = _model(layers=2), _model(layers=4)
     g = _graph(deep)
-    assert shallow.training_recompute_mode(graph=g) == "none"
-    assert deep.training_recompute_mode() == "rows"  # planning, without a graph: the least memory
-    assert deep.training_recompute_mode(create_graph=False) == "none"  # inference keeps its own levels
+    assert memory.training_mode(shallow, graph=g) == "none"
+    assert memory.training_mode(deep) == "rows"  # planning, without a graph: the least memory
+    assert memory.training_mode(deep, create_graph=False) == "none"  # inference keeps its own levels
     sizes = (int(g.n_atoms.sum()), g.num_bonds, g.num_angles)
-    need = {mode: deep.estimated_training_bytes(*sizes, recompute=mode) for mode in ("none", "blocks", "rows")}
+    need = {mode: memory.training_bytes(deep, *sizes, recompute=mode) for mode in ("none", "blocks", "rows")}
     assert need["none"] > need["blocks"] > need["rows"]
     deep.options.training_memory_limit = need["none"]  # fits: the whole graph (fastest)
-    assert deep.training_recompute_mode(graph=g) == "none"
+    assert memory.training_mode(deep, graph=g) == "none"
     deep.options.training_memory_limit = need["none"] - 1  # does not: recomputed blocks
-    assert deep.training_recompute_mode(graph=g) == "blocks"
+    assert memory.training_mode(deep, graph=g) == "blocks"
     deep.options.training_memory_limit = need["blocks"] - 1  # does not: blocks and rows recomputed
-    assert deep.training_recompute_mode(graph=g) == "rows"
+    assert memory.training_mode(deep, graph=g) == "rows"
     deep.options.training_memory_limit = need["rows"] // 2  # nothing fits: the least memory
-    assert deep.training_recompute_mode(graph=g) == "rows"
+    assert memory.training_mode(deep, graph=g) == "rows"
     deep.options.training_recompute = "none"
-    assert deep.training_recompute_mode(graph=g) == "none"
+    assert memory.training_mode(deep, graph=g) == "none"
     deep.options.training_recompute = "layers"
     with pytest.raises(MatRISInputError, match="unknown training recompute mode 'layers'.*none, blocks, rows"):
-        deep.training_recompute_mode(graph=g)
+        memory.training_mode(deep, graph=g)
 
 
 def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph(small_chunks):

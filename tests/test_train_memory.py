@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from matris import MatRIS, MatRISConfig
+from matris import MatRIS, MatRISConfig, memory
 from matris.cli import main as cli_main
 from matris.data import BudgetBatchSampler
 from matris.data.synthetic import write_emt_dataset
@@ -44,15 +44,15 @@ def test_a_removed_recompute_mode_names_its_replacement():
 def test_the_memory_model_adds_up_over_a_batch_and_knows_checkpointing():
     model = MatRIS(MatRISConfig.published_10m())
     atoms, bonds, angles = np.array([8, 16, 64]), np.array([368, 715, 2859]), np.array([7936, 15872, 63488])
-    per = model.estimated_training_bytes(atoms, bonds, angles)
-    assert model.estimated_training_bytes(atoms.sum(), bonds.sum(), angles.sum()) == per.sum()  # linear
-    whole = model.estimated_training_bytes(atoms, bonds, angles, recompute="none")
-    fixed = model.training_fixed_bytes(ema=False)  # planned: rows, with the one chunk alive at a time
-    assert fixed - model.training_fixed_bytes(ema=False, recompute="none") == 250 * 4096 * 128 * 4
+    per = memory.training_bytes(model, atoms, bonds, angles)
+    assert memory.training_bytes(model, atoms.sum(), bonds.sum(), angles.sum()) == per.sum()  # linear
+    whole = memory.training_bytes(model, atoms, bonds, angles, recompute="none")
+    fixed = memory.training_fixed_bytes(model, ema=False)  # planned: rows, with the one chunk alive at a time
+    assert fixed - memory.training_fixed_bytes(model, ema=False, recompute="none") == 250 * 4096 * 128 * 4
     # ten blocks' graphs against one block's and one chunk of rows, plus what each block keeps
-    assert (model.training_fixed_bytes(ema=False, recompute="none") + whole > 4 * (fixed + per)).all()
-    assert (model.estimated_training_bytes(atoms, bonds, angles, torch.float64) == 2 * per).all()
-    assert model.training_fixed_bytes(torch.float64, recompute="none") == 2 * model.training_fixed_bytes(
+    assert (memory.training_fixed_bytes(model, ema=False, recompute="none") + whole > 4 * (fixed + per)).all()
+    assert (memory.training_bytes(model, atoms, bonds, angles, torch.float64) == 2 * per).all()
+    assert memory.training_fixed_bytes(model, torch.float64, recompute="none") == 2 * memory.training_fixed_bytes(model,
         recompute="none") - 512 * 2**20  # the framework's share does not double
     # the measured peaks the model bounds (benchmarks/results/train_memory.json), recompute rows:
     # MgO8 1.15 GB, MgO16 1.37 GB, MgO64 3.12 GB

@@ -50,7 +50,7 @@ class BudgetBatchSampler:
         max_angles: angles per batch (None = no limit).
         max_structures: structures per batch (None = no limit).
         memory: ``[S]`` bytes of each position's share of a training step (e.g.
-            ``MatRIS.estimated_training_bytes``: linear, so a batch costs the sum).
+            ``matris.memory.training_bytes``: linear, so a batch costs the sum).
         max_memory: bytes of activations per batch (with ``memory``; None = no limit).
         shuffle: shuffle the order of each epoch.
         seed: seed of the order of each epoch.

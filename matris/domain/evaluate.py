@@ -1,31 +1,17 @@
 """MatRIS on a domain decomposition: each rank evaluates its own atoms, bonds and angles, and the
-ranks exchange what a block reads from the others, inside every block.
+ranks exchange, inside every block, what the block reads from the others (the method, its
+exchanges and their volume: docs/lammps.md, "The domain decomposition").
 
-Ownership. A rank owns its atoms (LAMMPS's local atoms), the angles centred on them, and computes
-every bond with at least one owned end (a bond between two ranks is computed on both, the same way
-from the same inputs). Its ghost atoms only need to reach one bond (the ghost cutoff r_c + skin
-that LAMMPS gives any pair style): the model is never evaluated on a ghost region; data moves
-instead, four times per block. :func:`evaluate` runs the model's own forward with a
-:class:`RankHalo` that its blocks call at these four points:
-
-1. line-graph attention: each bond's softmax runs over the angles at *both* its ends, which may be
-   owned by two ranks. Each rank takes the softmax over its own angles, per directed edge (the end
-   at which the angle sits): the aggregate ``T`` and the log-sum-exp of the logits ``lse``, per
-   channel, differentiable (:func:`matris.kernels.attention_pair_lse`). The owner of each atom
-   sends these of the bonds ending at it to the atom's ghost copies (forward exchange, ``4·d_t``
-   floats per short bond of the atom), and every rank combines the two ends of its bonds
-   (:func:`matris.kernels.merge_softmax`): ``t_agg = Σ_end T·exp(lse − L)``, ``L = log Σ_end
-   exp(lse)``: the same softmax, in another summation order;
-2. atom-graph attention, computed locally; then the ghost atoms' features are refreshed from their
-   owners (``d_n`` floats per atom);
-3. line-graph Refine: as 1, with the plain sums ``R`` (``d_t`` floats per short bond);
-4. atom-graph Refine, locally; then the ghost atoms' features again.
-
-Bond and angle features never travel: bonds are computed where they are needed and angles only by
-their centre's owner. The backward pass (forces, virial) runs through the same steps in reverse:
-each exchange's transpose sends the gradients of ghost copies to their owners
-(:func:`matris.domain.halo.forward_exchange`). Exact: the same sums as the whole system's, in
-another order (float64 agrees to rounding; ``tests/test_domain.py``).
+A rank owns its atoms (LAMMPS's local atoms) and the angles centred on them, and computes every
+bond with at least one owned end (a bond between two ranks on both, the same way). Its ghost atoms
+need only reach one bond (the ghost cutoff r_c + skin that LAMMPS gives any pair style).
+:func:`evaluate` runs the model's own forward with a :class:`RankHalo` that its blocks call at four
+points: the line-graph attention (each bond's softmax over the angles at both its ends, which two
+ranks may own: per end the aggregate ``T`` and log-sum-exp ``lse``, sent from the owner of the end's
+atom to its ghost copies and merged, :func:`matris.kernels.merge_softmax`), the line-graph Refine
+(the plain sums, the same way), and after the atom-graph attention and Refine (the ghost atoms'
+features refreshed from their owners). The backward pass runs each exchange's transpose
+(:func:`matris.domain.halo.forward_exchange`). Exact: the whole system's sums in another order.
 
 Bonds are named across ranks by integers (:mod:`matris.domain.halo`): a directed edge ``t ← s`` by
 ``(tag_s, n_s − n_t)``, with ``n`` each atom's lattice shift from its owner. The owner of ``t``

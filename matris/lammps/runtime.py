@@ -28,6 +28,7 @@ import time
 import numpy as np
 import torch
 
+from .. import memory
 from ..domain import Subdomain, build_graphs, evaluate
 from ..domain.evaluate import bond_forces_and_virials
 from ..errors import MatRISInputError, is_out_of_memory
@@ -226,7 +227,7 @@ class LammpsEvaluator:
         m = self.model
         g = GraphBatch.from_systems([system], m.cutoff, m.three_body_cutoff, dtype=m.dtype, device=m.device)
         kernels = choose(g.positions.device, m.options.kernels)
-        level = m.checkpoint_level(g, m.dtype, False, kernels)
+        level = memory.inference_level(m, g, m.dtype, False, kernels)
         shift = g.bond_image @ g.cell[0]
         v = (g.positions[g.bond_target] - g.positions[g.bond_source] - shift).detach().requires_grad_(True)
         with torch.enable_grad():

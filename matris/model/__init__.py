@@ -7,7 +7,8 @@ import torch.
 
 from typing import TYPE_CHECKING
 
-from .config import MatRISConfig, RunOptions
+from ..settings import RunOptions
+from .config import MatRISConfig
 
 if TYPE_CHECKING:  # for type checkers and the API docs; at run time see __getattr__
     from .model import MatRIS, ModelOutput

@@ -133,37 +133,3 @@ class MatRISConfig:
 
 __all__ = ["MatRISConfig", "ACTIVATIONS", "NORMS"]
 
-
-@dataclass
-class RunOptions:
-    """How a model runs, not what it computes: every choice gives the same numbers to float
-    rounding, except ``tf32``. Set on the model (``model.options``) or per call
-    (``model(graph, options=...)``).
-
-    kernels: ``"auto"`` (Triton on CUDA; on a CPU the C++ kernels, and for training the PyTorch
-    references), ``"triton"``, ``"fused"`` or ``"torch"`` (the references); None: ``$MATRIS_KERNELS``,
-    else ``"auto"`` (:func:`matris.kernels.choose`).
-    memory_limit: bytes the activations of an inference call may use (None: a share of the device's
-    available memory, :func:`matris.memory.default_budget`); memory_level: force the inference
-    memory level, 0 (keep everything), 1 or 2 (recompute more; None: the lowest within the limit).
-    training_recompute: what a training step on forces recomputes (``"none"``, ``"blocks"``,
-    ``"rows"``; None: the least that fits ``training_memory_limit`` bytes, None as ``memory_limit``).
-    tf32: TF32 matmuls for float32 on CUDA (faster, less exact).
-    """
-
-    kernels: str | None = None
-    memory_limit: int | None = None
-    memory_level: int | None = None
-    training_recompute: str | None = None
-    training_memory_limit: int | None = None
-    tf32: bool = False
-
-    def __post_init__(self):
-        if self.memory_level not in (None, 0, 1, 2):
-            raise ValueError(f"RunOptions.memory_level must be 0, 1, 2 or None, got {self.memory_level!r}")
-
-
-# the attributes RunOptions replaced (0.7.0): setting one on a model says where it went
-MOVED_TO_OPTIONS = {"kernel_backend": "kernels", "activation_memory_limit": "memory_limit",
-                    "checkpointing": "memory_level", "training_recompute": "training_recompute",
-                    "training_memory_limit": "training_memory_limit", "tf32": "tf32"}

@@ -126,15 +126,10 @@ class GatedMLP(nn.Module):
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = first_weight(self)
         rows = row_weight = None
-        gathered, col = [], 0
-        for feat, index in terms:
-            w = weight[:, col : col + feat.shape[-1]]
-            col += feat.shape[-1]
-            if index is None:  # the per-row term
-                rows, row_weight = feat, w
-            else:
-                gathered.append((feat @ w.T, index))
-        gathered += list(projected)
+        if terms[0][1] is None:  # the per-row term (first, when there is one)
+            rows, terms = terms[0][0], terms[1:]
+            row_weight = weight[:, : rows.shape[-1]]
+        gathered = _projections(weight, terms, 0 if rows is None else rows.shape[-1]) + list(projected)
         cn, gn = self.core_norm, self.gate_norm
         eps = cn.eps if cn.eps is not None else torch.finfo(weight.dtype).eps
         return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,

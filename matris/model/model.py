@@ -19,9 +19,10 @@ from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..kernels import choose
+from ..settings import MOVED_TO_OPTIONS, RunOptions
 from ..targets import DEFAULT_TARGETS, normalize_targets
 from .block import BlockGraph, InteractionBlock, checkpointed_block
-from .config import MOVED_TO_OPTIONS, MatRISConfig, RunOptions
+from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import RowRecompute, norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
@@ -138,32 +139,6 @@ class MatRIS(nn.Module):
             f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
             "a model that covers them (see 'matris models').")
 
-    def training_recompute_mode(self, create_graph: bool = True, graph: GraphBatch | None = None,
-                                dtype: torch.dtype | None = None) -> str:
-        """What a call with ``create_graph`` (training on forces) recomputes in the backward passes
-        (:data:`matris.memory.RECOMPUTE_MODES`, :mod:`matris.model.recompute`; the same gradients to
-        float rounding): ``"none"`` keeps the whole graph (fastest); ``"blocks"`` recomputes each
-        interaction block; ``"rows"`` too, and inside it the line-graph steps' per-angle work and
-        the atom-graph Φ by row chunks where they make more than one (least memory). ``"none"``
-        without ``create_graph``. ``options.training_recompute`` decides if set; by default
-        :func:`matris.memory.training_mode` on ``graph``, within ``options.training_memory_limit`` bytes
-        (default: :func:`matris.memory.default_budget`; a run with ``data.max_memory`` sets it)."""
-        if not create_graph:
-            return "none"
-        if self.options.training_recompute is not None:
-            return memory.check_recompute(self.options.training_recompute)
-        if graph is None or self.config.num_layers < memory.RECOMPUTE_MIN_BLOCKS:
-            return memory.training_mode(self.config, None, self._itemsize(dtype), 0)
-        # the batch's atom count is read back to the host only where a choice depends on it
-        sizes = (int(graph.n_atoms.sum()), graph.num_bonds, graph.num_angles)
-        limit = self.options.training_memory_limit
-        if limit is None:
-            limit = memory.default_budget(self.device)
-        return memory.training_mode(self.config, sizes, self._itemsize(dtype), limit)
-
-    def _itemsize(self, dtype: torch.dtype | None) -> int:
-        return torch.finfo(dtype or self.dtype).bits // 8
-
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
         ref = set() if self.reference_energy is None else {id(p) for p in self.reference_energy.parameters()}
@@ -257,10 +232,10 @@ class MatRIS(nn.Module):
         kernels = choose(positions.device, self.options.kernels, create_graph)  # the one place it is chosen
         if positions.device.type == "cpu":
             heap.apply_environment()  # MATRIS_CPU_HEAP=1 only: calls reuse freed memory (no page faults)
-        level = self.checkpoint_level(g, positions.dtype, create_graph, kernels)
+        level = memory.inference_level(self, g, positions.dtype, create_graph, kernels)
         # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
-        recompute_mode = self.training_recompute_mode(create_graph, g, positions.dtype)
+        recompute_mode = memory.training_mode(self, create_graph, g, positions.dtype)
         block_kernels = choose(positions.device, self.options.kernels) if recompute_mode != "none" else None
         if compiled:
             if self._compiled is None:
@@ -462,48 +437,6 @@ class MatRIS(nn.Module):
             yield
         finally:
             setattr(matmul, name, before)
-
-    def estimated_activation_bytes(self, graph: GraphBatch, level: int = 0, dtype: torch.dtype | None = None,
-                                   kernels: str = "torch") -> int:
-        """Rough peak memory of the activations of one energy+forces+stress call on ``graph``
-        (:func:`matris.memory.activation_bytes`)."""
-        return memory.activation_bytes(self.config, graph.num_bonds, graph.num_angles, level, self._itemsize(dtype),
-                                       kernels)
-
-    def estimated_training_bytes(self, n_atoms, n_bonds, n_angles, dtype: torch.dtype | None = None,
-                                 recompute: str | None = None):
-        """Peak memory of the activations of one training step on ``n_atoms`` atoms, ``n_bonds`` bonds
-        and ``n_angles`` angles (:func:`matris.memory.training_bytes`), recomputing as ``recompute``
-        (None: as planned without a graph, :meth:`training_recompute_mode`)."""
-        mode = self.training_recompute_mode() if recompute is None else recompute
-        return memory.training_bytes(self.config, n_atoms, n_bonds, n_angles, self._itemsize(dtype), mode)
-
-    def training_fixed_bytes(self, dtype: torch.dtype | None = None, ema: bool = True,
-                             recompute: str | None = None) -> int:
-        """Memory of a training run besides the activations (:func:`matris.memory.training_fixed_bytes`)."""
-        mode = self.training_recompute_mode() if recompute is None else memory.check_recompute(recompute)
-        n_params = sum(p.numel() for p in self.parameters())
-        return memory.training_fixed_bytes(self.config, n_params, self._itemsize(dtype), ema, mode)
-
-    def checkpoint_level(self, graph: GraphBatch, dtype: torch.dtype | None = None, create_graph: bool = False,
-                         kernels: str | None = None) -> int:
-        """The memory-saving level (see :class:`BlockGraph`) a call on ``graph`` will use.
-
-        ``options.memory_level`` forces a level; by default :func:`matris.memory.inference_level`, within
-        ``options.memory_limit`` bytes (default: :func:`matris.memory.default_budget`).
-        Training (``create_graph``) always keeps everything.
-        """
-        if create_graph or not torch.is_grad_enabled():
-            return 0
-        if self.options.memory_level is not None:
-            return int(self.options.memory_level)
-        budget = self.options.memory_limit
-        if budget is None:
-            budget = memory.default_budget(self.device)
-        if kernels is None:
-            kernels = choose(self.device, self.options.kernels, create_graph)
-        return memory.inference_level(self.config, graph.num_bonds, graph.num_angles, self._itemsize(dtype), kernels,
-                                      budget)
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod

@@ -191,7 +191,7 @@ class MatRISDataModule(L.LightningDataModule):
 
     def set_memory_budget(self, cost, budget: int) -> None:
         """Batches by memory (``data.max_memory``): ``cost(n_atoms, n_bonds, n_angles)`` gives each
-        structure's bytes (arrays in, array out; :meth:`MatRIS.estimated_training_bytes`), and a
+        structure's bytes (arrays in, array out; :func:`matris.memory.training_bytes`), and a
         batch holds at most ``budget`` of them, besides the other budgets."""
         self.memory_budget = (cost, int(budget))
 

@@ -1,8 +1,8 @@
 """Batches sized by memory: ``data.max_memory`` turned into a batch budget by the model's memory model.
 
 A training step's memory is the fixed part (parameters, gradients, AdamW's moments, the EMA copy,
-the framework: :meth:`MatRIS.training_fixed_bytes`) plus the activations, linear in each
-structure's atoms, bonds and angles (:meth:`MatRIS.estimated_training_bytes`, fitted to measured
+the framework: :func:`matris.memory.training_fixed_bytes`) plus the activations, linear in each
+structure's atoms, bonds and angles (:func:`matris.memory.training_bytes`, fitted to measured
 peaks by ``benchmarks/train_memory.py``). ``data.max_memory`` less the fixed part is the budget of
 activations per batch; the batch sampler fills batches up to it. A structure that alone does not fit
 is refused before the first step, by name, with what it needs.
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import memory as memory_policy
 from ..errors import MatRISInputError
 from ..memory import available_memory
 from ..model import MatRIS
@@ -34,7 +35,7 @@ class MemoryPlan:
     budget: int  # activations per batch: total - fixed
     costs: np.ndarray  # [S] activation bytes of each training structure
     source: str  # how total was set
-    recompute: str = "none"  # the training recompute mode the costs assume (MatRIS.training_recompute_mode)
+    recompute: str = "none"  # the training recompute mode the costs assume (matris.memory.training_mode)
 
     def largest(self) -> int:
         """Position (in the training set) of the structure that needs the most memory."""
@@ -54,12 +55,12 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     """The memory plan of a run: ``max_memory`` (default ``config.data.max_memory``; ``'auto'``:
     :data:`AUTO_SHARE` of what ``device`` has free), the fixed part, the activation budget and the
     cost of each structure of ``sizes`` (atoms, bonds, angles), in the recompute mode the model plans
-    (:meth:`MatRIS.training_recompute_mode`)."""
+    (:func:`matris.memory.training_mode`)."""
     device = device or training_device(config)
     value = config.data.max_memory if max_memory is None else max_memory
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
-    mode = model.training_recompute_mode()
-    fixed = model.training_fixed_bytes(dtype, ema=bool(config.optim.ema_decay), recompute=mode)
+    mode = memory_policy.training_mode(model)
+    fixed = memory_policy.training_fixed_bytes(model, dtype, ema=bool(config.optim.ema_decay), recompute=mode)
     parsed = parse_memory(value) if value is not None else None
     if parsed is None:
         total = int(AUTO_SHARE * (available_memory(device) + (fixed if device.type == "cuda" else 0)))
@@ -67,7 +68,7 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     else:
         total, source = parsed, f"data.max_memory = {value}"
     atoms, bonds, angles = (np.asarray(a, dtype=np.int64) for a in sizes)
-    costs = np.asarray(model.estimated_training_bytes(atoms, bonds, angles, dtype, recompute=mode), dtype=np.int64)
+    costs = np.asarray(memory_policy.training_bytes(model, atoms, bonds, angles, dtype, recompute=mode), dtype=np.int64)
     return MemoryPlan(total=total, fixed=fixed, budget=total - fixed, costs=costs, source=source, recompute=mode)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import memory as memory_policy
 from ..atomic import atomic_path, write_text
 from ..errors import MatRISInputError, MissingExtraError
 from ..model import MatRIS
@@ -141,7 +142,7 @@ def apply_memory_budget(model: MatRIS, config: TrainConfig, data: MatRISDataModu
     plan = plan_memory(model, config, sizes)
     check_fits(plan, sizes)
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
-    data.set_memory_budget(lambda a, b, t: model.estimated_training_bytes(np.asarray(a), np.asarray(b),
+    data.set_memory_budget(lambda a, b, t: memory_policy.training_bytes(model, np.asarray(a), np.asarray(b),
                                                                           np.asarray(t), dtype, plan.recompute),
                            plan.budget)
     model.options.training_memory_limit = plan.budget  # a batch keeps its whole graph only where that fits too
@@ -164,7 +165,7 @@ def dry_run(config: TrainConfig) -> str:
     plan = plan_memory(model, config, sizes, device, max_memory=config.data.max_memory or "auto")
     if model.options.training_recompute is not None:
         recompute = model.options.training_recompute
-    elif model.training_recompute_mode() == "none":
+    elif memory_policy.training_mode(model) == "none":
         recompute = "none"
     else:
         recompute = "automatic (per batch, the first of none, blocks, rows whose memory fits)"
