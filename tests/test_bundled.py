@@ -103,6 +103,7 @@ def test_lattice_constants_within_one_percent_of_the_teacher(model):
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark  # 2 ps of MD, over a minute: pytest -m benchmark tests/test_bundled.py
 def test_md_si64_nvt_300K_2ps_is_stable(model):
     """64-atom Si, Langevin NVT 300 K, 2 ps (1000 steps of 2 fs): no two atoms closer than 1.5 Å,
     potential energy bounded, temperature near its target."""
