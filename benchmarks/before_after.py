@@ -101,7 +101,9 @@ def mgo64(trees: dict[str, Path], shim: Path, rounds: int) -> dict[str, list[dic
             tree = trees[name]
             res = subprocess.run([sys.executable, "benchmarks/train_memory.py", "--worker", "mgo64", "rows",
                                   "--steps", "1", "--warmup", "1"], cwd=tree, env=child_env(tree, shim),
-                                 capture_output=True, text=True, check=True)
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"{name}: the training step failed:\n{res.stderr[-3000:]}")
             row = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("ROW "))[4:])
             out[name].append({"step_seconds": row["step_seconds"], "peak_rss_bytes": row["peak_rss_bytes"]})
     return out

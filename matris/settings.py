@@ -12,8 +12,14 @@ is documented here and in the docs' troubleshooting and kernels pages.
 ``MATRIS_NATIVE``         ``0``: no fused CPU library (the PyTorch references run); ``1``: a
                           failed build is an error instead of a warning; ``auto`` (default)
 ``MATRIS_NATIVE_CACHE``   where the CPU library is built (default ``$MATRIS_CACHE/native``)
-``MATRIS_CPU_HEAP``       ``1``: glibc keeps freed memory for reuse (fewer page faults in MD)
-``TRITON_INTERPRET``      ``1``: Triton's interpreter runs the GPU kernels on CPU tensors (tests)
+``MATRIS_CPU_HEAP``       ``1``: glibc keeps freed memory for reuse (fewer page faults in MD; in a
+                          script, :func:`matris.heap.keep_freed_memory` does the same)
+``MATRIS_DOWNLOAD_*``     ``TIMEOUT`` (s per connect/read, 30), ``RETRIES`` (5), ``BACKOFF`` (1 s,
+                          doubling): the model downloads (:class:`matris.pretrained.DownloadSettings`)
+``MATRIS_LAMMPS_STATS``   ``PREFIX``: each LAMMPS rank writes its counters to ``PREFIX.<rank>.json``
+                          (``benchmarks/lammps.py``)
+``TRITON_INTERPRET``      ``1``: Triton's interpreter runs the GPU kernels on CPU tensors (tests);
+                          ``MATRIS_INTERPRET_TILES=gpu`` keeps the device's tile sizes there
 ========================  ====================================================================
 """
 

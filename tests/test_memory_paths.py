@@ -12,7 +12,7 @@ from matris import memory
 def test_projection_rewrite_equals_concatenation(folder):
     """Every Φ computes its first layer as per-node projections gathered per edge
     (``forward_terms``): the same numbers as Φ on the literal concatenation ``[y0 ‖ x[tgt] ‖ x[src]]``."""
-    from matris.model.layers import GatedMLP, NormedMLP
+    from matris.model.layers import GatedMLP, NormedMLP, project_terms
 
     model = load_fixture_model(folder)
     rng = torch.Generator().manual_seed(0)
@@ -27,6 +27,11 @@ def test_projection_rewrite_equals_concatenation(folder):
         literal = phi(torch.cat([f if i is None else f[i] for f, i in zip(feats, index)], dim=-1))
         torch.testing.assert_close(phi.forward_terms(list(zip(feats, index))), literal, rtol=0, atol=1e-12,
                                    msg=name)
+        # every term gathered and projected beforehand (the atom graph's Φ recomputed by row chunks)
+        gathered = [(f, torch.randint(0, 9, (9,), generator=rng)) for f in feats]
+        literal = phi(torch.cat([f[i] for f, i in gathered], dim=-1))
+        torch.testing.assert_close(phi.forward_terms([], projected=project_terms(phi, gathered, 0)), literal,
+                                   rtol=0, atol=1e-12, msg=name)
         checked += 1
     assert checked == 6 * model.config.num_layers  # two per attention, one per Refine
 

@@ -126,7 +126,7 @@ class GatedMLP(nn.Module):
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = first_weight(self)
         rows = row_weight = None
-        if terms[0][1] is None:  # the per-row term (first, when there is one)
+        if terms and terms[0][1] is None:  # the per-row term (first, when there is one)
             rows, terms = terms[0][0], terms[1:]
             row_weight = weight[:, : rows.shape[-1]]
         gathered = _projections(weight, terms, 0 if rows is None else rows.shape[-1]) + list(projected)
