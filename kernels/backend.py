@@ -54,9 +54,9 @@ def choose(device: torch.device, backend: str | None = None, create_graph: bool 
     """The kernels a model call on ``device`` runs, the one place where they are chosen:
     ``"triton"`` (CUDA, or any device under ``TRITON_INTERPRET=1`` when asked for), ``"fused"`` (a
     CPU: the operators' C++ kernels) or ``"torch"`` (the operators' PyTorch references).
-    ``backend``: one of :data:`BACKENDS` (None: ``$MATRIS_KERNELS``, else ``"auto"``); ``"auto"``
-    runs the references for a call that keeps the graph of its forces on a CPU (training), whose
-    double backward they give directly. Each operator still falls back to its reference where it
+    ``backend``: one of :data:`BACKENDS` (None: ``$MATRIS_KERNELS``, else ``"auto"``); off Triton, a
+    call that keeps the graph of its forces (training) runs the references, whose double backward
+    they give directly. Each operator still falls back to its reference where it
     has no kernel for its tensors (no compiler, another activation, float16)."""
     choice = backend or kernels_override() or "auto"
     if choice not in BACKENDS:
@@ -66,11 +66,10 @@ def choose(device: torch.device, backend: str | None = None, create_graph: bool 
     if choice == "triton" and not runnable:
         raise RuntimeError("the Triton kernels need triton and a CUDA device (or TRITON_INTERPRET=1 for CPU "
                            "tensors); use RunOptions(kernels='torch') or MATRIS_KERNELS=torch")
-    if choice == "auto":
-        if runnable and device.type == "cuda":
-            return "triton"
-        return "torch" if create_graph else "fused"
-    return choice
+    if choice == "triton" or (choice == "auto" and runnable and device.type == "cuda"):
+        return "triton"
+    # a call that keeps the graph of its forces (training) runs the references off CUDA
+    return "torch" if choice == "torch" or create_graph else "fused"
 
 
 def recompute_backward(fn, inputs, grad):
