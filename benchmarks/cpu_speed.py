@@ -297,7 +297,7 @@ def markdown(path: str, command: bool = True) -> str:
                      "(activation checkpointing); each timed inside its own process.")
     if data.get("heap", {}).get("available"):
         h = data["heap"]
-        lines.append(f"\nMemory reuse (opt-in `matris.heap.keep_freed_memory()` or `MATRIS_CPU_HEAP=1`): "
+        lines.append(f"\nMemory reuse (opt-in `matris.heap.keep_freed_memory()` or glibc's `GLIBC_TUNABLES`): "
                      f"{h['structure']} E+F+S {h['seconds']['glibc']:.3g} s with glibc's malloc as it is, "
                      f"{h['seconds']['kept']:.3g} s with it ({h['gain']:.2f}×), interleaved.")
     if data.get("train_steps"):

@@ -71,7 +71,8 @@ def run_lmp(script: str, ranks: int, workdir: Path, env: dict) -> str:
     return (workdir / "log.lammps").read_text()
 
 
-def speed_script(model: Path, reps, steps: int, device: str, dtype: str, threads: int, mode: str) -> str:
+def speed_script(model: Path, reps, steps: int, device: str, dtype: str, threads: int, mode: str,
+                 stats: Path | None = None) -> str:
     nx, ny, nz = reps
     return f"""units metal
 atom_style atomic
@@ -80,7 +81,7 @@ region box block 0 {nx} 0 {ny} 0 {nz}
 create_box 1 box
 create_atoms 1 box
 mass 1 28.0855
-pair_style matris {model} device {device} dtype {dtype} threads {threads} mode {mode}
+pair_style matris {model} device {device} dtype {dtype} threads {threads} mode {mode}{f" stats {stats}" if stats else ""}
 pair_coeff * * Si
 velocity all create 300 4928459 loop geom
 fix nve all nve
@@ -105,8 +106,8 @@ def predicted_bytes(n_ghost: int, n_slots: int, d_n: int, d_t: int, blocks: int)
 def run_case(model, atoms, ranks, steps, device, dtype, mode, env, config) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         prefix = Path(tmp) / "stats"
-        log = run_lmp(speed_script(model, cells_for(atoms), steps, device, dtype, 1, mode), ranks, Path(tmp),
-                      dict(env, MATRIS_LAMMPS_STATS=str(prefix)))
+        log = run_lmp(speed_script(model, cells_for(atoms), steps, device, dtype, 1, mode, stats=prefix), ranks,
+                      Path(tmp), env)
         stats = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("stats.*.json"))]
     loops = re.findall(r"Loop time of ([\d.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms", log)
     seconds, _, nsteps, n = loops[-1]

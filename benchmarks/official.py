@@ -141,7 +141,7 @@ class OfficialWorker:
         activation_checkpoint)``; ``dtype``: "float32" (the official one) or "float64" (see the module
         docstring); ``threads``: ``torch.set_num_threads``; ``keep_heap``: glibc keeps freed memory
         for reuse (``True``), the opt-in setting of ``matris.heap.keep_freed_memory``
-        (``MATRIS_CPU_HEAP=1``), so that both can run under one allocator; ``False`` puts glibc's
+        (``GLIBC_TUNABLES``), so that both can run under one allocator; ``False`` puts glibc's
         thresholds back; ``None`` leaves glibc's defaults (the official code as a user runs it). Returns ``params`` (the
         official count), ``log`` (what the official code printed), the settings and the versions."""
         return self.request("load", checkpoint=str(Path(checkpoint).resolve()), mode=mode,

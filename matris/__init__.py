@@ -59,13 +59,14 @@ _LAZY = {
     "AtomicSystem": ".graph",
     "MatRISInputError": ".errors",
     "MatRISInputWarning": ".errors",
+    "MemoryLimitError": ".errors",
     "CheckpointError": ".errors",
     "MatRISCalculator": ".calculator",
 }
 
 if TYPE_CHECKING:  # for type checkers and the API docs; at run time see __getattr__
     from .calculator import MatRISCalculator
-    from .errors import CheckpointError, MatRISInputError, MatRISInputWarning
+    from .errors import CheckpointError, MatRISInputError, MatRISInputWarning, MemoryLimitError
     from .graph import AtomicSystem, GraphBatch
     from .model import MatRIS, MatRISConfig, ModelOutput
     from .settings import RunOptions
@@ -79,6 +80,7 @@ __all__ = [
     "AtomicSystem",
     "MatRISInputError",
     "MatRISInputWarning",
+    "MemoryLimitError",
     "CheckpointError",
     "MatRISCalculator",
     "__version__",

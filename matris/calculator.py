@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from typing import Any
 
@@ -13,6 +14,7 @@ from ase.calculators.calculator import Calculator, all_changes
 
 from .devices import device_and_dtype, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from .graph import GraphBatch
+from .memory import parse_size
 from .model import MatRIS
 from .structures import to_system, warn_implausible
 
@@ -40,6 +42,10 @@ class MatRISCalculator(Calculator):
             ``benchmarks/cpu_speed.py``). A :class:`MatRIS` passed in is copied first.
         tf32: TF32 matmuls on CUDA for this calculator's calls (faster, less exact; see
             :attr:`RunOptions.tf32`). A :class:`MatRIS` passed in is copied first.
+        memory_limit: the memory one call may use beyond the loaded model, e.g. ``"8 GB"`` (or
+            bytes); the model then keeps less and recomputes more (same numbers), and a structure
+            that needs more even at the lowest level raises :class:`matris.MemoryLimitError` before
+            the call starts. None (the default): a share of what the device has free.
         **kwargs: passed on to ASE's ``Calculator``.
     """
 
@@ -53,6 +59,7 @@ class MatRISCalculator(Calculator):
         compute_stress: bool = True,
         compile: bool = False,
         tf32: bool = False,
+        memory_limit: str | int | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -69,6 +76,8 @@ class MatRISCalculator(Calculator):
         if compile and not self.model.compiled:
             self.model.compile()
         self.model.options.tf32 = tf32
+        # this calculator's calls only (a model passed in may serve others): checked here, not at the first call
+        self.memory_limit = parse_size(memory_limit, "memory_limit")
         self.compute_stress = compute_stress
         self._checked = None  # the (numbers, pbc) last checked for plausibility
         # a model trained without magnetic moments (targets "efs") does not offer them
@@ -96,7 +105,10 @@ class MatRISCalculator(Calculator):
             [system], self.model.cutoff, self.model.three_body_cutoff, dtype=self.dtype, device=self.device
         )
         want_stress = self.compute_stress or "stress" in properties
-        out = self.model(graph, compute_forces=True, compute_stress=want_stress, compute_atomic_energies=True)
+        options = (None if self.memory_limit is None
+                   else dataclasses.replace(self.model.options, memory_limit=self.memory_limit))
+        out = self.model(graph, compute_forces=True, compute_stress=want_stress, compute_atomic_energies=True,
+                         options=options)
         energy = float(out.energy[0])
         self.results = {
             "energy": energy,

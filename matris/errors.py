@@ -19,6 +19,12 @@ class MatRISInputWarning(UserWarning):
     silence it with ``warnings.filterwarnings("ignore", category=MatRISInputWarning)``."""
 
 
+class MemoryLimitError(MatRISInputError):
+    """A structure that needs more memory than the stated limit (``memory_limit``) even at the
+    lowest memory level, refused before the call starts. The message names its atoms and angles,
+    the memory it needs and the limit."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint file that is not in the published MatRIS format."""
 
@@ -58,8 +64,10 @@ class MissingExtraError(MatRISInputError, ImportError):
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` means the host or the device ran out of memory: ``MemoryError``, PyTorch's
-    ``OutOfMemoryError`` (CUDA) or a ``RuntimeError`` of its CPU allocator (no torch import here)."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+    ``OutOfMemoryError`` (CUDA), a ``RuntimeError`` of its CPU allocator (no torch import here), or
+    a call refused by its stated limit (:class:`MemoryLimitError`: a batch of structures then splits
+    as for the others)."""
+    if isinstance(exc, (MemoryError, MemoryLimitError)) or type(exc).__name__ == "OutOfMemoryError":
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate" in text

@@ -14,8 +14,9 @@ to that much free memory at the heap's top is kept). So the process keeps its pe
 PyTorch's CUDA caching allocator does on a GPU.
 
 It is opt-in, since it changes malloc for the whole host process (ASE, Jupyter, LAMMPS): call
-:func:`keep_freed_memory` in a script, or set ``MATRIS_CPU_HEAP=1`` and the model applies it on its
-first CPU call. The gain is measured by ``benchmarks/cpu_speed.py`` (``heap`` in its JSON: the same
+:func:`keep_freed_memory` in a script; for a process whose code you do not write (``lmp``), glibc's
+own tunables do the same from its start: ``GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647``
+(:data:`GLIBC_TUNABLES`). The gain is measured by ``benchmarks/cpu_speed.py`` (``heap`` in its JSON: the same
 Si64 call with and without, side by side; see docs/performance.md). :func:`release_memory` hands the
 free memory back to the system (``malloc_trim``), e.g. after a large one-off calculation in a
 long-lived process. Other C libraries (macOS, musl) are left alone.
@@ -28,11 +29,11 @@ import functools
 import platform
 import sys
 
-from .settings import cpu_heap
-
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 _KEEP_BYTES = 2**31 - 1  # mallopt takes an int
 _state: dict[str, object] = {"applied": False}
+# the same setting as glibc's environment tunables, for processes started by others (LAMMPS)
+GLIBC_TUNABLES = f"glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={_KEEP_BYTES}"
 
 
 class _MallInfo2(ctypes.Structure):
@@ -61,14 +62,6 @@ def keep_freed_memory() -> bool:
         return bool(_state["active"])
     _state["active"] = False
     return set_keep(True)
-
-
-def apply_environment() -> bool:
-    """What the model runs on its first CPU call: :func:`keep_freed_memory` if ``MATRIS_CPU_HEAP=1``,
-    else nothing (glibc's behaviour stays). Returns whether the setting is in effect."""
-    if _state["applied"] or not cpu_heap():
-        return bool(_state.get("active", False))
-    return keep_freed_memory()
 
 
 def set_keep(keep: bool) -> bool:

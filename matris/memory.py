@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import heap
-from .errors import MatRISInputError
+from .errors import MatRISInputError, MemoryLimitError
 from .kernels import choose
 
 # rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
@@ -53,6 +53,11 @@ TRAIN_ROWS = {"none": (0, 180), "blocks": (265, 2.5), "rows": (40, 2.5)}
 # than the angles' in oxide cells), so the bound is that
 TRAIN_CHUNK_FLOATS = 250
 FRAMEWORK_BYTES = 512 * 2**20
+# the inference memory level that keeps the least: each block recomputed in the backward pass, its
+# per-angle work by row chunks (the machinery of training's "rows")
+LOWEST_LEVEL = 3
+# the inference levels by speed (fastest first); each keeps less than the one before it
+INFERENCE_ORDER = (0, 1, 2, 3)
 
 
 
@@ -143,12 +148,46 @@ def _cgroup_room(folder: Path, limit_name: str, usage_name: str, cache_key: str)
     return max(0, int(limit_text) - max(0, usage - cache))
 
 
+def parse_size(value, what: str = "memory_limit") -> int | None:
+    """A memory size → bytes, or None for ``None``/``'auto'``: bytes as an int, or a number of GB
+    (``20``, ``'20'``, ``'20 GB'``, ``'20GiB'``, ``'500 MB'``; GB here are 2³⁰ bytes, as devices
+    report them). ``what`` names the setting in the error."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 2**20:
+        return value  # bytes already (RunOptions.memory_limit)
+    text = str(value).strip().lower().replace(" ", "")
+    units = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20}
+    scale = 2**30
+    for unit, size in units.items():
+        if text.endswith(unit):
+            text, scale = text[: -len(unit)], size
+            break
+    try:
+        amount = float(text)
+    except ValueError:
+        amount = float("nan")
+    if not amount > 0 or amount == float("inf"):
+        raise MatRISInputError(f"{what} must be 'auto' or a positive size such as '8 GB' or '500 MB', got {value!r}")
+    return int(amount * scale)
+
+
+def format_size(n: int) -> str:
+    """Bytes as GB (2³⁰) or MB, for messages."""
+    return f"{n / 2**30:.3g} GB" if n >= 2**30 else f"{n / 2**20:.3g} MB"
+
+
 def check_recompute(mode) -> str:
     """A training recompute mode (:data:`RECOMPUTE_MODES`), or a clear error naming the choices."""
     if mode not in RECOMPUTE_MODES:
         raise MatRISInputError(f"unknown training recompute mode {mode!r}: use one of {', '.join(RECOMPUTE_MODES)} "
                                "(or null for automatic)")
     return mode
+
+
+def chunk_rows(model) -> int:
+    """Rows of one recomputed chunk: ``model.options.chunk_rows``, else :data:`CHUNK_ROWS`."""
+    return model.options.chunk_rows or CHUNK_ROWS
 
 
 def default_budget(device: torch.device) -> int:
@@ -174,7 +213,8 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
     c = model.config
     rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
     level0 = 21 if kernels in ("fused", "triton") else 45
-    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30}[level]
+    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30,
+               3: c.num_layers + 6}[level]
     return tensors * rows * _itemsize(model, dtype)
 
 
@@ -192,10 +232,18 @@ def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph
     budget = opts.memory_limit if opts.memory_limit is not None else default_budget(model.device)
     if kernels is None:
         kernels = choose(model.device, opts.kernels, create_graph)
-    for level in (0, 1):
-        if activation_bytes(model, graph, level, dtype, kernels) <= budget:
+    for level in INFERENCE_ORDER:
+        need = activation_bytes(model, graph, level, dtype, kernels)
+        if need <= budget:
             return level
-    return 2
+    if opts.memory_limit is not None:  # a limit the user stated holds: refused before any work
+        raise MemoryLimitError(
+            f"{graph.num_atoms} atoms with {graph.num_angles} angles ({graph.num_structures} structure"
+            f"{'s' if graph.num_structures != 1 else ''}) need about {format_size(need)} for one call at the lowest "
+            f"memory level ({LOWEST_LEVEL}), more than the memory limit of {format_size(budget)}: raise memory_limit, "
+            "evaluate fewer atoms at a time (smaller batches; more MPI ranks in LAMMPS), or use a device with more "
+            "memory")
+    return LOWEST_LEVEL
 
 
 # -------------------------------------------------------------------------------------- training
@@ -227,7 +275,7 @@ def training_fixed_bytes(model, dtype: torch.dtype | None = None, ema: bool = Tr
     (:data:`TRAIN_CHUNK_FLOATS`), whatever the batch."""
     mode = training_mode(model) if recompute is None else check_recompute(recompute)
     itemsize = _itemsize(model, dtype)
-    chunk = TRAIN_CHUNK_FLOATS * CHUNK_ROWS * model.config.three_body_feat_dim * itemsize if mode == "rows" else 0
+    chunk = TRAIN_CHUNK_FLOATS * chunk_rows(model) * model.config.three_body_feat_dim * itemsize if mode == "rows" else 0
     return sum(p.numel() for p in model.parameters()) * itemsize * (5 if ema else 4) + FRAMEWORK_BYTES + chunk
 
 

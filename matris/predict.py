@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from .errors import MatRISInputError, is_out_of_memory
+from .errors import MatRISInputError, MemoryLimitError, is_out_of_memory
 from .graph import AtomicSystem, GraphBatch
+from .memory import parse_size
 from .structures import to_system, warn_implausible
 
 PROGRESS_THRESHOLD = 64  # lists at least this long show a progress bar by default
@@ -51,6 +53,7 @@ def predict(
     compute_magmoms: bool | None = None,
     progress: bool | None = None,
     warn_inputs: bool = True,
+    memory_limit: str | int | None = None,
 ) -> list[Prediction] | Prediction:
     """Evaluate ``model`` on ASE Atoms or pymatgen Structures, ``batch_size`` at a time.
 
@@ -61,7 +64,11 @@ def predict(
     lists of at least 64 structures). ``warn_inputs``: warn
     (:class:`~matris.errors.MatRISInputWarning`) about structures that look like input mistakes
     (:func:`matris.structures.implausibilities`); callers that checked the structure they derived
-    these from (an EOS scan, displaced phonon supercells) turn it off.
+    these from (an EOS scan, displaced phonon supercells) turn it off. ``memory_limit``: the memory
+    one call may use beyond the loaded model (``"8 GB"`` or bytes; None: the model's
+    ``options.memory_limit``, by default a share of what the device has free); a batch that needs more
+    is split, a single structure that needs more even at the lowest memory level raises
+    :class:`~matris.errors.MemoryLimitError` before its call starts.
     """
     single = not isinstance(structures, (list, tuple)) and not _is_iterable_of_structures(structures)
     items = [structures] if single else list(structures)
@@ -80,8 +87,10 @@ def predict(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(systems), unit="struct", desc="MatRIS predict")
+    limit = parse_size(memory_limit, "memory_limit")
     options = dict(compute_forces=compute_forces, compute_stress=compute_stress, compute_magmoms=compute_magmoms,
-                   compute_atomic_energies=True)
+                   compute_atomic_energies=True,
+                   options=None if limit is None else dataclasses.replace(model.options, memory_limit=limit))
     try:
         for start in range(0, len(systems), batch_size):
             chunk = systems[start : start + batch_size]
@@ -110,6 +119,8 @@ def _run_splitting(model, systems: list[AtomicSystem], offset: int, options: dic
         if model.device.type == "cuda":
             torch.cuda.empty_cache()
         if len(systems) == 1:
+            if isinstance(exc, MemoryLimitError):
+                raise MemoryLimitError(f"structure {offset} ({systems[0].name}): {exc}") from None
             raise MemoryError(
                 f"structure {offset} ({systems[0].name}, {systems[0].num_atoms} atoms) does not fit in memory on "
                 f"{model.device} even alone; use a device with more memory or float32."

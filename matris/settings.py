@@ -12,12 +12,6 @@ is documented here and in the docs' troubleshooting and kernels pages.
 ``MATRIS_NATIVE``         ``0``: no fused CPU library (the PyTorch references run); ``1``: a
                           failed build is an error instead of a warning; ``auto`` (default)
 ``MATRIS_NATIVE_CACHE``   where the CPU library is built (default ``$MATRIS_CACHE/native``)
-``MATRIS_CPU_HEAP``       ``1``: glibc keeps freed memory for reuse (fewer page faults in MD; in a
-                          script, :func:`matris.heap.keep_freed_memory` does the same)
-``MATRIS_DOWNLOAD_*``     ``TIMEOUT`` (s per connect/read, 30), ``RETRIES`` (5), ``BACKOFF`` (1 s,
-                          doubling): the model downloads (:class:`matris.pretrained.DownloadSettings`)
-``MATRIS_LAMMPS_STATS``   ``PREFIX``: each LAMMPS rank writes its counters to ``PREFIX.<rank>.json``
-                          (``benchmarks/lammps.py``)
 ``TRITON_INTERPRET``      ``1``: Triton's interpreter runs the GPU kernels on CPU tensors (tests);
                           ``MATRIS_INTERPRET_TILES=gpu`` keeps the device's tile sizes there
 ========================  ====================================================================
@@ -75,11 +69,6 @@ def native_cache() -> str | None:
     return os.environ.get("MATRIS_NATIVE_CACHE") or None
 
 
-def cpu_heap() -> bool:
-    """``MATRIS_CPU_HEAP`` is on."""
-    return os.environ.get("MATRIS_CPU_HEAP", "0").strip().lower() in ON
-
-
 @dataclass
 class RunOptions:
     """How a model runs, not what it computes: every choice gives the same numbers to float
@@ -95,6 +84,9 @@ class RunOptions:
     training_recompute: what a training step on forces recomputes (``"none"``, ``"blocks"``,
     ``"rows"``; None: the least that fits ``training_memory_limit`` bytes, None as ``memory_limit``).
     tf32: TF32 matmuls for float32 on CUDA (faster, less exact).
+    chunk_rows: rows of one chunk where the per-angle work is recomputed by chunks (memory level 3,
+    training recompute ``"rows"``; None: :data:`matris.memory.CHUNK_ROWS`): fewer rows, less
+    memory and more passes.
     """
 
     kernels: str | None = None
@@ -103,10 +95,13 @@ class RunOptions:
     training_recompute: str | None = None
     training_memory_limit: int | None = None
     tf32: bool = False
+    chunk_rows: int | None = None
 
     def __post_init__(self):
-        if self.memory_level not in (None, 0, 1, 2):
-            raise ValueError(f"RunOptions.memory_level must be 0, 1, 2 or None, got {self.memory_level!r}")
+        if self.memory_level not in (None, 0, 1, 2, 3):
+            raise ValueError(f"RunOptions.memory_level must be 0, 1, 2, 3 or None, got {self.memory_level!r}")
+        if self.chunk_rows is not None and not (isinstance(self.chunk_rows, int) and self.chunk_rows > 0):
+            raise ValueError(f"RunOptions.chunk_rows must be a positive int or None, got {self.chunk_rows!r}")
 
 
 # the attributes RunOptions replaced (0.7.0): setting one on a model says where it went

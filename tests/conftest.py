@@ -8,6 +8,7 @@ import torch
 
 from matris import AtomicSystem, GraphBatch, MatRIS
 from matris.kernels import native
+from matris.pretrained import transfer
 
 # The fused CPU loops are compiled once for the whole run: tests and their subprocesses that point
 # MATRIS_CACHE at a private folder share one build instead of compiling it again each time.
@@ -60,8 +61,7 @@ def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("MATRIS_CACHE", str(folder))
     monkeypatch.delenv("MATRIS_OFFLINE", raising=False)
-    monkeypatch.setenv("MATRIS_DOWNLOAD_BACKOFF", "0")
-    monkeypatch.setenv("MATRIS_DOWNLOAD_TIMEOUT", "10")
+    monkeypatch.setattr(transfer, "DEFAULTS", transfer.DownloadSettings(timeout=10, backoff=0))
     return folder
 
 

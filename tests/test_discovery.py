@@ -36,6 +36,7 @@ from matris.discovery import (
 )
 from matris.discovery.datafiles import DataFile, fetch_data_file
 from matris.discovery.store import ShardLog
+from matris.pretrained import transfer
 from matris.errors import MatRISInputError, OfflineError, VerificationError
 
 POTCARS = {"Cu": "PAW_PBE Cu_pv 06Sep2000", "Au": "PAW_PBE Au 04Oct2007"}
@@ -546,7 +547,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 def test_data_file_download_checks_md5(server, tmp_path, monkeypatch):
     monkeypatch.delenv("MATRIS_OFFLINE", raising=False)
-    monkeypatch.setenv("MATRIS_DOWNLOAD_RETRIES", "0")
+    monkeypatch.setattr(transfer, "DEFAULTS", transfer.DownloadSettings(retries=0))
     root, url = server
     payload = b"material_id,x\nwbm-1,1\n" * 1000
     (root / "summary.csv.gz").write_bytes(payload)

@@ -6,6 +6,7 @@ import torch
 
 from conftest import FOLDERS, evaluate, load_fixture_model, random_system
 from matris import memory
+from matris.kernels import native
 
 
 @pytest.mark.parametrize("folder", FOLDERS[:3])
@@ -36,17 +37,24 @@ def test_projection_rewrite_equals_concatenation(folder):
     assert checked == 6 * model.config.num_layers  # two per attention, one per Refine
 
 
-@pytest.mark.parametrize("level", [1, 2])
-def test_checkpointing_levels_give_the_same_numbers(model64, level):
+@pytest.mark.parametrize("level,chunk", [(1, None), (2, None), (3, None), (3, 40)], ids=["1", "2", "3", "3-chunks"])
+@pytest.mark.parametrize("kernels", ["torch", "fused"])
+def test_checkpointing_levels_give_the_same_numbers(model64, level, chunk, kernels):
+    """Every memory level gives level 0's energy, forces and stress; level 3 also with its
+    angles recomputed in several chunks (40 rows: the partial softmax merged over chunks)."""
+    if kernels == "fused" and not native.available():
+        pytest.skip("the fused CPU operators need a C++ compiler")
     systems = [random_system(np.random.default_rng(5), n=6)]
-    model64.options.memory_level = 0
+    model64.options.memory_level, model64.options.kernels = 0, kernels
     ref, g = evaluate(model64, systems)
-    model64.options.memory_level = level
+    model64.options.memory_level, model64.options.chunk_rows = level, chunk
     try:
+        if chunk:
+            assert g.num_angles > 2 * chunk
         out, _ = evaluate(model64, systems)
         assert memory.inference_level(model64, g) == level
     finally:
-        model64.options.memory_level = None
+        model64.options.memory_level = model64.options.kernels = model64.options.chunk_rows = None
     torch.testing.assert_close(out.energy, ref.energy, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.forces, ref.forces, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.stress, ref.stress, rtol=0, atol=1e-11)
@@ -84,7 +92,7 @@ def test_run_options_per_call_and_the_switches_they_replaced(model64):
         with pytest.raises(AttributeError, match=rf"model\.options\.{new}"):
             setattr(model64, old, 1)
     with pytest.raises(ValueError, match="memory_level"):
-        RunOptions(memory_level=3)
+        RunOptions(memory_level=4)
 
 
 def test_phi_of_one_input_is_bitwise_its_two_linears(model64):
@@ -101,3 +109,44 @@ def test_phi_of_one_input_is_bitwise_its_two_linears(model64):
     out = phi(z)
     (g,) = torch.autograd.grad(out.sum(), z)
     assert torch.equal(out, branches) and torch.equal(g, g_ref)
+
+
+def test_a_stated_memory_limit_holds_or_refuses_before_the_call(model64):
+    """memory_limit from Python (calculator, predict) and the CLI: a limit the lowest level fits
+    picks that level (same numbers); one it cannot fit is refused before the call, naming the atoms,
+    angles, the memory needed and the limit; a batch that does not fit is split."""
+    from ase.build import bulk
+
+    from matris import MatRISCalculator, MemoryLimitError
+    from matris.cli import main
+
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True)
+    calc = MatRISCalculator(model64, memory_limit=None)
+    ref = calc.get_forces(atoms.copy())
+    g = evaluate(model64, [random_system(np.random.default_rng(5), n=6)])[1]
+    lowest = memory.activation_bytes(model64, g, memory.LOWEST_LEVEL)
+    assert memory.activation_bytes(model64, g, 2) > lowest  # the levels keep less and less
+    small = MatRISCalculator(model64, memory_limit=lowest)
+    np.testing.assert_allclose(small.get_forces(atoms.copy()), ref, rtol=0, atol=1e-12)
+    assert model64.options.memory_limit is None  # the calculator's limit is its own
+    with pytest.raises(MemoryLimitError, match=r"8 atoms with \d+ angles .* need about .* memory limit of 1 MB"):
+        MatRISCalculator(model64, memory_limit="1 MB").get_forces(atoms.copy())
+    primitive = bulk("Si", "diamond", a=5.43)
+    from matris.graph import GraphBatch
+    from matris.structures import to_system
+
+    g2 = GraphBatch.from_systems([to_system(primitive)], model64.cutoff, model64.three_body_cutoff)
+    fits_two = int(1.01 * memory.activation_bytes(model64, g2, memory.LOWEST_LEVEL))
+    with pytest.raises(MemoryLimitError, match=r"structure 1 \(Si8\): 8 atoms"):  # the batch split; Si2 fit
+        model64.predict([primitive, atoms], memory_limit=fits_two)
+    with pytest.raises(ValueError, match="memory_limit must be 'auto' or a positive size"):
+        MatRISCalculator(model64, memory_limit="lots")
+    assert main(["predict", "--memory-limit", "lots", "x.cif"]) != 0
+
+
+def test_memory_sizes_parse_as_users_write_them():
+    gb = 2**30
+    assert memory.parse_size("8 GB") == memory.parse_size("8GiB") == memory.parse_size(8) == 8 * gb
+    assert memory.parse_size("500 MB") == 500 * 2**20 and memory.parse_size(3 * gb) == 3 * gb
+    assert memory.parse_size(None) is None and memory.parse_size("auto") is None
+    assert memory.format_size(3 * gb) == "3 GB" and memory.format_size(int(1.234 * 2**20)) == "1.23 MB"

@@ -3,7 +3,6 @@ and a refused connection are not retried like an HTTP 503 or a 202), with one me
 names MATRIS_OFFLINE=1 and the cache file to put a copy fetched elsewhere in. Nothing here
 leaves the machine: ``.invalid`` names never resolve (RFC 2606) and the port is closed."""
 
-import importlib
 import socket
 import time
 
@@ -14,7 +13,7 @@ from matris import pretrained as pt
 from matris.cli import main
 from matris.errors import DownloadError, MatRISInputError
 
-dl = importlib.import_module("matris.pretrained.download")  # the module (the package's `download` is a function)
+from matris.pretrained import transfer as dl
 
 
 def closed_port() -> int:
@@ -27,8 +26,7 @@ def closed_port() -> int:
 def unreachable(cache, monkeypatch):
     """A registered model whose URL does not resolve and whose mirror refuses connections, with
     the default retry settings (5 retries, 1 s backoff: a retried failure would take 31 s)."""
-    monkeypatch.delenv("MATRIS_DOWNLOAD_BACKOFF", raising=False)
-    monkeypatch.delenv("MATRIS_DOWNLOAD_RETRIES", raising=False)
+    monkeypatch.setattr(dl, "DEFAULTS", dl.DownloadSettings())
     attempts = []
     real = dl._attempt
     monkeypatch.setattr(dl, "_attempt", lambda opener, url, *a: attempts.append(url) or real(opener, url, *a))

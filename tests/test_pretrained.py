@@ -19,6 +19,7 @@ from matris.bundled import DEMO_CHECKPOINT
 from matris.cli import main
 from matris.errors import (
     DownloadError,
+    MatRISInputError,
     ModelUnavailableError,
     OfflineError,
     UnknownModelError,
@@ -214,20 +215,28 @@ def test_stale_part_of_another_file_is_refetched_from_zero(entry, server, checkp
 
 
 def test_stalled_transfer_times_out_and_resumes(entry, server, checkpoint, monkeypatch):
-    monkeypatch.setenv("MATRIS_DOWNLOAD_TIMEOUT", "0.3")
     server.stall_once = 1.5
-    assert pt.resolve("test-tiny").read_bytes() == checkpoint[0]
+    assert pt.resolve("test-tiny", settings=pt.DownloadSettings(timeout=0.3, backoff=0)).read_bytes() == checkpoint[0]
     assert server.gets("tiny.pth.tar") == [None, "bytes=100-"]
 
 
-def test_transient_errors_are_retried(entry, server, checkpoint, monkeypatch):
+def test_transient_errors_are_retried(entry, server, checkpoint, capsys):
     server.fail_next = 2
     assert pt.resolve("test-tiny").read_bytes() == checkpoint[0]
     assert len(server.gets("tiny.pth.tar")) == 3
     server.fail_next = 10
-    monkeypatch.setenv("MATRIS_DOWNLOAD_RETRIES", "1")
     with pytest.raises(DownloadError, match="2 attempts in a row failed"):
-        pt.resolve("test-tiny", force=True)
+        pt.resolve("test-tiny", force=True, settings=pt.DownloadSettings(retries=1, backoff=0))
+    # the command's options are the same settings
+    server.fail_next = 10
+    assert main(["download", "test-tiny", "--force", "--retries", "1", "--timeout", "5", "--no-progress"]) != 0
+    assert "2 attempts in a row failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [dict(timeout=0), dict(retries=-1), dict(backoff=-1.0)])
+def test_download_settings_out_of_range_are_a_clear_error(bad):
+    with pytest.raises(MatRISInputError, match="DownloadSettings needs timeout > 0 s"):
+        pt.DownloadSettings(**bad)
 
 
 def test_http_404_is_a_clear_error_without_retries(server, cache):

@@ -17,6 +17,7 @@ from ase.calculators.calculator import PropertyNotImplementedError
 
 from matris import MatRIS, MatRISCalculator, MatRISConfig
 from matris import pretrained as pt
+from matris.pretrained import transfer
 from matris.cli import main
 from matris.errors import CheckpointError, DownloadError, MatRISInputError, OfflineError, VerificationError
 
@@ -103,7 +104,7 @@ def server():
 
 @pytest.fixture(autouse=True)
 def few_retries(monkeypatch):
-    monkeypatch.setenv("MATRIS_DOWNLOAD_RETRIES", "3")
+    monkeypatch.setattr(transfer, "DEFAULTS", transfer.DownloadSettings(retries=3, timeout=10, backoff=0))
 
 
 @pytest.fixture
@@ -133,8 +134,8 @@ def test_202_then_the_file(entry, server, tiny_bytes, cache):
 
 def test_202_forever_is_a_clear_error_and_caches_nothing(entry, server, cache):
     server.scripts["/m.pth.tar"] = [CHALLENGE]
-    with pytest.raises(DownloadError) as info:
-        MatRIS.load("test-fig")
+    with pytest.raises(DownloadError) as info:  # the download's settings are MatRIS.load's argument
+        MatRIS.load("test-fig", download=pt.DownloadSettings(retries=3, backoff=0))
     msg = str(info.value)
     assert "HTTP 202" in msg and server.url("m.pth.tar") in msg and "4 attempts in a row failed" in msg
     assert str(cache / "models" / "Test_Fig.pth.tar") in msg and "MATRIS_OFFLINE=1" in msg and "by hand" in msg

@@ -52,10 +52,10 @@ def _loss_grads(model, g, terms=("energy", "forces", "stress")):
 
 
 @pytest.fixture
-def small_chunks(monkeypatch):
-    """Rows recomputed 3,000 at a time: the test graph's 9,236 angles make four chunks, the last
-    a partial one (its 786 directed bonds, one)."""
-    monkeypatch.setattr(memory, "CHUNK_ROWS", 3000)
+def small_chunks():
+    """Rows recomputed 3,000 at a time (``RunOptions.chunk_rows``): the test graph's 9,236 angles
+    make four chunks, the last a partial one (its 786 directed bonds, one)."""
+    return 3000
 
 
 @pytest.mark.parametrize("terms", [("energy", "forces", "stress"), ("forces",), ("energy",)],
@@ -64,6 +64,7 @@ def small_chunks(monkeypatch):
 @pytest.mark.parametrize("mode", ["blocks", "rows"])
 def test_recomputed_blocks_give_the_gradients_of_the_whole_graph(norm, basis, dimer, terms, mode, small_chunks):
     model = _model(norm, basis)
+    model.options.chunk_rows = small_chunks
     g = _graph(model, dimer=dimer)
     # the split softmax meets bonds without angles (N = D = 0) in every graph
     assert g.angle_target_edge.remainder(g.num_bonds).unique().numel() < g.num_bonds
@@ -133,6 +134,7 @@ def test_recompute_by_default_the_least_that_fits_for_a_deep_model():
 def test_checkpointed_gradients_accumulate_over_batches_like_the_whole_graph(small_chunks):
     """Gradient accumulation: two batches' backward passes add up as without checkpointing."""
     model = _model()
+    model.options.chunk_rows = small_chunks
     graphs = [_graph(model, seed=1), _graph(model, seed=2)]
     result = {}
     for ckpt in (False, True):
@@ -160,7 +162,7 @@ def test_rows_are_recomputed_on_their_own_only_where_they_make_several_chunks(mo
         return original(module, *args, **kwargs)
 
     monkeypatch.setattr(recompute, "recomputed", counted)
-    monkeypatch.setattr(memory, "CHUNK_ROWS", chunk)
+    model.options.chunk_rows = chunk
     for mode in ("blocks", "rows"):
         calls.clear()
         model.options.training_recompute = mode

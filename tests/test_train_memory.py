@@ -14,7 +14,7 @@ from matris.data import BudgetBatchSampler
 from matris.data.synthetic import write_emt_dataset
 from matris.errors import MatRISInputError
 from matris.train import TrainConfig
-from matris.train.config import parse_memory
+from matris.memory import parse_size
 from matris.train.memory import check_fits, plan_memory
 from train_utils import micro_config, write_config
 
@@ -22,12 +22,12 @@ GB = 2**30
 
 
 def test_max_memory_is_auto_or_a_size():
-    assert parse_memory("auto") is None and parse_memory(" Auto ") is None
-    assert parse_memory("20 GB") == parse_memory("20GiB") == parse_memory(20) == 20 * GB
-    assert parse_memory("512 MB") == 512 * 2**20
+    assert parse_size("auto") is None and parse_size(" Auto ") is None
+    assert parse_size("20 GB") == parse_size("20GiB") == parse_size(20) == 20 * GB
+    assert parse_size("512 MB") == 512 * 2**20
     for bad in ("lots", "-3 GB", "0", "inf"):
         with pytest.raises(ValueError, match="max_memory must be 'auto' or a positive size"):
-            parse_memory(bad)
+            parse_size(bad, "data.max_memory")
     with pytest.raises(MatRISInputError, match="max_memory must be 'auto'"):
         TrainConfig.from_dict({"data": {"train": ["x.extxyz"], "max_memory": "lots", "max_structures": None}})
     alone = TrainConfig.from_dict({"data": {"train": ["x.extxyz"], "max_memory": "8 GB", "max_structures": None}})

@@ -28,7 +28,12 @@ def add_model_arguments(p: argparse.ArgumentParser, dtype_note: str = "") -> Non
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help=DTYPE_HELP + dtype_note)
+    p.add_argument("--memory-limit", default="auto", metavar="SIZE", help=MEMORY_LIMIT_HELP)
 
+
+MEMORY_LIMIT_HELP = ("the memory one model call may use beyond the loaded model, e.g. '8 GB' (default auto: a share "
+                     "of what the device has free); the model then keeps less and recomputes more, and a structure "
+                     "that needs more even so is refused before the call starts")
 
 MAJORITY_HELP = ("accept partially occupied sites (e.g. a CIF site of Fe 0.5 + Ni 0.5) as ASE reads them: each "
                  "holds its majority species (default: such a file is an error, since the model needs one element "
@@ -64,9 +69,13 @@ def check_checkpoint(contents, source: str) -> None:
 def load_model(args: argparse.Namespace):
     """The :class:`MatRIS` the options name, loaded once for every structure."""
     from ..calculator import resolve_device, resolve_dtype
+    from ..memory import parse_size
     from ..model import MatRIS
 
-    return MatRIS.load(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+    limit = parse_size(getattr(args, "memory_limit", None), "--memory-limit")  # a bad size fails before the load
+    model = MatRIS.load(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+    model.options.memory_limit = limit
+    return model
 
 
 def check_structures(frames: list) -> None:

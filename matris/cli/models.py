@@ -50,6 +50,11 @@ def add_download_arguments(p: argparse.ArgumentParser) -> None:
     bar.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
                      help="always show a progress bar (default: only on a terminal)")
     bar.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="never show one")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds to wait for the server to connect or send more data (default 30)")
+    p.add_argument("--retries", type=int, default=5, metavar="N",
+                   help="attempts after the first, 1, 2, 4, ... s apart; one that got new bytes does not count "
+                        "(default 5)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,11 +102,12 @@ def _size(n: int | None) -> str:
 
 
 def run_download(args: argparse.Namespace) -> int:
-    from ..pretrained import download
+    from ..pretrained import DownloadSettings, download
     from .common import check_checkpoint
 
+    settings = DownloadSettings(timeout=args.timeout, retries=args.retries)
     for name in args.names:
-        path = download(name, force=args.force, progress=args.progress, check=check_checkpoint)
+        path = download(name, force=args.force, progress=args.progress, check=check_checkpoint, settings=settings)
         print(path)
         sys.stdout.flush()
     return 0

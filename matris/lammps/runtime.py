@@ -143,10 +143,16 @@ class LammpsEvaluator:
             cores it may run on (:func:`rank_cores` divided among the ``local_size`` ranks of the
             node that run the model; in ``mode gather`` rank 0 alone, while the others sleep).
         local_rank, local_size: this rank among the MPI ranks of its node.
+        memory_limit: the memory one evaluation on this rank may use (``"8GB"``; ``"auto"``: a share
+            of what its device has, :func:`matris.memory.default_budget`); a rank's atoms that need
+            more even at the lowest memory level stop the run with a message before any work.
+        stats: ``PREFIX``: this rank writes its counters to ``PREFIX.<rank>.json`` after every call
+            (``benchmarks/lammps.py`` reads them); ``""``: none.
     """
 
     def __init__(self, model: str, elements: list[str], device: str = "auto", dtype: str = "float32",
-                 threads: int = 0, local_rank: int = 0, local_size: int = 1):
+                 threads: int = 0, local_rank: int = 0, local_size: int = 1, memory_limit: str = "auto",
+                 stats: str = ""):
         if threads < 0:
             raise MatRISInputError(f"pair_style matris: threads must be 0 (the cores this rank may run on) or more, "
                                    f"got {threads}")
@@ -155,7 +161,10 @@ class LammpsEvaluator:
         shared = cores >= (os.cpu_count() or cores)
         self.threads = threads or max(1, cores // local_size if shared else cores)
         torch.set_num_threads(self.threads)
+        limit = memory.parse_size(memory_limit, "pair_style matris memory_limit")
         self.model = MatRIS.load(model, device=_rank_device(device, local_rank), dtype=dtype).eval()
+        self.model.options.memory_limit = limit
+        self.stats_prefix = stats
         self.stats = {"calls": 0, "seconds": 0.0, "rss_after_load_bytes": _rss_bytes()}
         self.type_to_z = np.asarray([0] + atomic_numbers_of(elements), dtype=np.int64)  # LAMMPS types start at 1
         beyond = [element_symbol(int(z)) for z in self.type_to_z[1:] if z > self.model.max_atomic_number]
@@ -239,7 +248,7 @@ class LammpsEvaluator:
         return float(atomic.sum()), to_np(atomic), to_np(forces), to_np(virial)
 
     def _record(self, comm: LammpsComm, graph, seconds: float) -> None:
-        """This rank's counters (``stats``); with ``MATRIS_LAMMPS_STATS=PREFIX`` also written to
+        """This rank's counters (``stats``); with the pair style's ``stats PREFIX`` also written to
         ``PREFIX.<rank>.json`` after every call (``benchmarks/lammps.py`` reads them)."""
         st = self.stats
         st["calls"] += 1
@@ -248,7 +257,7 @@ class LammpsEvaluator:
                   bonds=graph.num_bonds, angles=int(graph.angle_atom.shape[0]), bytes=comm.bytes,
                   exchange_seconds=comm.seconds, last_seconds=seconds,
                   peak_rss_bytes=_peak_rss_bytes())
-        prefix = os.environ.get("MATRIS_LAMMPS_STATS")
+        prefix = self.stats_prefix
         if prefix:
             rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
             path = f"{prefix}.{rank}.json"

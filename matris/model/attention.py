@@ -16,7 +16,6 @@ from ..kernels import (
     attention_pair_lse,
     merge_softmax,
     scatter_sum,
-    segment_max,
 )
 from . import recompute
 from .layers import RowRecompute, call_phi, phi, project_terms
@@ -94,9 +93,15 @@ class SeparableAttention(nn.Module):
         ``w = exp(α − s)``: ``s`` (each bond's largest logit, per channel) is a constant that
         cancels in N/D, so the sums are row-wise and the gradients exact."""
         n, d = x.shape[0], y.shape[-1]
-        with torch.no_grad():
-            alpha = y @ self._logit_weight().T
-            shift = [segment_max(alpha[:, k * d : (k + 1) * d], index, n) for k, index in ((1, tgt), (0, src))]
+        with torch.no_grad():  # by chunks too: the logits of all angles at once would be [A, 2·d_y]
+            w_st = self._logit_weight()
+            shift = [y.new_full((n, d), float("-inf")) for _ in range(2)]
+            for lo in range(0, y.shape[0], rows.chunk):
+                alpha = y[lo : lo + rows.chunk] @ w_st.T
+                for s, k, index in ((shift[0], 1, tgt), (shift[1], 0, src)):
+                    idx = index[lo : lo + rows.chunk].unsqueeze(1).expand(-1, d)
+                    s.scatter_reduce_(0, idx, alpha[:, k * d : (k + 1) * d], "amax", include_self=True)
+            shift = [s.nan_to_num_(neginf=0.0) for s in shift]  # a bond without angles: 0, as segment_max
         # Φ_edge's first layer on the bonds, once (not per chunk): [n, 2·d_hidden] per term
         (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(x, tgt), (x, src)], d)
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import checkpoint_files as ckpt_io
-from .. import heap, memory
+from .. import memory
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, element_symbol
@@ -230,12 +230,12 @@ class MatRIS(nn.Module):
         # decided on the host, outside the (possibly compiled) energy function
         compiled = self._compile_options is not None and not create_graph and not return_node_features
         kernels = choose(positions.device, self.options.kernels, create_graph)  # the one place it is chosen
-        if positions.device.type == "cpu":
-            heap.apply_environment()  # MATRIS_CPU_HEAP=1 only: calls reuse freed memory (no page faults)
         level = memory.inference_level(self, g, positions.dtype, create_graph, kernels)
         # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
         recompute_mode = memory.training_mode(self, create_graph, g, positions.dtype)
+        if level == memory.LOWEST_LEVEL:  # inference: each block and its per-angle rows recomputed
+            recompute_mode = "rows"
         block_kernels = choose(positions.device, self.options.kernels) if recompute_mode != "none" else None
         if compiled:
             if self._compiled is None:
@@ -342,7 +342,10 @@ class MatRIS(nn.Module):
         theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
         # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
         rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
-        a = self.three_body_embedding(theta, rho, fused)
+        if level == memory.LOWEST_LEVEL:  # its two [A, d_t] activations recomputed rather than kept
+            a = torch.utils.checkpoint.checkpoint(self.three_body_embedding, theta, rho, fused, use_reentrant=False)
+        else:
+            a = self.three_body_embedding(theta, rho, fused)
 
         # bonds of structures that have angles: the line-graph steps leave the others alone
         # (applied whatever the batch holds: deciding would read a tensor back to the host)
@@ -357,7 +360,7 @@ class MatRIS(nn.Module):
             line_mask=line_mask,
             rbf_pair=rbf_pair,
             rbf_3b=rbf_3b,
-            checkpoint=level,
+            checkpoint=level if level < memory.LOWEST_LEVEL else 0,
             halo=halo,
         )
         exact = bg  # the composed ops
@@ -370,7 +373,7 @@ class MatRIS(nn.Module):
             # training's block recomputation with weight gradients: the per-angle work of the
             # line-graph steps and the atom graph's Φ by row chunks inside it (the fast kernels
             # where no weight gradient is wanted)
-            exact = dataclasses.replace(exact, row_chunks=RowRecompute(memory.CHUNK_ROWS,
+            exact = dataclasses.replace(exact, row_chunks=RowRecompute(memory.chunk_rows(self),
                                                                        block_kernels in ("fused", "triton")))
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
@@ -467,7 +470,7 @@ class MatRIS(nn.Module):
     @classmethod
     def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "auto",
              dtype: str | torch.dtype = torch.float32, *, targets: str | None = None,
-             progress: bool | None = None) -> "MatRIS":
+             progress: bool | None = None, download: "DownloadSettings | None" = None) -> "MatRIS":
         """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
 
         Names are those of :mod:`matris.pretrained` (``matris models`` lists them, official
@@ -476,7 +479,8 @@ class MatRIS(nn.Module):
         ``~/.cache/matris``) and verified on every load. An ``https://`` URL is downloaded,
         cached and verified the same way. ``targets``: override what the model is taken to
         predict (``"efs"``: no magnetic moments); by default the checkpoint's own, then the
-        registry's. ``progress``: show a download bar (``None``: when stderr is a terminal).
+        registry's. ``progress``: show a download bar (``None``: when stderr is a terminal);
+        ``download``: its timeout, retries and backoff (:class:`matris.pretrained.DownloadSettings`).
         ``device``: "auto" (the default: CUDA when present, else the CPU), "cpu", "cuda" or
         "cuda:N"; ``dtype``: float32 (the default) or float64 (or their names). Without ``model``
         the bundled demo model is loaded, and the first such load in a process says so (a
@@ -490,7 +494,7 @@ class MatRIS(nn.Module):
         if model is None:
             announce_default_model()
 
-        path = resolve(model, progress=progress, check=cls.check_checkpoint)
+        path = resolve(model, progress=progress, check=cls.check_checkpoint, settings=download)
         entry = REGISTRY.find(str(model)) if isinstance(model, str) else None
         net = cls.from_checkpoint(path, map_location="cpu", targets=targets,
                                   default_targets=entry.targets if entry is not None else None)

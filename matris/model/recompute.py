@@ -172,11 +172,36 @@ def _grads(outputs, inputs, grad_outputs, create_graph=False):
     return result
 
 
+def _forward_by_rows(spec: _Spec, inputs) -> tuple[torch.Tensor, ...]:
+    """The module's outputs without a graph, computed chunk by chunk where it is row-wise (only one
+    chunk's intermediates alive: row-wise outputs written at their rows, the others summed), else
+    at once: on the call's fast kernels, or, where rows nest inside (``fast_first_order`` False),
+    on the composed call, whose nested row nodes compute their own chunks."""
+    if len(spec.slices()) == 1:
+        return spec.run(spec.fast_first_order, inputs)
+    out: list | None = None
+    for rows in spec.slices():
+        part = spec.run(True, spec.take(inputs, rows), rows=rows)
+        if out is None:
+            out = [p.new_empty((spec.n_rows, *p.shape[1:])) if r else p.clone()
+                   for p, r in zip(part, spec.output_rows(len(part)))]
+            for o, p, r in zip(out, part, spec.output_rows(len(part))):
+                if r:
+                    o[rows] = p
+            continue
+        for o, p, r in zip(out, part, spec.output_rows(len(part))):
+            if r:
+                o[rows] = p
+            else:
+                o += p
+    return tuple(out)
+
+
 class _Block(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: _Spec, *tensors):
         inputs = tensors[: spec.n_inputs]
-        out = spec.run(True, inputs)  # Function.forward runs without a graph
+        out = _forward_by_rows(spec, inputs)  # Function.forward runs without a graph
         ctx.spec = spec
         ctx.save_for_backward(*tensors)
         # an output that is an input (the last block's e and a): a new tensor, so the node owns it

@@ -30,7 +30,8 @@ from ..errors import (
 )
 from ..settings import cache_home, offline
 from . import registry as _registry
-from .download import UnreachableError, _stderr_is_tty, check_url, fetch_to_part, file_lock, part_path
+from .transfer import (DownloadSettings, UnreachableError, _stderr_is_tty, check_url, fetch_to_part, file_lock,
+                       part_path)
 from .registry import ModelEntry
 
 RECORDS = "checksums.json"
@@ -167,7 +168,8 @@ def _check_cached(path: Path, entry: ModelEntry | None, sources: tuple[str, ...]
 
 
 # -------------------------------------------------------------------------------------- fetching
-def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None = None, check=None) -> Path:
+def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None = None, check=None,
+          settings: DownloadSettings | None = None) -> Path:
     """The local file of a registered model, downloading and verifying it if needed.
 
     A cached file is checked (sha256) first; a corrupted one is deleted and fetched again.
@@ -183,20 +185,21 @@ def fetch(entry: ModelEntry | str, *, force: bool = False, progress: bool | None
     if entry.url is None:
         raise ModelUnavailableError(f"model {entry.name!r} cannot be downloaded: {entry.unavailable_reason}.")
     check_url(entry.url)
-    return _fetch(entry.urls, cached_path(entry), entry, entry.name, force, progress, check)
+    return _fetch(entry.urls, cached_path(entry), entry, entry.name, force, progress, check, settings)
 
 
-def fetch_url(url: str, *, force: bool = False, progress: bool | None = None, check=None) -> Path:
+def fetch_url(url: str, *, force: bool = False, progress: bool | None = None, check=None,
+              settings: DownloadSettings | None = None) -> Path:
     """The local copy of the checkpoint at ``url`` (https, or http to a loopback host), cached
     under :func:`url_cache_path` and verified as a MatRIS checkpoint that loads with
     ``weights_only=True`` (and passes ``check``, :func:`verify_checkpoint`); its sha256 is recorded
     and checked on later loads."""
     check_url(url)
-    return _fetch((url,), url_cache_path(url), None, url, force, progress, check)
+    return _fetch((url,), url_cache_path(url), None, url, force, progress, check, settings)
 
 
 def _fetch(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: str, force: bool,
-           progress: bool | None, check=None) -> Path:
+           progress: bool | None, check=None, settings: DownloadSettings | None = None) -> Path:
     if path.exists() and not force and _check_cached(path, entry, urls, check) is None:
         return path
     if is_offline():
@@ -223,7 +226,7 @@ def _fetch(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: st
                                   "again", stacklevel=3)
                 path.unlink()
                 _update_record(path, None, None)
-            return _download_any(urls, path, entry, what, progress, check)
+            return _download_any(urls, path, entry, what, progress, check, settings)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
             raise
@@ -239,7 +242,7 @@ def _by_hand(urls: tuple[str, ...], path: Path) -> str:
 
 
 def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, what: str, progress: bool,
-                  check=None) -> Path:
+                  check=None, settings: DownloadSettings | None = None) -> Path:
     """Try each URL in turn (a mirror after the primary). The error lists every URL's failure
     and, unless every file arrived and failed verification, how to fetch the file by hand."""
     failures: list[DownloadError] = []
@@ -250,7 +253,7 @@ def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, w
                 print(f"matris: downloading {what} from {urls[k - 1]} failed; trying {url}", file=sys.stderr,
                       flush=True)
         try:
-            return _download_verified(url, path, entry, what, progress, check)
+            return _download_verified(url, path, entry, what, progress, check, settings)
         except DownloadError as exc:
             failures.append(exc)
     if all(isinstance(exc, UnreachableError) for exc in failures):
@@ -283,7 +286,7 @@ def _no_network_message(urls: tuple[str, ...], path: Path, what: str, failures: 
 
 
 def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str, progress: bool,
-                       check=None) -> Path:
+                       check=None, settings: DownloadSettings | None = None) -> Path:
     """Download ``url`` to ``path.part``, verify it, then rename it to ``path``."""
     label = f"{path.name} (downloaded from {url})"
 
@@ -294,14 +297,14 @@ def _download_verified(url: str, path: Path, entry: ModelEntry | None, what: str
             part.unlink(missing_ok=True)
             raise
 
-    part, resumed = fetch_to_part(url, path, progress=progress, label=path.name)
+    part, resumed = fetch_to_part(url, path, progress=progress, label=path.name, settings=settings)
     try:
         sha = verify(part)
     except VerificationError as exc:
         if not resumed:
             raise _failed_verification(exc, what) from None
         # The first bytes came from an earlier, interrupted run: maybe of an older file. Once more, from zero.
-        part, _ = fetch_to_part(url, path, progress=progress, label=path.name)
+        part, _ = fetch_to_part(url, path, progress=progress, label=path.name, settings=settings)
         try:
             sha = verify(part)
         except VerificationError as exc2:
@@ -322,20 +325,21 @@ def _failed_verification(exc: VerificationError, what: str) -> VerificationError
 
 # ------------------------------------------------------------------------------------ resolution
 def resolve(model: str | os.PathLike | None = None, *, force: bool = False, progress: bool | None = None,
-            check=None) -> Path:
+            check=None, settings: DownloadSettings | None = None) -> Path:
     """The checkpoint file ``model`` names, fetched and verified (with ``check``, see
     :func:`verify_checkpoint`) if needed.
 
     ``model`` is ``None`` (the bundled model), a registry name (``-``/``_``, any case), an
     ``https://`` URL (``http://`` for loopback hosts only), or a path. A string that is
     neither a name nor an existing file raises :class:`UnknownModelError` (with a "did you
-    mean") or, if it looks like a path, ``FileNotFoundError``.
+    mean") or, if it looks like a path, ``FileNotFoundError``. ``settings``: the download's
+    timeout, retries and backoff (:class:`DownloadSettings`; default 30 s, 5, 1 s).
     """
     kind, target = locate(model)
     if kind == "url":
-        return fetch_url(target, force=force, progress=progress, check=check)
+        return fetch_url(target, force=force, progress=progress, check=check, settings=settings)
     if kind == "entry":
-        return fetch(target, force=force, progress=progress, check=check)
+        return fetch(target, force=force, progress=progress, check=check, settings=settings)
     return target
 
 
@@ -370,12 +374,13 @@ def locate(model: str | os.PathLike | None) -> tuple[str, Any]:
     return "path", _existing_path(Path(text).expanduser())
 
 
-def download(model: str, *, force: bool = False, progress: bool | None = None, check=None) -> Path:
+def download(model: str, *, force: bool = False, progress: bool | None = None, check=None,
+             settings: DownloadSettings | None = None) -> Path:
     """Fetch a registry model (or URL) into the cache and return its path (``matris download``)."""
     text = str(model).strip()
     if "://" in text:
-        return fetch_url(text, force=force, progress=progress, check=check)
-    return fetch(_registry.REGISTRY.get(text), force=force, progress=progress, check=check)
+        return fetch_url(text, force=force, progress=progress, check=check, settings=settings)
+    return fetch(_registry.REGISTRY.get(text), force=force, progress=progress, check=check, settings=settings)
 
 
 def _looks_like_path(text: str) -> bool:

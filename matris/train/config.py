@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MatRISInputError
+from ..memory import parse_size
 from ..model.config import MatRISConfig
 
 
@@ -321,7 +322,7 @@ class TrainConfig:
                             "or max_memory)")
         if d.max_memory is not None:
             try:
-                parse_memory(d.max_memory)
+                parse_size(d.max_memory, "data.max_memory")
             except ValueError as exc:
                 problems.append(str(exc))
         if self.trainer.recompute == "steps":
@@ -557,23 +558,3 @@ def _coerce(value: Any, f: dataclasses.Field, key: str, source: str) -> Any:
 __all__ = ["TrainConfig", "DataConfig", "DatasetConfig", "LossConfig", "OptimConfig", "ReferenceConfig",
            "FinetuneConfig", "TrainerConfig", "iter_keys"]
 
-
-def parse_memory(value) -> int | None:
-    """``data.max_memory`` → bytes, or None for ``'auto'``: a number of GB (``20``, ``'20'``,
-    ``'20 GB'``, ``'20GiB'``, ``'500 MB'``); GB here are 2³⁰ bytes, as devices report them."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return None
-    text = str(value).strip().lower().replace(" ", "")
-    units = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20}
-    scale = 2**30
-    for unit, size in units.items():
-        if text.endswith(unit):
-            text, scale = text[: -len(unit)], size
-            break
-    try:
-        amount = float(text)
-    except ValueError:
-        amount = float("nan")
-    if not amount > 0 or amount == float("inf"):
-        raise ValueError(f"data.max_memory must be 'auto' or a positive size such as '20 GB', got {value!r}")
-    return int(amount * scale)

@@ -19,7 +19,8 @@ from .. import memory as memory_policy
 from ..errors import MatRISInputError
 from ..memory import available_memory
 from ..model import MatRIS
-from .config import TrainConfig, parse_memory
+from ..memory import parse_size
+from .config import TrainConfig
 
 GB = 2**30
 # the share of a device's free memory that max_memory "auto" uses (the model is fitted, not exact)
@@ -61,7 +62,7 @@ def plan_memory(model: MatRIS, config: TrainConfig, sizes: tuple[np.ndarray, np.
     dtype = torch.float64 if config.trainer.precision == "64" else torch.float32
     mode = memory_policy.training_mode(model)
     fixed = memory_policy.training_fixed_bytes(model, dtype, ema=bool(config.optim.ema_decay), recompute=mode)
-    parsed = parse_memory(value) if value is not None else None
+    parsed = parse_size(value, "data.max_memory")
     if parsed is None:
         total = int(AUTO_SHARE * (available_memory(device) + (fixed if device.type == "cuda" else 0)))
         source = f"auto: {AUTO_SHARE:.0%} of the memory free on {device}"

@@ -1,7 +1,8 @@
 /* pair_style matris MODEL [device auto|cpu|cuda|cuda:N] [dtype float32|float64] [threads N]
-                    [mode domain|gather]
+                    [mode domain|gather] [memory_limit SIZE] [stats PREFIX]
    (defaults: device auto, dtype float32: the same as the ASE calculator and the matris command;
-   mode auto: domain on several ranks, the whole cell on one)
+   mode auto: domain on several ranks, the whole cell on one; memory_limit auto: per rank, a share
+   of what its device has, e.g. 8GB; stats: each rank writes its counters to PREFIX.<rank>.json)
    pair_coeff * * El1 El2 ...      (one element symbol per atom type)
 
    See pair_matris.h for the scheme. Built by `matris lammps build` (matris/lammps/build.py),
@@ -183,8 +184,8 @@ void PairMatris::settings(int narg, char **arg)
   if (narg < 1 || narg % 2 == 0)
     error->all(FLERR,
                "Illegal pair_style matris command: expected 'pair_style matris MODEL [device auto|cpu|cuda] "
-               "[dtype float32|float64] [threads N] [mode auto|domain|gather]', MODEL being a file from 'matris "
-               "export lammps' or a model name");
+               "[dtype float32|float64] [threads N] [mode auto|domain|gather] [memory_limit SIZE] [stats PREFIX]', "
+               "MODEL being a file from 'matris export lammps' or a model name");
   model_ = arg[0];
   for (int i = 1; i < narg; i += 2) {
     std::string key = arg[i];
@@ -201,9 +202,13 @@ void PairMatris::settings(int narg, char **arg)
                           "one), domain (every rank evaluates its own atoms) or gather (rank 0 evaluates the whole "
                           "system), not '" + mode + "'");
       mode_ = mode;
-    } else
+    } else if (key == "memory_limit")
+      memory_limit_ = arg[i + 1];    // checked by the model's loader (a size such as 8GB, or auto)
+    else if (key == "stats")
+      stats_ = arg[i + 1];
+    else
       error->all(FLERR, "Illegal pair_style matris keyword '" + key +
-                            "': the keywords are device, dtype, threads and mode");
+                            "': the keywords are device, dtype, threads, mode, memory_limit and stats");
   }
   if (dtype_ != "float64" && dtype_ != "float32")
     error->all(FLERR, "pair_style matris: dtype must be float32 or float64, not '" + dtype_ + "'");
@@ -256,8 +261,9 @@ void PairMatris::load_model()
       }
       PyObject *made = nullptr;
       if (module)
-        made = PyObject_CallMethod(module, "LammpsEvaluator", "sOssiii", model_.c_str(), elements, device_.c_str(),
-                                   dtype_.c_str(), threads_, local_rank, local_size);
+        made = PyObject_CallMethod(module, "LammpsEvaluator", "sOssiiiss", model_.c_str(), elements,
+                                   device_.c_str(), dtype_.c_str(), threads_, local_rank, local_size,
+                                   memory_limit_.c_str(), stats_.c_str());
       if (!made) {
         message = "loading " + model_ + " failed: " + python_error();
       } else {

@@ -44,6 +44,8 @@ class PairMatris : public Pair {
   std::vector<std::string> type_elements_;
   double cutoff_ = 0.0;
   int threads_ = 0;    // the model's threads per rank; 0: the rank's share of its cores
+  std::string memory_limit_ = "auto";    // per rank: a size such as 8GB, or auto
+  std::string stats_;    // PREFIX: each rank writes its counters to PREFIX.<rank>.json
   std::string mode_ = "auto";    // auto: domain on several ranks, gather on one
   bool gather_ = false;    // rank 0 evaluates the whole system (mode gather, or auto on one rank)
   void *evaluator_ = nullptr;    // PyObject* of matris.lammps.runtime.LammpsEvaluator (rank 0 only in mode gather)

@@ -46,28 +46,13 @@ class DownloadSettings:
     retries: int = 5
     backoff: float = 1.0
 
-    @classmethod
-    def from_env(cls) -> "DownloadSettings":
-        """Defaults overridden by ``MATRIS_DOWNLOAD_TIMEOUT``, ``MATRIS_DOWNLOAD_RETRIES`` and
-        ``MATRIS_DOWNLOAD_BACKOFF``."""
-        return cls(
-            timeout=_env_number("MATRIS_DOWNLOAD_TIMEOUT", cls.timeout, float, minimum=0.001),
-            retries=_env_number("MATRIS_DOWNLOAD_RETRIES", cls.retries, int, minimum=0),
-            backoff=_env_number("MATRIS_DOWNLOAD_BACKOFF", cls.backoff, float, minimum=0.0),
-        )
+    def __post_init__(self):
+        if not self.timeout > 0 or self.retries < 0 or self.backoff < 0:
+            raise MatRISInputError(f"DownloadSettings needs timeout > 0 s, retries >= 0 and backoff >= 0 s; got "
+                                   f"timeout={self.timeout!r}, retries={self.retries!r}, backoff={self.backoff!r}")
 
 
-def _env_number(name: str, default, kind, minimum):
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise MatRISInputError(f"{name}={raw!r} is not a valid {kind.__name__} >= {minimum}; unset it or fix it")
-    return value
+DEFAULTS = DownloadSettings()  # what a download without ``settings`` uses
 
 
 def check_url(url: str) -> str:
@@ -178,7 +163,7 @@ def fetch_to_part(url: str, dest: str | os.PathLike, *, progress: bool | None = 
     and other HTTP errors :class:`DownloadError`. The caller must hold the lock of ``dest``.
     """
     check_url(url)
-    settings = settings or DownloadSettings.from_env()
+    settings = settings or DEFAULTS
     if progress is None:
         progress = _stderr_is_tty()
     part = part_path(dest)
