@@ -237,13 +237,18 @@ def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph
         if need <= budget:
             return level
     if opts.memory_limit is not None:  # a limit the user stated holds: refused before any work
-        raise MemoryLimitError(
-            f"{graph.num_atoms} atoms with {graph.num_angles} angles ({graph.num_structures} structure"
-            f"{'s' if graph.num_structures != 1 else ''}) need about {format_size(need)} for one call at the lowest "
-            f"memory level ({LOWEST_LEVEL}), more than the memory limit of {format_size(budget)}: raise memory_limit, "
-            "evaluate fewer atoms at a time (smaller batches; more MPI ranks in LAMMPS), or use a device with more "
-            "memory")
+        refuse(f"{graph.num_atoms} atoms with {graph.num_angles} angles ({graph.num_structures} structure"
+               f"{'s' if graph.num_structures != 1 else ''})", need, LOWEST_LEVEL, budget)
     return LOWEST_LEVEL
+
+
+def refuse(what: str, need: int, level: int, limit: int):
+    """Raise the :class:`MemoryLimitError` of ``what`` needing ``need`` bytes at ``level``."""
+    lowest = "the lowest memory level" if level == LOWEST_LEVEL else "memory level"
+    raise MemoryLimitError(
+        f"{what} need about {format_size(need)} for one call at {lowest} ({level}), more than the memory limit "
+        f"of {format_size(limit)}: raise memory_limit, evaluate fewer atoms at a time (smaller batches; more MPI "
+        "ranks in LAMMPS), or use a device with more memory")
 
 
 # -------------------------------------------------------------------------------------- training

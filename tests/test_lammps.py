@@ -4,6 +4,7 @@ same on 1, 2 and 4 MPI ranks, and clear about bad input."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -495,3 +496,26 @@ def test_float64_gemms_run_pytorchs_blas_inside_lammps(lmp_env, tmp_path):
     plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     outside = float(plain.split("GEMM ")[1].split()[0])
     assert inside < 2 * outside, (inside, outside)
+
+
+def test_memory_limit_and_stats_keywords(lmp_env, tmp_path):
+    """pair_style matris memory_limit SIZE (per rank): a rank whose atoms need more even at the lowest
+    memory level stops the run before any step, naming the need and the limit; a bad size is a clear
+    error; stats PREFIX writes the rank's counters."""
+    env, model = lmp_env
+    write(tmp_path / "s.data", bulk("Si", "diamond", a=5.43, cubic=True), format="lammps-data", specorder=["Si"],
+          masses=True)
+
+    def deck(keywords: str) -> list[str]:
+        lines = header("s.data", model, "Si")
+        lines[4] += " " + keywords
+        return lines + ["run 0"]
+
+    text = run_lmp(env, tmp_path, deck("memory_limit 0.01MB"), expect_ok=False)  # the small demo model
+    assert "ERROR" in text and "MemoryLimitError" in text and "memory limit of 0.01 MB" in text, text[-2000:]
+    assert "8 atoms" in text and "Traceback" not in text
+    text = run_lmp(env, tmp_path, deck("memory_limit lots"), expect_ok=False)
+    assert "ERROR" in text and "memory_limit must be 'auto' or a positive size" in text, text[-2000:]
+    run_lmp(env, tmp_path, deck(f"memory_limit 2GB stats {tmp_path / 'st'}"))
+    stats = json.loads((tmp_path / "st.0.json").read_text())
+    assert stats["calls"] >= 1 and stats["n_local"] == 8

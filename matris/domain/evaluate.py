@@ -98,6 +98,10 @@ class RankGraph:
     def num_bonds(self) -> int:
         return int(self.bond_target.shape[0])
 
+    @property
+    def num_angles(self) -> int:
+        return int(self.angle_atom.shape[0])
+
     @functools.cached_property
     def ends_without_angles(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``[2S, 1]`` bool, per short directed edge: no angle has it as target (first) or source

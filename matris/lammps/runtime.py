@@ -195,6 +195,18 @@ class LammpsEvaluator:
             f"dtype float32, or a device with more memory "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
 
+    def _check_domain_limit(self, graph, n_local: int, n_ghost: int) -> None:
+        """``memory_limit`` in mode domain, whose ranks keep every activation (level 0: the blocks'
+        exchanges run once, in the forward pass): a rank that needs more is refused before its call."""
+        m = self.model
+        limit = m.options.memory_limit
+        if limit is None:
+            return
+        need = memory.activation_bytes(m, graph, 0, m.dtype, choose(m.device, m.options.kernels))
+        if need > limit:
+            memory.refuse(f"{n_local} atoms and {n_ghost} ghosts with {graph.num_angles} angles on this rank", need, 0,
+                          limit)
+
     @property
     def cutoff(self) -> float:
         return float(self.model.cutoff)
@@ -254,7 +266,7 @@ class LammpsEvaluator:
         st["calls"] += 1
         st["seconds"] += seconds
         st.update(n_local=comm.n_local, n_ghost=comm.n_all - comm.n_local, n_slots=graph.n_slots,
-                  bonds=graph.num_bonds, angles=int(graph.angle_atom.shape[0]), bytes=comm.bytes,
+                  bonds=graph.num_bonds, angles=graph.num_angles, bytes=comm.bytes,
                   exchange_seconds=comm.seconds, last_seconds=seconds,
                   peak_rss_bytes=_peak_rss_bytes())
         prefix = self.stats_prefix
@@ -282,6 +294,7 @@ class LammpsEvaluator:
         box = torch.from_numpy(np.frombuffer(cell, dtype=np.float64).reshape(3, 3).copy())
         try:
             graphs = build_graphs([domain], comm, box, m.cutoff, m.three_body_cutoff)
+            self._check_domain_limit(graphs[0], n_local, len(z) - n_local)
             (res,) = evaluate(m, graphs, comm)
         except (MemoryError, RuntimeError) as exc:
             self._raise_if_out_of_memory(exc, f"{n_local} atoms and {len(z) - n_local} ghosts", "use more ranks")
