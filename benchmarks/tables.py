@@ -548,21 +548,28 @@ def system_size(name: str = "system_size_cpu") -> str:
     return "\n".join(lines)
 
 
-def system_fit(name: str = "system_size_cpu", sizes=(16, 32, 64, 128, 256)) -> str:
-    """How many atoms fit, from the straight line through the level-2 rows."""
+def system_fit(name: str = "system_size_cpu", sizes=(24, 48, 80, 141)) -> str:
+    """How many atoms fit, from the straight line through the lowest level's rows (and level 2's)."""
     d = load(name)
-    fit = d["level2_fit"]
-    least = [r for r in d["rows"] if r["requested_level"] == "2"]
+    lowest = str(d.get("lowest_level", 2))
+    fit = d[f"level{lowest}_fit"]
+    fit2 = d.get("level2_fit") if lowest != "2" else None
+    least = [r for r in d["rows"] if r["requested_level"] == lowest]
     big = max(least, key=lambda r: r["atoms"])
     per_atom = big["angles"] / big["atoms"]
-    lines = [f"**Model:** {PUBLISHED_ARCH}, memory level 2 (the least memory). **Machine:** "
-             f"{_cpu_line(name, big.get('threads'))}.", "",
-             "| memory | angles | diamond Si atoms |", "|---:|---:|---:|"]
+    lines = [f"**Model:** {PUBLISHED_ARCH}, memory level {lowest} (the least memory)"
+             + (" and level 2" if fit2 else "") + f". **Machine:** {_cpu_line(name, big.get('threads'))}.", "",
+             f"| memory | angles (level {lowest}) | diamond Si atoms (level {lowest}) |"
+             + (" diamond Si atoms (level 2) |" if fit2 else ""),
+             "|---:|---:|---:|" + ("---:|" if fit2 else "")]
     for gb in sizes:
         angles = (gb - fit["GB_fixed"]) / fit["GB_per_angle"]
-        lines.append(f"| {gb} GB | {angles / 1e6:.1f} million | {angles / per_atom:,.0f} |")
+        row = f"| {gb} GB | {angles / 1e6:.1f} million | {angles / per_atom:,.0f} |"
+        if fit2:
+            row += f" {(gb - fit2['GB_fixed']) / fit2['GB_per_angle'] / per_atom:,.0f} |"
+        lines.append(row)
     measured = ", ".join(f"Si{r['atoms']} {r['peak_rss_GB']:.1f} GB" for r in least)
-    lines.append(f"\nA straight line through the measured level-2 peaks ({measured}): "
+    lines.append(f"\nA straight line through the measured level-{lowest} peaks ({measured}): "
                  f"{fit['GB_fixed']:.1f} GB fixed plus {fit['GB_per_angle'] * 1e6:.0f} GB per million angles. "
                  f"Diamond Si has {per_atom:.0f} angles per atom at r_3 = 4.5 Å; denser materials have more "
                  "(bcc Fe about 630), so count your cell's angles (`GraphBatch.num_angles`) and divide. "

@@ -29,6 +29,8 @@ from .kernels import choose
 # oxide cell and 6 % less time (the heap's free blocks between chunks' tensors count in RSS;
 # benchmarks/train_memory.py)
 CHUNK_ROWS = 4096
+# at most this many chunks per recomputed step (:func:`chunk_rows`)
+MAX_CHUNKS = 16
 # the share of the device's available memory a call may use by default (inference and training)
 DEFAULT_SHARE = 0.6
 
@@ -185,9 +187,12 @@ def check_recompute(mode) -> str:
     return mode
 
 
-def chunk_rows(model) -> int:
-    """Rows of one recomputed chunk: ``model.options.chunk_rows``, else :data:`CHUNK_ROWS`."""
-    return model.options.chunk_rows or CHUNK_ROWS
+def chunk_rows(model, n_rows: int = 0) -> int:
+    """Rows of one recomputed chunk of ``n_rows`` rows: ``model.options.chunk_rows``, else
+    :data:`CHUNK_ROWS`, or more where the rows would make more than :data:`MAX_CHUNKS` chunks: every
+    chunk also reads and writes whole per-bond tensors (its sums into the bonds, the gradients of
+    the bonds' projections), so their count must not grow with the system (time ∝ angles × bonds)."""
+    return model.options.chunk_rows or max(CHUNK_ROWS, -(-n_rows // MAX_CHUNKS))
 
 
 def default_budget(device: torch.device) -> int:

@@ -373,7 +373,7 @@ class MatRIS(nn.Module):
             # training's block recomputation with weight gradients: the per-angle work of the
             # line-graph steps and the atom graph's Φ by row chunks inside it (the fast kernels
             # where no weight gradient is wanted)
-            exact = dataclasses.replace(exact, row_chunks=RowRecompute(memory.chunk_rows(self),
+            exact = dataclasses.replace(exact, row_chunks=RowRecompute(memory.chunk_rows(self, g.num_angles),
                                                                        block_kernels in ("fused", "triton")))
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
