@@ -529,19 +529,22 @@ def cpu_compiled(name: str = "cpu_speed_compiled") -> str:
 
 
 def system_size(name: str = "system_size_cpu") -> str:
-    """Peak memory of one E+F+S call against the size of the cell: at the level the model picks,
-    and at level 2 (the least memory)."""
+    """Peak memory (and time) of one E+F+S call against the size of the cell: at the level the model
+    picks, and at each fixed level measured (2, and 3: the least memory)."""
     d = load(name)
     rows = {(r["atoms"], r["requested_level"]): r for r in d["rows"]}
+    fixed = sorted({lv for _, lv in rows if lv != "auto"})
     lines = [f"**Model:** {PUBLISHED_ARCH} ({d['parameters']:,} parameters). **Machine:** "
              f"{_cpu_line(name, d['rows'][0].get('threads'))}. One call per process, after a warm-up call.", "",
-             "| structure | angles | level picked | peak memory | at level 2 |", "|---|---:|---:|---:|---:|"]
+             "| structure | angles | level picked | peak memory, time |"
+             + "".join(f" at level {lv} |" for lv in fixed), "|---|---:|---:|---:|" + "---:|" * len(fixed)]
     for (atoms, level), r in sorted(rows.items()):
         if level != "auto":
             continue
-        least = rows.get((atoms, "2"))
-        at2 = f"{least['peak_rss_GB']:.1f} GB" if least else "–"
-        lines.append(f"| Si{atoms} | {r['angles']:,} | {r['level']} | {r['peak_rss_GB']:.1f} GB | {at2} |")
+        cells = "".join(f" {rows[(atoms, lv)]['peak_rss_GB']:.1f} GB, {rows[(atoms, lv)]['efs_s']:.1f} s |"
+                        if (atoms, lv) in rows else " – |" for lv in fixed)
+        lines.append(f"| Si{atoms} | {r['angles']:,} | {r['level']} | {r['peak_rss_GB']:.1f} GB, {r['efs_s']:.1f} s |"
+                     + cells)
     lines.append("\nLevel picked: by the model, for the memory the machine above had free "
                  "([Large systems and memory](memory.md)). Peak memory: the whole process's peak resident set "
                  "size (Python, torch, the model and the call).")

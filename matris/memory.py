@@ -176,6 +176,8 @@ def parse_size(value, what: str = "memory_limit") -> int | None:
 
 def format_size(n: int) -> str:
     """Bytes as GB (2³⁰) or MB, for messages."""
+    if n < 2**20:
+        return f"{n:,} bytes"
     return f"{n / 2**30:.3g} GB" if n >= 2**30 else f"{n / 2**20:.3g} MB"
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import FOLDERS, evaluate, load_fixture_model, random_system
-from matris import memory
+from matris import MemoryLimitError, memory
 from matris.kernels import native
 
 
@@ -69,9 +69,14 @@ def test_automatic_level_follows_the_memory_budget(model64):
     model64.options.memory_limit = memory.activation_bytes(model64, g, 1)
     try:
         assert memory.inference_level(model64, g) == 1
-        model64.options.memory_limit = 1
+        model64.options.memory_limit = memory.activation_bytes(model64, g, 2)
         assert memory.inference_level(model64, g) == 2
+        model64.options.memory_limit = memory.activation_bytes(model64, g, memory.LOWEST_LEVEL)
+        assert memory.inference_level(model64, g) == memory.LOWEST_LEVEL
         assert memory.inference_level(model64, g, create_graph=True) == 0  # training keeps its graph
+        model64.options.memory_limit = 1  # stated and unreachable: refused
+        with pytest.raises(MemoryLimitError, match="more than the memory limit of 1 bytes"):
+            memory.inference_level(model64, g)
     finally:
         model64.options.memory_limit = None
         model64.options.kernels = None

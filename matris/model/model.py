@@ -370,11 +370,12 @@ class MatRIS(nn.Module):
         bg = _running(exact, kernels, segments)
         fast = _running(exact, block_kernels, segments) if block_kernels else None
         if fast is not None and row_chunks:
-            # training's block recomputation with weight gradients: the per-angle work of the
-            # line-graph steps and the atom graph's Φ by row chunks inside it (the fast kernels
-            # where no weight gradient is wanted)
-            exact = dataclasses.replace(exact, row_chunks=RowRecompute(memory.chunk_rows(self, g.num_angles),
-                                                                       block_kernels in ("fused", "triton")))
+            # the block recomputation: the per-angle work of the line-graph steps and the atom graph's
+            # Φ by row chunks inside it, on the fast kernels where no weight gradient is wanted; at
+            # inference (differentiated once: the lowest memory level) the fast kernels everywhere,
+            # in training the composed ops around the chunks (their second order)
+            rows = RowRecompute(memory.chunk_rows(self, g.num_angles), block_kernels in ("fused", "triton"))
+            exact = dataclasses.replace(fast if level == memory.LOWEST_LEVEL else exact, row_chunks=rows)
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         for k, block in enumerate(self.interaction_block):
