@@ -74,6 +74,7 @@ def run_lmp(script: str, ranks: int, workdir: Path, env: dict) -> str:
 def speed_script(model: Path, reps, steps: int, device: str, dtype: str, threads: int, mode: str,
                  stats: Path | None = None) -> str:
     nx, ny, nz = reps
+    keywords = f" stats {stats}" if stats else ""
     return f"""units metal
 atom_style atomic
 lattice diamond 5.43
@@ -81,7 +82,7 @@ region box block 0 {nx} 0 {ny} 0 {nz}
 create_box 1 box
 create_atoms 1 box
 mass 1 28.0855
-pair_style matris {model} device {device} dtype {dtype} threads {threads} mode {mode}{f" stats {stats}" if stats else ""}
+pair_style matris {model} device {device} dtype {dtype} threads {threads} mode {mode}{keywords}
 pair_coeff * * Si
 velocity all create 300 4928459 loop geom
 fix nve all nve

@@ -12,11 +12,11 @@ cells of ``matris bench`` (``matris.bench.standard_structure``).
 Each (size, memory level) runs in a fresh process, so its peak memory is its own: the
 process's peak resident set size (``ru_maxrss``), which includes Python, torch and the model
 (what a user's process needs). Per size it runs the memory level the model picks by itself on
-this machine (``auto``), level 2 (each step recomputed, Φ too) and level 3, the level that keeps the
-least (each block recomputed, its per-angle work by row chunks; see docs/memory.md). One warm-up call
-on Si8 first (the fused operators' first call), then one timed call.
+this machine (``auto``) and level 2, the level that keeps the least (each block recomputed, its
+per-angle work by row chunks; see docs/memory.md). One warm-up call on Si8 first (the fused
+operators' first call), then one timed call.
 
-From the rows of each of levels 2 and 3, a straight line through peak memory against the number of angles
+From the level-2 rows, a straight line through peak memory against the number of angles
 (the line graph sets the cost) tells how many atoms fit in a given memory; the documentation's
 table renders it from this file (``benchmarks/tables.py``). Each row also records the time of
 its call and the load average, but peak memory does not depend on other work on the machine
@@ -75,7 +75,7 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[64, 216, 512], help="Si atoms (multiples of 8)")
-    p.add_argument("--levels", nargs="+", default=["auto", "2", "3"], help="memory levels: auto, 0, 1, 2, 3")
+    p.add_argument("--levels", nargs="+", default=["auto", "2"], help="memory levels: auto, 0, 1, 2")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--child", nargs=2, metavar=("ATOMS", "LEVEL"), help=argparse.SUPPRESS)
@@ -106,12 +106,10 @@ def main(argv=None) -> int:
 
     from matris.memory import LOWEST_LEVEL
 
-    for level in ("2", str(LOWEST_LEVEL)):  # a straight line through each level's peaks
-        least = [r for r in rows if r["requested_level"] == level]
-        if len(least) >= 2:
-            slope, intercept = np.polyfit([r["angles"] for r in least], [r["peak_rss_GB"] for r in least], 1)
-            result[f"level{level}_fit"] = {"GB_per_angle": float(slope), "GB_fixed": float(intercept)}
-    result["lowest_level"] = LOWEST_LEVEL
+    least = [r for r in rows if r["requested_level"] == str(LOWEST_LEVEL)]
+    if len(least) >= 2:  # a straight line through the lowest level's peaks
+        slope, intercept = np.polyfit([r["angles"] for r in least], [r["peak_rss_GB"] for r in least], 1)
+        result["lowest_fit"] = {"level": LOWEST_LEVEL, "GB_per_angle": float(slope), "GB_fixed": float(intercept)}
     if args.json:
         import torch
 

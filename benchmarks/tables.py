@@ -552,25 +552,19 @@ def system_size(name: str = "system_size_cpu") -> str:
 
 
 def system_fit(name: str = "system_size_cpu", sizes=(24, 48, 80, 141)) -> str:
-    """How many atoms fit, from the straight line through the lowest level's rows (and level 2's)."""
+    """How many atoms fit, from the straight line through the lowest level's rows."""
     d = load(name)
-    lowest = str(d.get("lowest_level", 2))
-    fit = d[f"level{lowest}_fit"]
-    fit2 = d.get("level2_fit") if lowest != "2" else None
+    fit = d["lowest_fit"]
+    lowest = str(fit["level"])
     least = [r for r in d["rows"] if r["requested_level"] == lowest]
     big = max(least, key=lambda r: r["atoms"])
     per_atom = big["angles"] / big["atoms"]
-    lines = [f"**Model:** {PUBLISHED_ARCH}, memory level {lowest} (the least memory)"
-             + (" and level 2" if fit2 else "") + f". **Machine:** {_cpu_line(name, big.get('threads'))}.", "",
-             f"| memory | angles (level {lowest}) | diamond Si atoms (level {lowest}) |"
-             + (" diamond Si atoms (level 2) |" if fit2 else ""),
-             "|---:|---:|---:|" + ("---:|" if fit2 else "")]
+    lines = [f"**Model:** {PUBLISHED_ARCH}, memory level {lowest} (the least memory). **Machine:** "
+             f"{_cpu_line(name, big.get('threads'))}.", "",
+             "| memory | angles | diamond Si atoms |", "|---:|---:|---:|"]
     for gb in sizes:
         angles = (gb - fit["GB_fixed"]) / fit["GB_per_angle"]
-        row = f"| {gb} GB | {angles / 1e6:.1f} million | {angles / per_atom:,.0f} |"
-        if fit2:
-            row += f" {(gb - fit2['GB_fixed']) / fit2['GB_per_angle'] / per_atom:,.0f} |"
-        lines.append(row)
+        lines.append(f"| {gb} GB | {angles / 1e6:.1f} million | {angles / per_atom:,.0f} |")
     measured = ", ".join(f"Si{r['atoms']} {r['peak_rss_GB']:.1f} GB" for r in least)
     lines.append(f"\nA straight line through the measured level-{lowest} peaks ({measured}): "
                  f"{fit['GB_fixed']:.1f} GB fixed plus {fit['GB_per_angle'] * 1e6:.0f} GB per million angles. "

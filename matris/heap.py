@@ -15,8 +15,9 @@ PyTorch's CUDA caching allocator does on a GPU.
 
 It is opt-in, since it changes malloc for the whole host process (ASE, Jupyter, LAMMPS): call
 :func:`keep_freed_memory` in a script; for a process whose code you do not write (``lmp``), glibc's
-own tunables do the same from its start: ``GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647``
-(:data:`GLIBC_TUNABLES`). The gain is measured by ``benchmarks/cpu_speed.py`` (``heap`` in its JSON: the same
+own tunables do the same from its start:
+``GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647`` (:data:`GLIBC_TUNABLES`).
+The gain is measured by ``benchmarks/cpu_speed.py`` (``heap`` in its JSON: the same
 Si64 call with and without, side by side; see docs/performance.md). :func:`release_memory` hands the
 free memory back to the system (``malloc_trim``), e.g. after a large one-off calculation in a
 long-lived process. Other C libraries (macOS, musl) are left alone.

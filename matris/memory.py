@@ -4,8 +4,9 @@ training recompute mode.
 
 Inference (energy, forces and stress of one call) keeps, per level, the activations of
 :func:`activation_bytes`: level 0 keeps everything (fastest), 1 recomputes each block's four steps
-in the backward pass, 2 also Φ inside them (least memory); :func:`inference_level` picks the
-fastest that fits. Training on forces recomputes nothing, each block, or each block and its
+in the backward pass, 2 (:data:`LOWEST_LEVEL`) each block from its inputs, its per-angle work by row
+chunks (least memory); :func:`inference_level` picks the fastest that fits. Training on forces
+recomputes nothing, each block, or each block and its
 per-angle work by chunks of :data:`CHUNK_ROWS` rows (:data:`RECOMPUTE_MODES`,
 :mod:`matris.model.recompute`); :func:`training_mode` picks the fastest that fits. By default a
 call may use :data:`DEFAULT_SHARE` of the memory available on its device (:func:`available_memory`:
@@ -57,9 +58,9 @@ TRAIN_CHUNK_FLOATS = 250
 FRAMEWORK_BYTES = 512 * 2**20
 # the inference memory level that keeps the least: each block recomputed in the backward pass, its
 # per-angle work by row chunks (the machinery of training's "rows")
-LOWEST_LEVEL = 3
+LOWEST_LEVEL = 2
 # the inference levels by speed (fastest first); each keeps less than the one before it
-INFERENCE_ORDER = (0, 1, 2, 3)
+INFERENCE_ORDER = (0, 1, 2)
 
 
 
@@ -215,13 +216,14 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
     (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the fused operators,
     ``kernels`` "fused" or "triton", measured on Si64 on a CPU against 48 for the composed ops);
     level 1 (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
-    (Φ recomputed too) 2 per block plus ≈ 30.
+    (blocks recomputed, their per-angle work by row chunks) 1 per block plus ≈ 6 (fitted to the peak
+    RSS of diamond Si cells, ``benchmarks/system_size.py``: 9.7 KiB per angle for the published
+    architecture in float32).
     """
     c = model.config
     rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
     level0 = 21 if kernels in ("fused", "triton") else 45
-    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: 2 * c.num_layers + 30,
-               3: c.num_layers + 6}[level]
+    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: c.num_layers + 6}[level]
     return tensors * rows * _itemsize(model, dtype)
 
 
@@ -287,7 +289,8 @@ def training_fixed_bytes(model, dtype: torch.dtype | None = None, ema: bool = Tr
     (:data:`TRAIN_CHUNK_FLOATS`), whatever the batch."""
     mode = training_mode(model) if recompute is None else check_recompute(recompute)
     itemsize = _itemsize(model, dtype)
-    chunk = TRAIN_CHUNK_FLOATS * chunk_rows(model) * model.config.three_body_feat_dim * itemsize if mode == "rows" else 0
+    chunk = TRAIN_CHUNK_FLOATS * chunk_rows(model) * model.config.three_body_feat_dim * itemsize
+    chunk = chunk if mode == "rows" else 0
     return sum(p.numel() for p in model.parameters()) * itemsize * (5 if ema else 4) + FRAMEWORK_BYTES + chunk
 
 

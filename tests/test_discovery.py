@@ -36,8 +36,8 @@ from matris.discovery import (
 )
 from matris.discovery.datafiles import DataFile, fetch_data_file
 from matris.discovery.store import ShardLog
-from matris.pretrained import transfer
 from matris.errors import MatRISInputError, OfflineError, VerificationError
+from matris.pretrained import transfer
 
 POTCARS = {"Cu": "PAW_PBE Cu_pv 06Sep2000", "Au": "PAW_PBE Au 04Oct2007"}
 

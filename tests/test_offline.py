@@ -12,7 +12,6 @@ from matris import MatRIS
 from matris import pretrained as pt
 from matris.cli import main
 from matris.errors import DownloadError, MatRISInputError
-
 from matris.pretrained import transfer as dl
 
 

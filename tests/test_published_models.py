@@ -17,9 +17,9 @@ from ase.calculators.calculator import PropertyNotImplementedError
 
 from matris import MatRIS, MatRISCalculator, MatRISConfig
 from matris import pretrained as pt
-from matris.pretrained import transfer
 from matris.cli import main
 from matris.errors import CheckpointError, DownloadError, MatRISInputError, OfflineError, VerificationError
+from matris.pretrained import transfer
 
 TINY = dict(num_layers=1, node_feat_dim=8, edge_feat_dim=8, three_body_feat_dim=8, mlp_hidden_dims=(8,))
 OFFICIAL = {  # official key → (our name, figshare file id, targets), from the official 1.0.0 README

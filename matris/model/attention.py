@@ -50,24 +50,24 @@ class SeparableAttention(nn.Module):
         tgt: torch.Tensor,
         src: torch.Tensor,
         d2u: torch.Tensor | None = None,
-        recompute_phi: bool = False,
+        rows: RowRecompute | None = None,
         segments: tuple[Segments, Segments] | None = None,
         fused: bool = False,
         halo=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
-        ``recompute_phi`` recomputes Φ_edge in the backward pass instead of storing it.
+        ``rows``: the per-row work recomputed by row chunks in the backward passes (:class:`RowRecompute`).
         ``fused`` selects the fused operators of Φ and of both aggregations (:mod:`matris.kernels`,
         CPU and CUDA); ``segments`` (by target, by source) is the CSR order the CUDA kernels walk,
         made once per graph. ``halo`` (line graph, :class:`matris.model.block.BlockGraph`): a domain
         decomposition's rank, whose bonds' softmax runs per end and is merged across ranks."""
         n = x.shape[0]
         directed = d2u is not None
-        if isinstance(recompute_phi, RowRecompute) and not directed:
-            if recompute_phi.splits(y.shape[0]):
-                return self._line_by_rows(x, y, tgt, src, recompute_phi)
-            recompute_phi = False  # one chunk: as the rest of the block
-        m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], recompute_phi, fused)
+        if rows is not None and not directed:
+            if rows.splits(y.shape[0]):
+                return self._line_by_rows(x, y, tgt, src, rows)
+            rows = None  # one chunk: as the rest of the block
+        m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], rows, fused)
         w_st = self._logit_weight()
         if halo is not None:
             t, s, y_new, lse_t, lse_s = attention_pair_lse(y, w_st, None, m, halo.angle_target_end,

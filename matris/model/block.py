@@ -24,9 +24,8 @@ class BlockGraph:
     angle_atom, angle_target_bond, angle_source_bond: ``[A]``.
     line_mask: ``[B, 1]`` bool, bonds of structures that have angles; None when all do.
     rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
-    checkpoint: memory saving for large systems at inference, same numbers: 0 keeps all
-    activations; 1 recomputes each of the four steps in the backward pass; 2 also
-    recomputes Φ inside them (least memory, most compute).
+    checkpoint: 1 recomputes each of the four steps in the backward pass (inference memory level 1,
+    same numbers); 0 keeps their activations.
     fused: run Φ, the attention aggregations and Refine's edge side as the fused operators
     (:mod:`matris.kernels`: the C++ kernels on a CPU, Triton on CUDA).
     atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`, the
@@ -107,7 +106,7 @@ class _Steps:
 
     @staticmethod
     def options(g: BlockGraph, module, kind: str) -> dict:
-        opts = dict(recompute_phi=g.row_chunks or g.checkpoint >= 2, fused=g.fused)
+        opts = dict(rows=g.row_chunks, fused=g.fused)
         if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
             opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
         if kind == "line" and g.halo is not None:

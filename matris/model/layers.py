@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 
 from ..kernels import gated_phi, gather_sum_activate_reference
@@ -184,18 +183,13 @@ def term_rows(terms: list[Term]) -> int:
     return next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
 
 
-def call_phi(module: nn.Module, terms: list[Term], recompute: "bool | RowRecompute" = False,
+def call_phi(module: nn.Module, terms: list[Term], rows: RowRecompute | None = None,
              fused: bool = False) -> torch.Tensor:
-    """``module.forward_terms(terms)``; ``fused`` selects the fused operator. ``recompute`` True:
-    recomputed in the backward pass (checkpoint, inference); a :class:`RowRecompute`: recomputed by
-    row chunks in both backward passes of a training step."""
-    if isinstance(recompute, RowRecompute):
-        if not recompute.splits(term_rows(terms)):
-            return module.forward_terms(terms, fused)
-        return recomputed_phi(module, terms, recompute.fast, recompute.chunk)
-    if not recompute:
+    """``module.forward_terms(terms)``; ``fused`` selects the fused operator. ``rows``: recomputed
+    by row chunks in the backward passes where the rows make several chunks."""
+    if rows is None or not rows.splits(term_rows(terms)):
         return module.forward_terms(terms, fused)
-    return torch.utils.checkpoint.checkpoint(module.forward_terms, terms, fused, use_reentrant=False)
+    return recomputed_phi(module, terms, rows.fast, rows.chunk)
 
 
 def ffn(d_in: int, d_out: int, bias: bool, dropout: float) -> MLP:

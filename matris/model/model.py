@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from .. import checkpoint_files as ckpt_io
@@ -360,7 +361,7 @@ class MatRIS(nn.Module):
             line_mask=line_mask,
             rbf_pair=rbf_pair,
             rbf_3b=rbf_3b,
-            checkpoint=level if level < memory.LOWEST_LEVEL else 0,
+            checkpoint=int(level == 1),
             halo=halo,
         )
         exact = bg  # the composed ops
@@ -471,7 +472,7 @@ class MatRIS(nn.Module):
     @classmethod
     def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "auto",
              dtype: str | torch.dtype = torch.float32, *, targets: str | None = None,
-             progress: bool | None = None, download: "DownloadSettings | None" = None) -> "MatRIS":
+             progress: bool | None = None, download: Any = None) -> "MatRIS":
         """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
 
         Names are those of :mod:`matris.pretrained` (``matris models`` lists them, official

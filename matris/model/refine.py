@@ -39,28 +39,28 @@ class Refine(nn.Module):
         basis: torch.Tensor,
         extra: tuple[torch.Tensor, torch.Tensor] | None = None,
         d2u: torch.Tensor | None = None,
-        recompute_phi: bool = False,
+        rows: RowRecompute | None = None,
         fused: bool = False,
         update_edges: bool = True,
         halo=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
-        extra: ``(h, angle_atom)``, the atom term of the line graph. ``recompute_phi``
-        recomputes Φ in the backward pass instead of storing its activations; ``fused`` selects
+        extra: ``(h, angle_atom)``, the atom term of the line graph. ``rows``: the per-row work
+        recomputed by row chunks in the backward passes (:class:`RowRecompute`); ``fused`` selects
         the fused operators of Φ and, on the line graph, of the edge side
         (:func:`matris.kernels.refine_edges`), on CPU and CUDA. ``update_edges=False`` returns ``y`` unchanged
         without computing FFN_edge: the last block's edge update reaches no output. ``halo`` (line
         graph, :class:`matris.model.block.BlockGraph`): a domain decomposition's rank, whose bonds' sums
         run per end and are merged across ranks."""
         directed = d2u is not None
-        if isinstance(recompute_phi, RowRecompute) and not directed:
-            if recompute_phi.splits(y.shape[0]):
-                return self._line_by_rows(x, y, tgt, src, basis, extra, update_edges, recompute_phi)
-            recompute_phi = False  # one chunk: as the rest of the block
+        if rows is not None and not directed:
+            if rows.splits(y.shape[0]):
+                return self._line_by_rows(x, y, tgt, src, basis, extra, update_edges, rows)
+            rows = None  # one chunk: as the rest of the block
         q = self.learnable_envelope(basis)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
-        u = call_phi(self.edge_nonlinear_update, terms, recompute_phi, fused)
+        u = call_phi(self.edge_nonlinear_update, terms, rows, fused)
         ffn = self.edge_FFN.layers
         if not directed and not (self.training and ffn[2].p > 0):  # the line graph's edge side: one operator
             n = x.shape[0]

@@ -6,7 +6,8 @@ on every later load. Environment variables: ``MATRIS_CACHE`` (cache folder),
 ``MATRIS_OFFLINE=1`` (never download). Timeouts and retries are arguments:
 ``MatRIS.load(name, download=DownloadSettings(timeout=120, retries=10))`` (seconds per
 connect/read, default 30; attempts after the first, default 5; ``backoff`` seconds before the
-first retry, doubled each time, default 1), ``matris download NAME --timeout 120 --retries 10``. A server that cannot be reached at all
+first retry, doubled each time, default 1), ``matris download NAME --timeout 120 --retries 10``.
+A server that cannot be reached at all
 (no network: the host name does not resolve, the connection is refused) is not retried: the
 load fails at once with one message saying where to put a file fetched elsewhere.
 """
@@ -32,8 +33,8 @@ from .cache import (
     url_cache_path,
     verify_checkpoint,
 )
-from .transfer import DownloadSettings, UnreachableError, check_url, fetch_to_part, file_lock, part_path
 from .registry import REGISTRY, ModelEntry, Registry, get_entry, normalize_name, register, unregister
+from .transfer import DownloadSettings, UnreachableError, check_url, fetch_to_part, file_lock, part_path
 
 __all__ = [
     "ModelEntry", "Registry", "REGISTRY", "register", "unregister", "get_entry", "normalize_name",

@@ -30,9 +30,8 @@ from ..errors import (
 )
 from ..settings import cache_home, offline
 from . import registry as _registry
-from .transfer import (DownloadSettings, UnreachableError, _stderr_is_tty, check_url, fetch_to_part, file_lock,
-                       part_path)
 from .registry import ModelEntry
+from .transfer import DownloadSettings, UnreachableError, _stderr_is_tty, check_url, fetch_to_part, file_lock, part_path
 
 RECORDS = "checksums.json"
 _CHECKPOINT_SUFFIXES = (".pth", ".tar", ".pt", ".ckpt", ".bin")

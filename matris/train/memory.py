@@ -17,9 +17,8 @@ import torch
 
 from .. import memory as memory_policy
 from ..errors import MatRISInputError
-from ..memory import available_memory
+from ..memory import available_memory, parse_size
 from ..model import MatRIS
-from ..memory import parse_size
 from .config import TrainConfig
 
 GB = 2**30
