@@ -216,14 +216,14 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
     (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the fused operators,
     ``kernels`` "fused" or "triton", measured on Si64 on a CPU against 48 for the composed ops);
     level 1 (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
-    (blocks recomputed, their per-angle work by row chunks) 1 per block plus ≈ 6 (fitted to the peak
-    RSS of diamond Si cells, ``benchmarks/system_size.py``: 9.7 KiB per angle for the published
-    architecture in float32).
+    (blocks recomputed, their per-angle work by row chunks) 1 per block plus ≈ 8 (measured: 1.2 per
+    block plus 7.6 on that Fe cell, ``benchmarks/memory_levels.py``; 9.6 KiB per angle for the
+    published architecture on diamond Si in float32, ``benchmarks/system_size.py``).
     """
     c = model.config
     rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
     level0 = 21 if kernels in ("fused", "triton") else 45
-    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: c.num_layers + 6}[level]
+    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: c.num_layers + 8}[level]
     return tensors * rows * _itemsize(model, dtype)
 
 

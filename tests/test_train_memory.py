@@ -141,3 +141,24 @@ def test_available_memory_honours_the_memory_cgroup(tmp_path):
     (tmp_path / "cg3").write_text("0::/free\n")
     assert cgroup_headroom(str(tmp_path / "cg3"), str(v2)) is None
     assert cgroup_headroom(str(tmp_path / "missing"), str(v2)) is None
+
+
+def test_the_budget_of_data_max_memory_binds_validation_too(tmp_path):
+    """data.max_memory caps the training step (training_memory_limit) and the validation and test
+    passes (inference on the model and its EMA copy: memory_limit), which otherwise took their level
+    from the device's free memory and kept everything: a finetune of the published architecture on
+    64-atom MgO with 3.5 GB peaked at 6.5 GB."""
+    from matris.train.datamodule import MatRISDataModule
+    from matris.train.module import MatRISModule
+    from matris.train.run import apply_memory_budget, build_model
+
+    data = write_emt_dataset(tmp_path / "emt.extxyz", 6, seed=1, max_atoms=4)
+    cfg = TrainConfig.from_dict(micro_config(tmp_path / "run", [data], tmp_path / "cache",
+                                             data={"max_memory": "2 GB", "val_fraction": 0.34}))
+    model = build_model(cfg)
+    dm = MatRISDataModule(cfg.data, model.cutoff, model.three_body_cutoff, seed=0)
+    dm.setup("fit")
+    plan = apply_memory_budget(model, cfg, dm)
+    module = MatRISModule(model, cfg, labels=dm.labels)
+    for m in (model, module.eval_model):
+        assert m.options.memory_limit == m.options.training_memory_limit == plan.budget

@@ -146,6 +146,9 @@ def apply_memory_budget(model: MatRIS, config: TrainConfig, data: MatRISDataModu
                                                                           np.asarray(t), dtype, plan.recompute),
                            plan.budget)
     model.options.training_memory_limit = plan.budget  # a batch keeps its whole graph only where that fits too
+    # validation and test (inference, on the model and its EMA copy) within the same budget: by default
+    # inference would take its level from the device's free memory and keep everything
+    model.options.memory_limit = plan.budget
     rank_zero_info(f"matris: batches of up to {plan.budget / 2**30:.2f} GB of activations ({plan.source}; "
                    f"{plan.fixed / 2**30:.2f} GB for weights, optimizer and framework)")
     return plan
