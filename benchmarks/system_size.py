@@ -38,11 +38,41 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS"))
+
+
+def graph_child(atoms_count: int) -> dict:
+    """The neighbour list and line graph of one Si cell in this (fresh) process: the peak memory
+    of building them above the process's start, and what the graph holds."""
+    import resource
+
+    from matris import MatRISConfig
+    from matris.bench import standard_structure
+    from matris.graph import GraphBatch
+    from matris.structures import to_system
+
+    c = MatRISConfig.published_10m()
+    system = to_system(standard_structure("si", atoms_count).atoms)
+    start = _rss_bytes()
+    t0 = time.perf_counter()
+    graph = GraphBatch.from_systems([system], c.pairwise_cutoff, c.three_body_cutoff)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"atoms": atoms_count, "bonds": int(graph.num_bonds), "angles": int(graph.num_angles),
+            "requested_level": "graph", "build_s": seconds, "peak_above_start_GB": (peak - start) / 1e9,
+            "held_GB": (_rss_bytes() - start) / 1e9}
+
+
 def child(atoms_count: int, level: str, threads: int | None) -> dict:
     """One timed E+F+S call in this (fresh) process."""
     import resource
 
     import torch
+
+    if level == "graph":
+        return graph_child(atoms_count)
 
     from matris import MatRIS, MatRISCalculator, MatRISConfig, memory
     from matris.bench import standard_structure
@@ -74,8 +104,10 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="+", default=[64, 216, 512], help="Si atoms (multiples of 8)")
+    p.add_argument("--sizes", type=int, nargs="*", default=[64, 216, 512], help="Si atoms (multiples of 8)")
     p.add_argument("--levels", nargs="+", default=["auto", "2"], help="memory levels: auto, 0, 1, 2")
+    p.add_argument("--graph-sizes", type=int, nargs="*", default=[4096, 32768, 97336],
+                   help="Si atoms whose graph construction alone is measured (no model)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--child", nargs=2, metavar=("ATOMS", "LEVEL"), help=argparse.SUPPRESS)
@@ -88,17 +120,21 @@ def main(argv=None) -> int:
 
     load_start = os.getloadavg()[0]
     rows = []
-    for n in args.sizes:
-        for level in args.levels:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), level]
-            if args.threads:
-                cmd += ["--threads", str(args.threads)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            if proc.returncode != 0:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"Si{n}, level {level}: the child process failed")
-            row = json.loads(proc.stdout.strip().splitlines()[-1])
-            rows.append(row)
+    runs = [(n, level) for n in args.sizes for level in args.levels] + [(n, "graph") for n in args.graph_sizes]
+    for n, level in runs:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), level]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"Si{n}, level {level}: the child process failed")
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        if level == "graph":
+            print(f"Si{row['atoms']:<5} {row['angles']:>9,} angles  graph only     build {row['build_s']:7.2f} s  "
+                  f"peak {row['peak_above_start_GB']:5.2f} GB above the start", flush=True)
+        else:
             print(f"Si{row['atoms']:<5} {row['angles']:>9,} angles  level {row['level']} ({level:>4})  "
                   f"E+F+S {row['efs_s']:7.2f} s  peak RSS {row['peak_rss_GB']:5.2f} GB", flush=True)
     result: dict = {"rows": rows, "load_average_start": load_start, "load_average_end": os.getloadavg()[0]}
