@@ -511,10 +511,44 @@ def training(sec, device, smoke):
     return res
 
 
-@section("5. largest cell that fits (E+F+S, Triton path)")
+def _levels_per_angle(model, device, smoke):
+    """Peak device memory (``max_memory_allocated`` above the model's own) of one E+F+S call per
+    memory level on diamond Si cells, and a straight line through each level's peaks: bytes per
+    angle (the GPU counterpart of benchmarks/system_size.py)."""
+    rows, fits = [], {}
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    for k in ((1, 2) if smoke else (3, 4, 5)):
+        system = diamond_si(k)
+        for level in memory.INFERENCE_ORDER:
+            model.options.memory_level = level
+            try:
+                reset_peak(device)
+                g = graph_of(model, system, device, torch.float32)
+                t1 = time.perf_counter()
+                model(g)
+                sync(device)
+                peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else float("nan")
+                rows.append({"atoms": system.num_atoms, "angles": g.num_angles, "level": level,
+                             "s": time.perf_counter() - t1, "peak_bytes": peak})
+                log(f"   Si{system.num_atoms:5d} level {level}: {rows[-1]['s']:.2f} s, peak {peak / 2**30:.2f} GiB")
+                del g
+            except torch.OutOfMemoryError:
+                log(f"   Si{system.num_atoms:5d} level {level}: out of memory")
+    model.options.memory_level = None
+    for level in memory.INFERENCE_ORDER:
+        pts = [(r["angles"], r["peak_bytes"]) for r in rows if r["level"] == level]
+        if len(pts) >= 2 and device.type == "cuda":
+            slope, fixed = np.polyfit(*zip(*pts), 1)
+            fits[str(level)] = {"bytes_per_angle": float(slope), "fixed_bytes": float(fixed)}
+            log(f"   level {level}: {slope / 1024:.2f} KiB per angle")
+    return {"rows": rows, "fits": fits}
+
+
+@section("5. memory per angle at each level, and the largest cell that fits (E+F+S, Triton path)")
 def largest(sec, device, smoke, budget_s):
     model = published_model(device, torch.float32, smoke)
     model.options.kernels = "triton"
+    per_level = _levels_per_angle(model, device, smoke)
     t0, best, k = time.perf_counter(), None, (1 if smoke else 16)
     while time.perf_counter() - t0 < min(budget_s, sec.budget_s):
         k = int(math.ceil(k * 1.25))
@@ -535,7 +569,7 @@ def largest(sec, device, smoke, budget_s):
             break
         if smoke:
             break
-    return {"largest_fitting": best}
+    return {"largest_fitting": best, "levels": per_level}
 
 
 @section("6. training throughput, Lightning pipeline (tiny and 10M configs)")
