@@ -14,8 +14,8 @@ from ase.calculators.calculator import Calculator, all_changes
 
 from .devices import device_and_dtype, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from .graph import GraphBatch
-from .memory import parse_size
 from .model import MatRIS
+from .settings import parse_size
 from .structures import to_system, warn_implausible
 
 

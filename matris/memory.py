@@ -23,6 +23,7 @@ import torch
 from . import heap
 from .errors import MatRISInputError, MemoryLimitError
 from .kernels import choose
+from .settings import format_size
 
 # rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
 # the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 4096
@@ -149,37 +150,6 @@ def _cgroup_room(folder: Path, limit_name: str, usage_name: str, cache_key: str)
     except (OSError, ValueError):
         pass
     return max(0, int(limit_text) - max(0, usage - cache))
-
-
-def parse_size(value, what: str = "memory_limit") -> int | None:
-    """A memory size → bytes, or None for ``None``/``'auto'``: bytes as an int, or a number of GB
-    (``20``, ``'20'``, ``'20 GB'``, ``'20GiB'``, ``'500 MB'``; GB here are 2³⁰ bytes, as devices
-    report them). ``what`` names the setting in the error."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 2**20:
-        return value  # bytes already (RunOptions.memory_limit)
-    text = str(value).strip().lower().replace(" ", "")
-    units = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20}
-    scale = 2**30
-    for unit, size in units.items():
-        if text.endswith(unit):
-            text, scale = text[: -len(unit)], size
-            break
-    try:
-        amount = float(text)
-    except ValueError:
-        amount = float("nan")
-    if not amount > 0 or amount == float("inf"):
-        raise MatRISInputError(f"{what} must be 'auto' or a positive size such as '8 GB' or '500 MB', got {value!r}")
-    return int(amount * scale)
-
-
-def format_size(n: int) -> str:
-    """Bytes as GB (2³⁰) or MB, for messages."""
-    if n < 2**20:
-        return f"{n:,} bytes"
-    return f"{n / 2**30:.3g} GB" if n >= 2**30 else f"{n / 2**20:.3g} MB"
 
 
 def check_recompute(mode) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from .errors import MatRISInputError, MemoryLimitError, is_out_of_memory
 from .graph import AtomicSystem, GraphBatch
-from .memory import parse_size
+from .settings import parse_size
 from .structures import to_system, warn_implausible
 
 PROGRESS_THRESHOLD = 64  # lists at least this long show a progress bar by default

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import FOLDERS, evaluate, load_fixture_model, random_system
-from matris import MemoryLimitError, memory
+from matris import MemoryLimitError, memory, settings
 from matris.kernels import native
 
 
@@ -149,7 +149,7 @@ def test_a_stated_memory_limit_holds_or_refuses_before_the_call(model64):
 
 def test_memory_sizes_parse_as_users_write_them():
     gb = 2**30
-    assert memory.parse_size("8 GB") == memory.parse_size("8GiB") == memory.parse_size(8) == 8 * gb
-    assert memory.parse_size("500 MB") == 500 * 2**20 and memory.parse_size(3 * gb) == 3 * gb
-    assert memory.parse_size(None) is None and memory.parse_size("auto") is None
-    assert memory.format_size(3 * gb) == "3 GB" and memory.format_size(int(1.234 * 2**20)) == "1.23 MB"
+    assert settings.parse_size("8 GB") == settings.parse_size("8GiB") == settings.parse_size(8) == 8 * gb
+    assert settings.parse_size("500 MB") == 500 * 2**20 and settings.parse_size(3 * gb) == 3 * gb
+    assert settings.parse_size(None) is None and settings.parse_size("auto") is None
+    assert settings.format_size(3 * gb) == "3 GB" and settings.format_size(int(1.234 * 2**20)) == "1.23 MB"

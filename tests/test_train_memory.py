@@ -13,7 +13,7 @@ from matris.cli import main as cli_main
 from matris.data import BudgetBatchSampler
 from matris.data.synthetic import write_emt_dataset
 from matris.errors import MatRISInputError
-from matris.memory import parse_size
+from matris.settings import parse_size
 from matris.train import TrainConfig
 from matris.train.memory import check_fits, plan_memory
 from train_utils import micro_config, write_config

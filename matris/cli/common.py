@@ -69,8 +69,8 @@ def check_checkpoint(contents, source: str) -> None:
 def load_model(args: argparse.Namespace):
     """The :class:`MatRIS` the options name, loaded once for every structure."""
     from ..calculator import resolve_device, resolve_dtype
-    from ..memory import parse_size
     from ..model import MatRIS
+    from ..settings import parse_size
 
     limit = parse_size(getattr(args, "memory_limit", None), "--memory-limit")  # a bad size fails before the load
     model = MatRIS.load(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))

@@ -36,6 +36,7 @@ from ..graph import AtomicSystem, GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..kernels import choose
 from ..model import MatRIS
+from ..settings import parse_size
 
 _SYMBOLS = {element_symbol(z): z for z in range(1, MAX_Z + 1)}
 
@@ -161,7 +162,7 @@ class LammpsEvaluator:
         shared = cores >= (os.cpu_count() or cores)
         self.threads = threads or max(1, cores // local_size if shared else cores)
         torch.set_num_threads(self.threads)
-        limit = memory.parse_size(memory_limit, "pair_style matris memory_limit")
+        limit = parse_size(memory_limit, "pair_style matris memory_limit")
         self.model = MatRIS.load(model, device=_rank_device(device, local_rank), dtype=dtype).eval()
         self.model.options.memory_limit = limit
         self.stats_prefix = stats

@@ -202,6 +202,7 @@ class _Block(torch.autograd.Function):
     def forward(ctx, spec: _Spec, *tensors):
         inputs = tensors[: spec.n_inputs]
         out = _forward_by_rows(spec, inputs)  # Function.forward runs without a graph
+        ctx.set_materialize_grads(False)  # an unused output (the last block's angles) gets no zero gradient
         ctx.spec = spec
         ctx.save_for_backward(*tensors)
         # an output that is an input (the last block's e and a): a new tensor, so the node owns it

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MatRISInputError
-from ..memory import parse_size
 from ..model.config import MatRISConfig
+from ..settings import parse_size
 
 
 def _f(default: Any, help: str, **kw: Any):

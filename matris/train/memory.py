@@ -17,8 +17,9 @@ import torch
 
 from .. import memory as memory_policy
 from ..errors import MatRISInputError
-from ..memory import available_memory, parse_size
+from ..memory import available_memory
 from ..model import MatRIS
+from ..settings import parse_size
 from .config import TrainConfig
 
 GB = 2**30
