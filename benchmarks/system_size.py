@@ -145,7 +145,8 @@ def main(argv=None) -> int:
     least = [r for r in rows if r["requested_level"] == str(LOWEST_LEVEL)]
     if len(least) >= 2:  # a straight line through the lowest level's peaks
         slope, intercept = np.polyfit([r["angles"] for r in least], [r["peak_rss_GB"] for r in least], 1)
-        result["lowest_fit"] = {"level": LOWEST_LEVEL, "GB_per_angle": float(slope), "GB_fixed": float(intercept)}
+        result["lowest_fit"] = {"level": LOWEST_LEVEL, "GB_per_angle": float(slope), "GB_fixed": float(intercept),
+                                "KiB_per_angle": float(slope) * 1e9 / 1024}
     if args.json:
         import torch
 
