@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +80,7 @@ class InteractionBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``last``: the model's last block, whose Refine steps skip FFN_edge (their bond and angle
         updates reach no output; ``e`` and ``a`` come back as the attention left them)."""
-        step = _Steps(g)
+        step = functools.partial(_step, g)
         if g.has_angles:
             e_new, a = step(self.attn_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond)
             e = _masked(g.line_mask, e_new, e)
@@ -97,28 +98,17 @@ class InteractionBlock(nn.Module):
         return h, e, a
 
 
-class _Steps:
-    """Runs a block's steps (attention or Refine, on the ``"line"`` or ``"atom"`` graph) with the
+def _step(g: BlockGraph, module: nn.Module, kind: str, *args, **kwargs):
+    """One step of a block (attention or Refine, on the ``"line"`` or ``"atom"`` graph) with the
     graph's kernels and memory setting."""
-
-    def __init__(self, g: BlockGraph):
-        self.g = g
-
-    @staticmethod
-    def options(g: BlockGraph, module, kind: str) -> dict:
-        opts = dict(rows=g.row_chunks, fused=g.fused)
-        if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
-            opts["segments"] = g.line_segments if kind == "line" else g.atom_segments
-        if kind == "line" and g.halo is not None:
-            opts["halo"] = g.halo
-        return opts
-
-    def __call__(self, module, kind, *args, **kwargs):
-        g = self.g
-        kwargs.update(self.options(g, module, kind))
-        if g.checkpoint:
-            return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
-        return module(*args, **kwargs)
+    kwargs.update(rows=g.row_chunks, fused=g.fused)
+    if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
+        kwargs["segments"] = g.line_segments if kind == "line" else g.atom_segments
+    if kind == "line" and g.halo is not None:
+        kwargs["halo"] = g.halo
+    if g.checkpoint:
+        return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
+    return module(*args, **kwargs)
 
 
 def _masked(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

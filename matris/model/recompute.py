@@ -179,16 +179,12 @@ def _forward_by_rows(spec: _Spec, inputs) -> tuple[torch.Tensor, ...]:
     on the composed call, whose nested row nodes compute their own chunks."""
     if len(spec.slices()) == 1:
         return spec.run(spec.fast_first_order, inputs)
-    out: list | None = None
+    out = None
     for rows in spec.slices():
         part = spec.run(True, spec.take(inputs, rows), rows=rows)
         if out is None:
-            out = [p.new_empty((spec.n_rows, *p.shape[1:])) if r else p.clone()
+            out = [p.new_empty((spec.n_rows, *p.shape[1:])) if r else torch.zeros_like(p)
                    for p, r in zip(part, spec.output_rows(len(part)))]
-            for o, p, r in zip(out, part, spec.output_rows(len(part))):
-                if r:
-                    o[rows] = p
-            continue
         for o, p, r in zip(out, part, spec.output_rows(len(part))):
             if r:
                 o[rows] = p
