@@ -65,6 +65,27 @@ def graph_child(atoms_count: int) -> dict:
             "held_GB": (_rss_bytes() - start) / 1e9}
 
 
+def angles_per_atom() -> dict[str, float]:
+    """Angles per atom at the published cutoffs of two oxides (rocksalt MgO, cubic SrTiO3), to turn
+    the per-angle line into atoms of each (Si's come from the measured cells)."""
+    from ase.build import bulk
+    from ase.spacegroup import crystal
+
+    from matris import MatRISConfig
+    from matris.graph import GraphBatch
+    from matris.structures import to_system
+
+    c = MatRISConfig.published_10m()
+    cells = {"rocksalt MgO": bulk("MgO", "rocksalt", a=4.21, cubic=True) * (2, 2, 2),
+             "perovskite SrTiO3": crystal(["Sr", "Ti", "O"], [(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0)],
+                                          spacegroup=221, cellpar=[3.905] * 3 + [90] * 3) * (3, 3, 3)}
+    out = {}
+    for name, atoms in cells.items():
+        g = GraphBatch.from_systems([to_system(atoms)], c.pairwise_cutoff, c.three_body_cutoff)
+        out[name] = g.num_angles / len(atoms)
+    return out
+
+
 def child(atoms_count: int, level: str, threads: int | None) -> dict:
     """One timed E+F+S call in this (fresh) process."""
     import resource
@@ -137,7 +158,8 @@ def main(argv=None) -> int:
         else:
             print(f"Si{row['atoms']:<5} {row['angles']:>9,} angles  level {row['level']} ({level:>4})  "
                   f"E+F+S {row['efs_s']:7.2f} s  peak RSS {row['peak_rss_GB']:5.2f} GB", flush=True)
-    result: dict = {"rows": rows, "load_average_start": load_start, "load_average_end": os.getloadavg()[0]}
+    result: dict = {"rows": rows, "load_average_start": load_start, "load_average_end": os.getloadavg()[0],
+                    "angles_per_atom": angles_per_atom()}
     import numpy as np
 
     from matris.memory import LOWEST_LEVEL

@@ -559,17 +559,22 @@ def system_fit(name: str = "system_size_cpu", sizes=(24, 48, 80, 141)) -> str:
     least = [r for r in d["rows"] if r["requested_level"] == lowest]
     big = max(least, key=lambda r: r["atoms"])
     per_atom = big["angles"] / big["atoms"]
+    # Si from the largest measured cell; the oxides' angles per atom from the file
+    kinds = {"diamond Si": per_atom, **{k: a for k, a in d.get("angles_per_atom", {}).items() if "Si" not in k}}
     lines = [f"**Model:** {PUBLISHED_ARCH}, memory level {lowest} (the least memory). **Machine:** "
              f"{_cpu_line(name, big.get('threads'))}.", "",
-             "| memory | angles | diamond Si atoms |", "|---:|---:|---:|"]
+             "| memory | angles |" + "".join(f" {k} atoms |" for k in kinds), "|---:|---:|" + "---:|" * len(kinds)]
     for gb in sizes:
         angles = (gb - fit["GB_fixed"]) / fit["GB_per_angle"]
-        lines.append(f"| {gb} GB | {angles / 1e6:.1f} million | {angles / per_atom:,.0f} |")
+        lines.append(f"| {gb} GB | {angles / 1e6:.1f} million |"
+                     + "".join(f" {angles / a:,.0f} |" for a in kinds.values()))
     measured = ", ".join(f"Si{r['atoms']} {r['peak_rss_GB']:.1f} GB" for r in least)
     lines.append(f"\nA straight line through the measured level-{lowest} peaks ({measured}): "
                  f"{fit['GB_fixed']:.1f} GB fixed plus {fit['GB_per_angle'] * 1e6:.0f} GB per million angles. "
                  f"Diamond Si has {per_atom:.0f} angles per atom at r_3 = 4.5 Å; denser materials have more "
-                 "(bcc Fe about 630), so count your cell's angles (`GraphBatch.num_angles`) and divide. "
+                 "(" + ", ".join(f"{k} {a:.0f}" for k, a in kinds.items() if k != "diamond Si")
+                 + "; the line was measured on Si, whose bonds per angle are close to theirs), so count your "
+                 "cell's angles (`GraphBatch.num_angles`) and divide. "
                  "Beyond the largest measured cell this is an extrapolation.")
     graphs = [r for r in d["rows"] if r["requested_level"] == "graph"]
     if graphs:
