@@ -38,12 +38,15 @@ def test_projection_rewrite_equals_concatenation(folder):
 
 
 @pytest.mark.parametrize("level,chunk", [(1, None), (2, None), (2, 40)], ids=["1", "2", "2-chunks"])
-@pytest.mark.parametrize("kernels", ["torch", "fused"])
+@pytest.mark.parametrize("kernels", ["torch", "fused", "triton"])
 def test_checkpointing_levels_give_the_same_numbers(model64, level, chunk, kernels):
     """Every memory level gives level 0's energy, forces and stress; level 2 also with its
-    angles recomputed in several chunks (40 rows: the partial softmax merged over chunks)."""
+    angles recomputed in several chunks (40 rows: the partial softmax merged over chunks). The
+    Triton path runs in the interpreter (tests/test_triton_kernels.py runs this test so)."""
     if kernels == "fused" and not native.available():
         pytest.skip("the fused CPU operators need a C++ compiler")
+    if kernels == "triton" and not settings.interpreting():
+        pytest.skip("the Triton kernels run on CPU tensors only in the interpreter (TRITON_INTERPRET=1)")
     systems = [random_system(np.random.default_rng(5), n=6)]
     model64.options.memory_level, model64.options.kernels = 0, kernels
     ref, g = evaluate(model64, systems)
