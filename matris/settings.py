@@ -97,8 +97,10 @@ def parse_size(value, what: str = "memory_limit") -> int | None:
 
 def format_size(n: int) -> str:
     """Bytes as GB (2³⁰) or MB, for messages."""
-    if n < 2**20:
+    if n < 2**10:
         return f"{n:,} bytes"
+    if n < 2**20:
+        return f"{n / 2**10:.3g} KB"
     return f"{n / 2**30:.3g} GB" if n >= 2**30 else f"{n / 2**20:.3g} MB"
 
 

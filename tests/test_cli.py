@@ -30,6 +30,24 @@ def test_predict_files_and_json(tmp_path, capsys):
     assert len(results[0]["stress_GPa"]) == 3
 
 
+def test_memory_limit_option(tmp_path, capsys):
+    """--memory-limit: a cap the structure fits runs (same numbers), one it cannot fit even at the
+    lowest level exits 2 naming the atoms, angles, need and limit, a bad size exits 2 before loading."""
+    write(tmp_path / "si.cif", bulk("Si", "diamond", a=5.43, cubic=True))
+    runs = {}
+    for limit in ("auto", "2GB"):
+        out = tmp_path / f"{limit}.json"
+        assert main(["predict", str(tmp_path / "si.cif"), "--json", str(out), "--memory-limit", limit,
+                     "--dtype", "float64"]) == 0
+        runs[limit] = json.loads(out.read_text())[0]
+    assert runs["auto"] == runs["2GB"]
+    assert main(["predict", str(tmp_path / "si.cif"), "--memory-limit", "0.1MB"]) == 2
+    err = capsys.readouterr().err
+    assert "8 atoms with" in err and "more than the memory limit of 102 KB" in err and "Traceback" not in err
+    assert main(["relax", str(tmp_path / "si.cif"), "--memory-limit", "lots"]) == 2
+    assert "--memory-limit must be 'auto' or a positive size" in capsys.readouterr().err
+
+
 def test_errors_exit_2_with_message(tmp_path, capsys):
     assert main(["predict", str(tmp_path / "missing.cif")]) == 2
     assert "no structure file" in capsys.readouterr().err

@@ -512,7 +512,7 @@ def test_memory_limit_and_stats_keywords(lmp_env, tmp_path):
         return lines + ["run 0"]
 
     text = run_lmp(env, tmp_path, deck("memory_limit 0.5MB"), expect_ok=False)  # the small demo model needs 11 MB
-    assert "ERROR" in text and "MemoryLimitError" in text and "memory limit of 0.5 MB" in text, text[-2000:]
+    assert "ERROR" in text and "MemoryLimitError" in text and "memory limit of 512 KB" in text, text[-2000:]
     assert "8 atoms" in text and "Traceback" not in text
     text = run_lmp(env, tmp_path, deck("memory_limit lots"), expect_ok=False)
     assert "ERROR" in text and "memory_limit must be 'auto' or a positive size" in text, text[-2000:]

@@ -156,3 +156,4 @@ def test_memory_sizes_parse_as_users_write_them():
     assert settings.parse_size("500 MB") == 500 * 2**20 and settings.parse_size(3 * gb) == 3 * gb
     assert settings.parse_size(None) is None and settings.parse_size("auto") is None
     assert settings.format_size(3 * gb) == "3 GB" and settings.format_size(int(1.234 * 2**20)) == "1.23 MB"
+    assert settings.format_size(2**19) == "512 KB" and settings.format_size(1) == "1 bytes"
