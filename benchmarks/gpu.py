@@ -511,6 +511,16 @@ def training(sec, device, smoke):
     return res
 
 
+def _measured_call(model, system, device):
+    """One E+F+S call of ``model`` on ``system`` from a reset peak: its graph and seconds."""
+    reset_peak(device)
+    g = graph_of(model, system, device, torch.float32)
+    t1 = time.perf_counter()
+    model(g)
+    sync(device)
+    return g, time.perf_counter() - t1
+
+
 def _levels_per_angle(model, device, smoke):
     """Peak device memory (``max_memory_allocated`` above the model's own) of one E+F+S call per
     memory level on diamond Si cells, and a straight line through each level's peaks: bytes per
@@ -522,14 +532,10 @@ def _levels_per_angle(model, device, smoke):
         for level in memory.INFERENCE_ORDER:
             model.options.memory_level = level
             try:
-                reset_peak(device)
-                g = graph_of(model, system, device, torch.float32)
-                t1 = time.perf_counter()
-                model(g)
-                sync(device)
+                g, seconds = _measured_call(model, system, device)
                 peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else float("nan")
                 rows.append({"atoms": system.num_atoms, "angles": g.num_angles, "level": level,
-                             "s": time.perf_counter() - t1, "peak_bytes": peak})
+                             "s": seconds, "peak_bytes": peak})
                 log(f"   Si{system.num_atoms:5d} level {level}: {rows[-1]['s']:.2f} s, peak {peak / 2**30:.2f} GiB")
                 del g
             except torch.OutOfMemoryError:
@@ -554,12 +560,8 @@ def largest(sec, device, smoke, budget_s):
         k = int(math.ceil(k * 1.25))
         system = bcc_fe(k)
         try:
-            reset_peak(device)
-            g = graph_of(model, system, device, torch.float32)
-            t1 = time.perf_counter()
-            model(g)
-            sync(device)
-            best = {"atoms": system.num_atoms, "angles": g.num_angles, "s": time.perf_counter() - t1,
+            g, seconds = _measured_call(model, system, device)
+            best = {"atoms": system.num_atoms, "angles": g.num_angles, "s": seconds,
                     "peak_gb": peak_mem_gb(device), "level": memory.inference_level(model, g)}
             log(f"   Fe {system.num_atoms:7d} atoms fits: {best['s']:.1f} s, peak {best['peak_gb']:.1f} GB, "
                 f"level {best['level']}")
