@@ -255,7 +255,7 @@ def memory_report(rows=2048, width=128):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from matris.model.layers import GatedMLP
+    from matris.model.attention import GatedMLP
 
     class EdgeWrites(TorchDispatchMode):
         def __init__(self):

@@ -1,6 +1,6 @@
 """Φ's first layer on gathered projections: ``act(Σ_k P_k[idx_k] + b)``.
 
-With the projection rewrite (``matris.model.layers``), Φ's first layer is a sum of per-node
+With the projection rewrite (``matris.model.attention``), Φ's first layer is a sum of per-node
 projections gathered per edge, ``P_y[d2u] + P_t[tgt] + P_s[src] (+ P_c[angle_atom])``, plus
 the bias, followed by the activation. :func:`gather_sum_activate_reference` composes it from
 PyTorch ops, for every activation of the config (the model's first layer wherever Φ does not

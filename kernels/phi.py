@@ -9,7 +9,7 @@ activation, second layers and the gated epilogue (on a CPU in one pass over the 
 
 R ``[E, d_r]`` is the per-row term (the angle features on the line graph; None when every
 term is gathered), ``P_k [n_k, 2H]`` the per-node projections of the projection rewrite
-(``matris.model.layers``) and N the norm: RMSNorm ``N(x) = x·r·w``, ``r = 1/sqrt(mean(x²) + eps)``,
+(``matris.model.attention``) and N the norm: RMSNorm ``N(x) = x·r·w``, ``r = 1/sqrt(mean(x²) + eps)``,
 or LayerNorm ``N(x) = x̄·r·w + b`` with ``x̄ = x − mean(x)`` and ``r = 1/sqrt(mean(x̄²) + eps)``
 (the published 10M models). This is ``GatedMLP.forward_terms`` with SiLU.
 

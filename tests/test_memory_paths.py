@@ -13,7 +13,7 @@ from matris.kernels import native
 def test_projection_rewrite_equals_concatenation(folder):
     """Every Φ computes its first layer as per-node projections gathered per edge
     (``forward_terms``): the same numbers as Φ on the literal concatenation ``[y0 ‖ x[tgt] ‖ x[src]]``."""
-    from matris.model.layers import GatedMLP, NormedMLP, project_terms
+    from matris.model.attention import GatedMLP, NormedMLP, project_terms
 
     model = load_fixture_model(folder)
     rng = torch.Generator().manual_seed(0)
@@ -106,7 +106,7 @@ def test_phi_of_one_input_is_bitwise_its_two_linears(model64):
     its two nn.Linear branches give: inference numbers stay bit for bit those of the published code
     (κ moves with 1e-16 force differences)."""
     from matris.kernels.gather import activate
-    from matris.model.layers import GatedMLP
+    from matris.model.attention import GatedMLP
 
     phi = next(m for m in model64.modules() if isinstance(m, GatedMLP))
     z = torch.randn(50, phi.mlp_core.layers[0].in_features, dtype=torch.float64, requires_grad=True)

@@ -3,6 +3,12 @@
 Each softmax runs over the edges that share a node, so the cost is linear in the number
 of edges. Used on the atom graph (nodes = atoms, edges = directed edges) and on the line
 graph (nodes = bonds, edges = angles).
+
+Φ, the gated MLP of the attention's and of Refine's updates, is here too. Its first Linear acts on
+a concatenation ``[y0 ‖ x[tgt] ‖ x[src]]``; ``forward_terms`` computes it as ``W_y·y0 + (W_t·x)[tgt]
++ (W_s·x)[src]``: the node terms are projected once per node and gathered per edge, so the wide
+concatenation is never built (3–4× fewer multiply-adds in the first layer, and nothing edge-sized
+saved for its backward).
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ from ..kernels import (
     Segments,
     attention_pair,
     attention_pair_lse,
+    gated_phi,
+    gather_sum_activate_reference,
     merge_softmax,
     scatter_sum,
 )
 from . import recompute
-from .layers import RowRecompute, call_phi, phi, project_terms
+from .layers import MLP, norm
+from .recompute import RowRecompute
 
 
 def pool_directed(m: torch.Tensor) -> torch.Tensor:
@@ -129,7 +138,7 @@ class _AttentionRows(nn.Module):
     """The per-angle part of a line-graph attention step, row-wise in the angles ``y`` (see
     :meth:`SeparableAttention._line_by_rows`): ``(y [A, d_y], p_t, p_s [B, 2·d_hidden]) → (N_t, D_t,
     N_s, D_s)`` ``[B, d_y]`` (sums over the rows) and ``y' = m + w ⊙ y`` ``[A, d_y]``; ``p_t``,
-    ``p_s``: the bonds' projections by Φ_edge's first layer (:func:`matris.model.layers.project_terms`),
+    ``p_s``: the bonds' projections by Φ_edge's first layer (:func:`matris.model.attention.project_terms`),
     gathered at ``tgt`` and ``src``."""
 
     def __init__(self, attention: SeparableAttention):
@@ -145,3 +154,143 @@ class _AttentionRows(nn.Module):
             w = torch.exp(alpha - shift.index_select(0, index))
             sums += [scatter_sum(w * m, index, n), scatter_sum(w, index, n)]
         return (*sums, torch.addcmul(m, att.edge_res_weight, y))
+
+Term = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def _projections(weight: torch.Tensor, terms: list[Term], col: int) -> list[Term]:
+    """``[(f_k · W[:, cols_k]ᵀ, idx_k)]`` for ``terms`` (``(features [n_k, d_k], index [n_edges] or
+    None)``, None: already per edge) placed from column ``col`` of ``weight``: Φ's first layer on
+    the concatenation ``cat([f_k[idx_k]])`` is the sum of these, gathered."""
+    out = []
+    for feat, index in terms:
+        width = feat.shape[-1]
+        out.append((feat @ weight[:, col : col + width].T, index))
+        col += width
+    return out
+
+
+def project_terms(module: nn.Module, terms: list[Term], col: int) -> list[Term]:
+    """The first-layer projections ``(f_k · W[:, cols_k]ᵀ [n_k, Σ out], idx_k)`` of Φ's ``terms``
+    placed from column ``col`` of its input: what ``forward_terms(..., projected=)`` takes. A
+    row-chunked recomputation (:mod:`matris.model.recompute`) takes the per-node terms so,
+    projected once per step rather than once per chunk of rows."""
+    return _projections(first_weight(module), terms, col)
+
+
+def first_weight(module: nn.Module) -> torch.Tensor:
+    """Φ's first-layer weight ``[Σ out, d_in]`` (the gated MLP's core and gate rows stacked)."""
+    if isinstance(module, GatedMLP):
+        return torch.cat([module.mlp_core.layers[0].weight, module.mlp_gate.layers[0].weight])
+    return module[0].layers[0].weight
+
+
+class GatedMLP(nn.Module):
+    """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias: the operator
+    :func:`matris.kernels.gated_phi` (its kernel where one applies, else its reference)."""
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str, norm_type: str, dropout: float):
+        super().__init__()
+        self.mlp_core = MLP(d_in, d_hidden, d_out, act, True, dropout)
+        self.mlp_gate = MLP(d_in, d_hidden, d_out, act, True, dropout)
+        self.core_norm = norm(norm_type, d_out)
+        self.gate_norm = norm(norm_type, d_out)
+        self.act_name, self.norm_type = act, norm_type
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.forward_terms([(z, None)])
+
+    def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
+        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation (the
+        per-row term, index None, is multiplied inside the operator; the others are projected per
+        node and gathered). ``fused``: the operator's kernel where it has one, else its reference.
+        ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``."""
+        c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
+        c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
+        weight = first_weight(self)
+        rows = row_weight = None
+        if terms and terms[0][1] is None:  # the per-row term (first, when there is one)
+            rows, terms = terms[0][0], terms[1:]
+            row_weight = weight[:, : rows.shape[-1]]
+        gathered = _projections(weight, terms, 0 if rows is None else rows.shape[-1]) + list(projected)
+        cn, gn = self.core_norm, self.gate_norm
+        eps = cn.eps if cn.eps is not None else torch.finfo(weight.dtype).eps
+        return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,
+                         g3.bias, cn.weight, gn.weight, eps, norm=self.norm_type,
+                         core_norm_bias=getattr(cn, "bias", None), gate_norm_bias=getattr(gn, "bias", None),
+                         act=self.act_name, dropout=self.mlp_core.layers[2], fused=fused)
+
+
+class NormedMLP(nn.Sequential):
+    """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``.
+    It has no fused form: the composed PyTorch ops on every device."""
+
+    def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
+        """As :meth:`GatedMLP.forward_terms`; ``fused`` changes nothing (no fused form)."""
+        layers = self[0].layers
+        first = _projections(layers[0].weight, terms, 0) + list(projected)
+        hidden = layers[2](gather_sum_activate_reference(first, layers[0].bias, self[0].act_name))
+        return self[1](layers[3](hidden))
+
+
+def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
+    """Φ of a block: the gated MLP, or ``Norm(MLP(z))`` for ``graph_conv_mlp='MLP'``.
+
+    The plain variant is an ``nn.Sequential`` so its keys read ``.0.layers.*`` and ``.1``.
+    """
+    if config.graph_conv_mlp == "GateMLP":
+        return GatedMLP(d_in, d_hidden, d_out, config.activation_type, config.norm_type, config.dropout)
+    return NormedMLP(
+        MLP(d_in, d_hidden, d_out, config.activation_type, config.use_bias, config.dropout),
+        norm(config.norm_type, d_out),
+    )
+
+
+def term_rows(terms: list[Term]) -> int:
+    """The rows of Φ on ``terms`` (``(features, index)`` pairs, as :func:`_projections`): the length
+    of the first index, or of the first features where every term is per row."""
+    return next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
+
+
+def call_phi(module: nn.Module, terms: list[Term], rows: RowRecompute | None = None,
+             fused: bool = False) -> torch.Tensor:
+    """``module.forward_terms(terms)``; ``fused`` selects the fused operator. ``rows``: recomputed
+    by row chunks in the backward passes where the rows make several chunks."""
+    if rows is None or not rows.splits(term_rows(terms)):
+        return module.forward_terms(terms, fused)
+    return recomputed_phi(module, terms, rows.fast, rows.chunk)
+
+
+def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
+    """``module.forward_terms(terms)`` (Φ: ``terms`` as in :func:`_projections`)
+    as a node recomputed ``chunk`` rows at a time in the backward passes: inside a block's
+    second-order recomputation, Φ's intermediates (the widest of the block) are then alive for one
+    chunk of rows only. The terms gathered per row are projected by the first layer here, once,
+    and the node takes the projections (per chunk they would be projected again). ``fast``: the
+    fused operators where no weight gradient is wanted."""
+    n_rows = term_rows(terms)
+    lead = [] if terms[0][1] is not None else [terms[0]]  # a per-row term stays in the node
+    rest = project_terms(module, terms[len(lead):], sum(f.shape[-1] for f, _ in lead))
+    parts = lead + rest
+    feats = [f for f, _ in parts]
+    indices = [i for _, i in parts]
+    row_inputs = tuple(i is None for i in indices)
+
+    def arguments(inputs, use_fast, rows):
+        cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
+        pairs = list(zip(inputs, cut))
+        return (pairs[: len(lead)], pairs[len(lead):]), {"fused": use_fast and fast}
+
+    (out,) = recompute.recomputed(_PhiTerms(module), arguments, feats, chunk, row_inputs, n_rows)
+    return out
+
+
+class _PhiTerms(nn.Module):
+    """Φ's ``forward_terms`` as a module call returning a tuple (the form :func:`recomputed` takes)."""
+
+    def __init__(self, phi: nn.Module):
+        super().__init__()
+        self.phi = phi
+
+    def forward(self, terms, projected, fused=False):
+        return (self.phi.forward_terms(terms, fused, projected),)

@@ -13,7 +13,7 @@ from torch import nn
 from . import recompute
 from .attention import SeparableAttention
 from .config import MatRISConfig
-from .layers import RowRecompute
+from .recompute import RowRecompute
 from .refine import Refine
 
 

@@ -25,8 +25,9 @@ from ..targets import DEFAULT_TARGETS, normalize_targets
 from .block import BlockGraph, InteractionBlock, checkpointed_block
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
-from .layers import RowRecompute, norm
+from .layers import norm
 from .readout import EnergyHead, MagmomHead, ReferenceEnergy
+from .recompute import RowRecompute
 
 EV_PER_A3_TO_GPA = 160.21766208
 # Keeps arccos differentiable for collinear bonds (spec §2).

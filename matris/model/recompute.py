@@ -34,10 +34,10 @@ node's two extra passes):
   envelope and FFN_edge, the angles' update, and the sums into bonds. The softmax is row-wise in
   that form: ``N/D`` with ``N = Σ exp(α − s)·m``, ``D = Σ exp(α − s)`` and a constant shift ``s``
   per bond, which cancels;
-- the atom graph's Φ on the directed bonds (:func:`matris.model.layers.recomputed_phi`).
+- the atom graph's Φ on the directed bonds (:func:`matris.model.attention.recomputed_phi`).
 
 Such a node takes the per-node terms of Φ's first layer already projected
-(:func:`matris.model.layers.project_terms`: the bonds' and atoms' ``x·W_kᵀ``, once per step), so a
+(:func:`matris.model.attention.project_terms`: the bonds' and atoms' ``x·W_kᵀ``, once per step), so a
 chunk's recomputation multiplies only its own rows, not every bond again per chunk.
 
 So at any moment the intermediates of one block are alive, those per angle for one chunk of
@@ -59,6 +59,22 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call
+
+
+@dataclass(frozen=True)
+class RowRecompute:
+    """A block's per-row work (Φ, the line-graph steps) recomputed ``chunk`` rows at a time in the
+    backward passes (training's ``rows`` mode, inference's lowest memory level); ``fast``: with the
+    fused operators where no weight gradient is wanted."""
+
+    chunk: int
+    fast: bool
+
+    def splits(self, n_rows: int) -> bool:
+        """Whether ``n_rows`` rows make more than one chunk: a single chunk is computed as the rest of
+        the block (recomputing it as a node of its own would save no memory and cost three passes:
+        its forward and input gradients with the fast kernels, its first-order backward)."""
+        return n_rows > self.chunk
 
 
 @dataclass(eq=False)

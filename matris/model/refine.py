@@ -7,8 +7,9 @@ from torch import nn
 
 from ..kernels import refine_edges, scatter_sum
 from . import recompute
-from .attention import pool_directed
-from .layers import RowRecompute, call_phi, ffn, phi, project_terms
+from .attention import call_phi, phi, pool_directed, project_terms
+from .layers import ffn
+from .recompute import RowRecompute
 
 
 class Refine(nn.Module):
@@ -111,7 +112,7 @@ class _RefineRows(nn.Module):
     :meth:`Refine._line_by_rows`): ``(y [A, d_y], p_h [N, 2·d_hidden], p_t, p_s [B, 2·d_hidden],
     q [B, d_y])`` → ``R = Σ_{tgt} u ⊙ g`` ``[B, d_y]`` (a sum over the rows) and, ``update_edges``,
     ``y'`` ``[A, d_y]``; ``p_*``: the atoms' and bonds' projections by Φ's first layer
-    (:func:`matris.model.layers.project_terms`), gathered at ``atom``, ``tgt`` and ``src``; ``q``:
+    (:func:`matris.model.attention.project_terms`), gathered at ``atom``, ``tgt`` and ``src``; ``q``:
     the bonds' envelope ``W_env·basis``."""
 
     def __init__(self, refine: Refine):
