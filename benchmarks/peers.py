@@ -126,6 +126,18 @@ def module_meta(module: str) -> dict:
     return meta
 
 
+def find_python(version: str) -> str | None:
+    """An interpreter of ``version`` that runs: pyenv's installs first (its shims fail unless that
+    version is selected), then ``python<version>`` on PATH."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = [str(p) for p in sorted(pyenv.glob(f"{version}*/bin/python"))]
+    candidates += [c for c in [shutil.which(f"python{version}")] if c]
+    for candidate in candidates:
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
 def setup(envs: Path, names: list[str]) -> None:
     """Make the environments of ``names`` (or every one) from their modules' ``REQUIREMENTS``."""
     wanted = {MODELS[k][1]: MODELS[k][0] for k in MODELS if not names or "all" in names or MODELS[k][1] in names
@@ -133,8 +145,7 @@ def setup(envs: Path, names: list[str]) -> None:
     for env, module in wanted.items():
         meta = module_meta(module)
         version = meta.get("PYTHON", "3.11")
-        base = shutil.which(f"python{version}") or next(
-            iter(sorted(Path("/root/.pyenv/versions").glob(f"{version}*/bin/python"))), None)
+        base = find_python(version)
         if base is None:
             print(f"[{env}] no Python {version} here; skipped")
             continue
