@@ -213,6 +213,49 @@ def kappa_small() -> bytes:
     return _svg(fig)
 
 
+def peers() -> bytes:
+    """MatRIS-10M against the peer universal potentials (``benchmarks/peers.py``): time per E+F+S
+    call and peak memory against atoms (diamond Si, log-log), and the combined score against the
+    time per call of the largest Si cell, so the speed/accuracy trade-off shows."""
+    plt = _pyplot()
+    d = tables.load("peers_cpu")
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.4))
+    cmap = plt.get_cmap("tab10")
+    si = sorted((k for k in d["structures"] if k.startswith("si")), key=lambda k: d["structures"][k]["n_atoms"])
+    big = si[-1]
+    for i, (key, row) in enumerate(d["models"].items()):
+        if not row.get("params"):
+            continue
+        color = COLORS["matris"] if key == "ours" else (COLORS["matris2"] if key.startswith("ours") else cmap(i))
+        style = "o-" if key.startswith("ours") else ".-"
+        st = row["structures"]
+        for ax, value in ((axes[0], lambda e: e.get("efs_seconds", {}).get("median")),
+                          (axes[1], lambda e: e.get("peak_rss_gb"))):
+            pts = [(d["structures"][k]["n_atoms"], value(st.get(k, {}))) for k in si]
+            pts = [p for p in pts if p[1] is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=row["name"])
+        t = st.get(big, {}).get("efs_seconds", {}).get("median")
+        score = (row.get("score") or {}).get("CPS")
+        if t is not None and score is not None and key != "ours-compile":
+            axes[2].plot([t], [score], "o", color=color, ms=8 if key == "ours" else 6)
+            axes[2].annotate(row["name"].split(" (")[0], (t, score), fontsize=7, xytext=(4, 3),
+                             textcoords="offset points")
+    n_big = d["structures"][big]["n_atoms"]
+    for ax, ylabel in ((axes[0], "seconds per energy + forces + stress call"),
+                       (axes[1], "peak resident memory (GB), fresh process")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("atoms (diamond Si)")
+        ax.set_ylabel(ylabel)
+    axes[2].set_xscale("log")
+    axes[2].set_xlabel(f"seconds per E+F+S call, Si{n_big}")
+    axes[2].set_ylabel("Matbench Discovery combined score (CPS)")
+    axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(1.15, -0.14), ncol=4, frameon=False)
+    fig.tight_layout()
+    return _svg(fig)
+
+
 # name → (drawing function, result files it reads, caption)
 FIGURES = {
     "speed_vs_size": (speed_vs_size, ("cpu_speed", "bench_demo_cpu"),
@@ -230,6 +273,12 @@ FIGURES = {
                   "NVE molecular dynamics with `matris.simulate.md` and the bundled model matris-demo: the potential "
                   "energy swings as heat moves between kinetic and potential energy while the total stays flat; "
                   "right, the total energy alone in float64 and float32."),
+    "peers": (peers, ("peers_cpu",),
+              "MatRIS-10M (this package) against the universal potentials users would pick instead, each at its "
+              "published size, float32 on the CPU, through its own ASE calculator in its own environment. Left: time "
+              "of one energy + forces + stress call; middle: peak resident memory of a fresh process making that "
+              "call; right: Matbench Discovery's combined score (CPS, from the leaderboard) against the time per "
+              "call on the largest cell. Random weights where the published ones download at run time."),
     "kappa_small": (kappa_small, ("kappa_small_cpu",),
                     "The κ task's protocol (`matris.discovery.kappa`) on diamond Si and rocksalt MgO with the bundled "
                     "model matris-demo: 2×2×2 primitive supercells, 11³ q-mesh, Wigner RTA at 300 K; left κ in "

@@ -661,6 +661,100 @@ def compile_short(name: str = "compile_check_cpu") -> str:
     return "\n".join(lines)
 
 
+def _peer_rows(d: dict):
+    """(key, row) of a peers result file, ours first as run."""
+    return list(d["models"].items())
+
+
+def _skeys(d: dict) -> list[str]:
+    return list(d["structures"])
+
+
+def _label(d: dict, skey: str) -> str:
+    """``si512`` → ``Si512``, ``srtio3_135`` → ``SrTiO3 (135)``."""
+    n = d["structures"][skey]["n_atoms"]
+    prefix = skey.split("_")[0]
+    return f"Si{n}" if prefix.startswith("si") else f"{ {'srtio3': 'SrTiO3'}.get(prefix, prefix)} ({n})"
+
+
+def _peers_caption(name: str, d: dict) -> str:
+    m = d["meta"]
+    return (f"**Machine:** {_cpu_line(name, m['threads'])}, {m['dtype']}; its float32 GEMM rate "
+            f"{m['gemm']['gflops_1024cubed']:.0f} GFLOP/s (1,024³ `mm`). Medians of {m['rounds']} interleaved "
+            "rounds; models whose processes fit in memory together ran side by side.")
+
+
+def _not_run(row: dict) -> str | None:
+    if row.get("params"):
+        return None
+    return row.get("error") or "no result"
+
+
+def peers(name: str = "peers_cpu") -> str:
+    """Time per E+F+S call against the peer universal potentials (``benchmarks/peers.py``), with each
+    model's Matbench-Discovery combined score and its time relative to MatRIS-10M."""
+    d = load(name)
+    skeys = _skeys(d)
+    ours = d["models"].get("ours", {}).get("structures", {})
+    head = ["model", "params", "weights", "CPS"] + [_label(d, k) for k in skeys] + [f"MD step {_label(d, skeys[0])}"]
+    lines = [_peers_caption(name, d), "", "Seconds per energy + forces + stress call (the time ÷ MatRIS-10M's "
+             "below it):", "", "| " + " | ".join(head) + " |", "|---|---:|---|---:|" + "---:|" * (len(skeys) + 1)]
+    for key, row in _peer_rows(d):
+        why = _not_run(row)
+        score = (row.get("score") or {}).get("CPS")
+        cells = [row["name"], f"{row['params'] / 1e6:.1f}M" if row.get("params") else "—",
+                 row.get("weights") or "—", f"{score:.3f}" if score is not None else "—"]
+        if why:
+            lines.append("| " + " | ".join(cells + [f"not run: {why}"] + [""] * len(skeys)) + " |")
+            continue
+        for k in skeys:
+            e = row["structures"].get(k, {})
+            if "efs_seconds" not in e:
+                cells.append("over memory limit" if "resident" in (e.get("error") or "") else "—")
+                continue
+            t = e["efs_seconds"]["median"]
+            ref = ours.get(k, {}).get("efs_seconds")
+            rel = f" ({t / ref['median']:.2f}×)" if ref and key != "ours" else ""
+            cells.append(f"{t:.3g}{rel}")
+        md = row["structures"].get(skeys[0], {}).get("md_seconds")
+        cells.append(f"{md['median']:.3g}" if md else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\nCPS: Matbench Discovery's combined performance score of the published model "
+                 "(`benchmarks/results/peer_scores.json`, from the leaderboard's model files). Random weights: the "
+                 "published architecture built by the peer's own package (the weights download at run time); speed "
+                 "and memory do not depend on their values.")
+    return "\n".join(lines)
+
+
+def peers_memory(name: str = "peers_cpu") -> str:
+    """Peak resident memory of one E+F+S call in a fresh process, per model and structure."""
+    d = load(name)
+    skeys = _skeys(d)
+    big = max(skeys, key=lambda k: d["structures"][k]["n_atoms"])
+    head = ["model", "after loading"] + [_label(d, k) for k in skeys] + [f"per atom, {_label(d, big)}"]
+    lines = [_peers_caption(name, d).split(" Medians")[0], "",
+             "Peak resident memory (GB) of a fresh process making one E+F+S call:", "",
+             "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(skeys) + 2)]
+    for key, row in _peer_rows(d):
+        why = _not_run(row)
+        if why:
+            lines.append(f"| {row['name']} | not run: {why} |" + " |" * (len(skeys) + 1))
+            continue
+        st = row["structures"]
+        base = next((e["base_rss_gb"] for e in st.values() if "base_rss_gb" in e), None)
+        cells = [row["name"], f"{base:.2f}" if base is not None else "—"]
+        for k in skeys:
+            e = st.get(k, {})
+            cells.append(f"{e['peak_rss_gb']:.2f}" if "peak_rss_gb" in e else
+                         ("over limit" if "resident" in (e.get("error") or "") else "—"))
+        e = st.get(big, {})
+        cells.append(f"{e['per_atom_kb']:,.0f} KB" if "per_atom_kb" in e else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(f"\n\"After loading\": the process with its libraries and model, before the first call; per atom: "
+                 f"(peak − after loading) ÷ atoms. Processes past {d['meta']['max_rss_gb']:g} GB were stopped.")
+    return "\n".join(lines)
+
+
 VIEWS = {
     ("cpu_speed", "speed"): cpu_plain,
     ("cpu_speed", "official"): cpu_official,
@@ -673,6 +767,7 @@ VIEWS = {
     ("bench_demo_cpu", "md"): bench_md,
     ("train_throughput_cpu", "short"): train_throughput_short,
     ("compile_check_cpu", "short"): compile_short,
+    ("peers_cpu", "memory"): peers_memory,
 }
 
 
@@ -701,6 +796,7 @@ TABLES = {
     "compile_check_cpu": compile_check,
     "speed_cpu": speed,
     "distill_evaluation": distill_evaluation,
+    "peers_cpu": peers,
 }
 
 
