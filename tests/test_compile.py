@@ -177,3 +177,26 @@ def test_tf32_switch_is_scoped_to_the_call():
     assert getattr(matmul, name) == before
     out, _ = evaluate(model, [rattled_si(0, np.random.default_rng(0))])  # a CPU call is unaffected
     assert torch.isfinite(out.forces).all() and getattr(matmul, name) == before
+
+
+def test_compiled_model_runs_memory_saving_levels_eagerly(capfd):
+    """A structure that needs a memory level below 0 runs eagerly (the compiled backward would keep
+    every activation: 17 GB against 4.8 GB for Si512 in benchmarks/peers.py), says so once, and gives
+    the eager numbers; level 0 still uses the compiled code."""
+    import dataclasses
+
+    model = load_fixture_model("small_sh_float64", torch.float64).compile(backend="aot_eager")
+    eager = load_fixture_model("small_sh_float64", torch.float64)
+    s = [rattled_si(0, np.random.default_rng(2))]
+    model.options = dataclasses.replace(model.options, memory_level=1)
+    capfd.readouterr()
+    got, _ = evaluate(model, s)
+    evaluate(model, s)
+    err = capfd.readouterr().err
+    assert err.count("need memory level 1, which runs eagerly") == 1, err
+    assert model._compiled is None  # nothing compiled
+    want, _ = evaluate(eager, s)
+    assert torch.equal(got.forces, want.forces) and torch.equal(got.energy, want.energy)
+    model.options = dataclasses.replace(model.options, memory_level=0)
+    evaluate(model, s)
+    assert model._compiled is not None

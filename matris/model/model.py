@@ -83,6 +83,7 @@ class MatRIS(nn.Module):
         # see compile(): torch.compile options (None: eager) and the compiled energy function
         self._compile_options: dict | None = None
         self._compiled = None
+        self._eager_notice = False  # said once: a structure too large for the compiled code ran eagerly
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in MOVED_TO_OPTIONS:  # a removed switch would otherwise become a new, ignored attribute
@@ -230,9 +231,18 @@ class MatRIS(nn.Module):
             # zero symmetric strain ε = ½(s + sᵀ) per structure; ∂E/∂s gives the virial
             strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
         # decided on the host, outside the (possibly compiled) energy function
-        compiled = self._compile_options is not None and not create_graph and not return_node_features
         kernels = choose(positions.device, self.options.kernels, create_graph)  # the one place it is chosen
         level = memory.inference_level(self, g, positions.dtype, create_graph, kernels)
+        # the compiled backward keeps what its partitioner chooses, not what the memory levels recompute
+        # (measured: 17 GB against 4.8 GB eager for Si512): below level 0 the call runs eagerly
+        compiled = self._compile_options is not None and not create_graph and not return_node_features
+        if compiled and level > 0:
+            compiled = False
+            if not getattr(self, "_eager_notice", False):
+                self._eager_notice = True
+                print(f"matris: {g.n_atoms.sum().item()} atoms need memory level {level}, which runs eagerly "
+                      "(compiled code keeps every activation); smaller structures use the compiled code",
+                      file=sys.stderr, flush=True)
         # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
         recompute_mode = memory.training_mode(self, create_graph, g, positions.dtype)
@@ -409,8 +419,9 @@ class MatRIS(nn.Module):
         (``torch.ops.matris``: the C++ loops on a CPU, the Triton kernels on CUDA), registered
         so that the graph does not break around them, and Inductor compiles what lies between.
         Used for inference only: calls that keep the graph of the forces (training) run eagerly,
-        since compiled graphs do not support double backward. Extra ``kwargs`` go to
-        ``torch.compile`` (``backend``, ``mode``...). Compilation happens on the first call and
+        since compiled graphs do not support double backward; so do structures that need a memory
+        level below 0 (:mod:`matris.memory`), whose recomputation the compiled backward would not keep.
+        Extra ``kwargs`` go to ``torch.compile`` (``backend``, ``mode``...). Compilation happens on the first call and
         takes tens of seconds.
         """
         self._compile_options = dict(dynamic=dynamic, fullgraph=fullgraph, **kwargs)
