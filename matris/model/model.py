@@ -83,7 +83,6 @@ class MatRIS(nn.Module):
         # see compile(): torch.compile options (None: eager) and the compiled energy function
         self._compile_options: dict | None = None
         self._compiled = None
-        self._eager_notice = False  # said once: a structure too large for the compiled code ran eagerly
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in MOVED_TO_OPTIONS:  # a removed switch would otherwise become a new, ignored attribute
@@ -238,7 +237,7 @@ class MatRIS(nn.Module):
         compiled = self._compile_options is not None and not create_graph and not return_node_features
         if compiled and level > 0:
             compiled = False
-            if not getattr(self, "_eager_notice", False):
+            if not getattr(self, "_eager_notice", False):  # said once
                 self._eager_notice = True
                 print(f"matris: {g.n_atoms.sum().item()} atoms need memory level {level}, which runs eagerly "
                       "(compiled code keeps every activation); smaller structures use the compiled code",
