@@ -234,7 +234,8 @@ def peers() -> bytes:
             pts = [(d["structures"][k]["n_atoms"], value(st.get(k, {}))) for k in si]
             pts = [p for p in pts if p[1] is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=row["name"])
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color,
+                        label=tables.peer_name(row))
         t = st.get(big, {}).get("efs_seconds", {}).get("median")
         score = (row.get("score") or {}).get("CPS")
         if t is not None and score is not None and key != "ours-compile":

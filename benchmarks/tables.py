@@ -684,6 +684,12 @@ def _peers_caption(name: str, d: dict) -> str:
             "rounds; models whose processes fit in memory together ran side by side.")
 
 
+def peer_name(row: dict) -> str:
+    """The model's name, with the options it ran with (``compile=True``)."""
+    extra = ", ".join(f"{k}={v}" for k, v in (row.get("options") or {}).items() if k != "mode")
+    return f"{row['name']}{f', {extra}' if extra else ''}"
+
+
 def _not_run(row: dict) -> str | None:
     if row.get("params"):
         return None
@@ -702,7 +708,7 @@ def peers(name: str = "peers_cpu") -> str:
     for key, row in _peer_rows(d):
         why = _not_run(row)
         score = (row.get("score") or {}).get("CPS")
-        cells = [row["name"], f"{row['params'] / 1e6:.1f}M" if row.get("params") else "—",
+        cells = [peer_name(row), f"{row['params'] / 1e6:.1f}M" if row.get("params") else "—",
                  row.get("weights") or "—", f"{score:.3f}" if score is not None else "—"]
         if why:
             lines.append("| " + " | ".join(cells + [f"not run: {why}"] + [""] * len(skeys)) + " |")
@@ -738,11 +744,11 @@ def peers_memory(name: str = "peers_cpu") -> str:
     for key, row in _peer_rows(d):
         why = _not_run(row)
         if why:
-            lines.append(f"| {row['name']} | not run: {why} |" + " |" * (len(skeys) + 1))
+            lines.append(f"| {peer_name(row)} | not run: {why} |" + " |" * (len(skeys) + 1))
             continue
         st = row["structures"]
         base = next((e["base_rss_gb"] for e in st.values() if "base_rss_gb" in e), None)
-        cells = [row["name"], f"{base:.2f}" if base is not None else "—"]
+        cells = [peer_name(row), f"{base:.2f}" if base is not None else "—"]
         for k in skeys:
             e = st.get(k, {})
             cells.append(f"{e['peak_rss_gb']:.2f}" if "peak_rss_gb" in e else
