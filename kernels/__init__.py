@@ -10,29 +10,15 @@ from .attention import (
     attention_pair_lse,
     attention_pair_reference,
     merge_softmax,
-    softmax_aggregate_reference,
 )
-from .backend import choose, triton_available
+from .backend import choose, references
 from .gather import gather_sum_activate_reference
 from .phi import gated_phi, gated_phi_reference
 from .refine import refine_edges, refine_edges_reference
-from .segment import scatter_sum, segment_max, segment_softmax
+from .segment import scatter_sum, segment_softmax
 
 __all__ = [
-    "scatter_sum",
-    "segment_max",
-    "segment_softmax",
-    "Segments",
-    "softmax_aggregate_reference",
-    "attention_pair",
-    "attention_pair_lse",
-    "attention_pair_reference",
-    "merge_softmax",
-    "gated_phi",
-    "gated_phi_reference",
-    "refine_edges",
-    "refine_edges_reference",
-    "gather_sum_activate_reference",
-    "triton_available",
-    "choose",
+    "scatter_sum", "segment_softmax", "Segments", "attention_pair", "attention_pair_lse",
+    "attention_pair_reference", "merge_softmax", "gated_phi", "gated_phi_reference", "refine_edges",
+    "refine_edges_reference", "gather_sum_activate_reference", "choose", "references",
 ]

@@ -12,6 +12,7 @@ CPU tensors (slow; the CPU checks of the GPU code).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -113,10 +114,28 @@ def register_triton(name: str, kernel) -> None:
         LIB.impl(name, kernel, "CPU")
 
 
+# per process, not per thread: autograd runs CUDA backwards (and recomputations) on threads of its own
+_REFERENCES = [False]
+
+
+@contextlib.contextmanager
+def references(on: bool = True):
+    """Inside (``on``), every operator runs its PyTorch reference: :func:`choose`'s ``"torch"``,
+    applied by the model around its embeddings and block steps and by each recomputation."""
+    before = _REFERENCES[0]
+    _REFERENCES[0] = on
+    try:
+        yield
+    finally:
+        _REFERENCES[0] = before
+
+
 def operators_run(*tensors: torch.Tensor) -> bool:
-    """Whether the fused operators have a kernel for these tensors: CUDA tensors with triton; CPU
-    tensors with the C++ library loaded (or under ``TRITON_INTERPRET=1``, the Triton kernels); every
-    floating tensor float32 or float64 (one dtype), the others int64 indices."""
+    """Whether the operators run their kernels for these tensors (not inside :func:`references`): CUDA
+    tensors with triton; CPU tensors with the C++ library loaded (or under ``TRITON_INTERPRET=1``, the
+    Triton kernels); every floating tensor float32 or float64 (one dtype), the others int64 indices."""
+    if _REFERENCES[0]:
+        return False
     given = [t for t in tensors if t is not None]
     floats = [t for t in given if t.is_floating_point()]
     if not floats:

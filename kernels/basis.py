@@ -154,15 +154,16 @@ def sh_radial_reference(n: int, c: tuple[float, ...], rho: torch.Tensor) -> torc
     ) / rho**4
 
 
+# the SH angular normalisations sqrt((2l+1)/(4π))-type factors of l = 0..3, as the kernel reads them
+SH_NORMS = (0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqrt(5 / (16 * math.pi)),
+            math.sqrt(7 / (16 * math.pi)))
+
+
 def legendre_reference(ell: int, t: torch.Tensor) -> torch.Tensor:
     """Real spherical harmonic ``Y_l`` (m = 0, l = ``ell``) as a function of ``t = cos θ``."""
     if ell == 0:
-        return torch.full_like(t, 0.5 * math.sqrt(1 / math.pi))
-    if ell == 1:
-        return math.sqrt(3 / (4 * math.pi)) * t
-    if ell == 2:
-        return math.sqrt(5 / (16 * math.pi)) * (3 * t**2 - 1)
-    return math.sqrt(7 / (16 * math.pi)) * t * (5 * t**2 - 3)
+        return torch.full_like(t, SH_NORMS[0])
+    return SH_NORMS[ell] * (t if ell == 1 else 3 * t**2 - 1 if ell == 2 else t * (5 * t**2 - 3))
 
 
 def sh_basis(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int) -> torch.Tensor:
@@ -189,11 +190,6 @@ def sh_coefficient_table(dtype, device) -> torch.Tensor:
     rows = [[[float(c) for c in coeffs] + [0.0] * (8 - len(coeffs)) for coeffs in n_rows]
             for n_rows in SH_RADIAL_COEFFICIENTS]
     return torch.tensor(rows, dtype=torch.float64, device=device).to(dtype).contiguous()
-
-
-# the SH angular normalisations sqrt((2l+1)/(4π))-type factors of l = 0..3, as the kernel reads them
-SH_NORMS = (0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqrt(5 / (16 * math.pi)),
-            math.sqrt(7 / (16 * math.pi)))
 
 
 # ---------------------------------------------------------------------------- registered operators
@@ -274,24 +270,24 @@ torch.library.register_autograd("matris::fourier", _fourier_backward, setup_cont
 torch.library.register_autograd("matris::spherical", _sh_backward, setup_context=_sh_setup)
 
 
-def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
-    """``[B]`` → ``[B, K]`` Bessel × envelope: the operator where it has a kernel and ``fused``
-    (the call's choice), else :func:`bessel_basis`."""
-    if not (fused and r.shape[0] and operators_run(r)):
+def bessel(r, frequencies, cutoff: float, p: int):
+    """``[B]`` → ``[B, K]`` Bessel × envelope: the operator where it runs
+    (:func:`.backend.operators_run`), else :func:`bessel_basis`."""
+    if not (r.shape[0] and operators_run(r)):
         return bessel_basis(r, frequencies, cutoff, p)
     return torch.ops.matris.bessel(r, frequencies.to(r.dtype), float(cutoff), int(p))
 
 
-def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT, fused: bool = True):
+def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT):
     """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (as :func:`bessel`; reference :func:`fourier_basis`)."""
-    if not (fused and theta.shape[0] and operators_run(theta)):
+    if not (theta.shape[0] and operators_run(theta)):
         return fourier_basis(theta, frequencies, constant)
     return torch.ops.matris.fourier(theta, frequencies.to(theta.dtype), float(constant))
 
 
-def spherical(theta, rho, factor, max_l: int, max_n: int, fused: bool = True):
+def spherical(theta, rho, factor, max_l: int, max_n: int):
     """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (as :func:`bessel`; reference :func:`sh_basis`)."""
-    if not (fused and theta.shape[0] and operators_run(theta, rho)):
+    if not (theta.shape[0] and operators_run(theta, rho)):
         return sh_basis(theta, rho, factor.to(theta.dtype), max_l, max_n)
     return torch.ops.matris.spherical(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
 

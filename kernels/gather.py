@@ -20,24 +20,16 @@ from .backend import tile, triton_available
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 MAX_TERMS = 4
-ACTIVATIONS = ("silu", "relu", "gelu", "softplus", "sigmoid", "tanh")
+# the functional forms of matris.model.layers.activation's modules (GELU exact erf; softplus beta 1)
+FUNCTIONS = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu, "softplus": F.softplus, "sigmoid": torch.sigmoid,
+             "tanh": torch.tanh}
+ACTIVATIONS = tuple(FUNCTIONS)
 
 
 def activate(z: torch.Tensor, act: str) -> torch.Tensor:
-    # the functional forms of the nn modules that matris.model.layers.activation builds
-    if act == "silu":
-        return F.silu(z)
-    if act == "relu":
-        return F.relu(z)
-    if act == "gelu":
-        return F.gelu(z)  # exact erf form
-    if act == "softplus":
-        return F.softplus(z)  # beta 1, threshold 20
-    if act == "sigmoid":
-        return torch.sigmoid(z)
-    if act == "tanh":
-        return torch.tanh(z)
-    raise ValueError(f"unknown activation {act!r}; use one of {ACTIVATIONS}")
+    if act not in FUNCTIONS:
+        raise ValueError(f"unknown activation {act!r}; use one of {ACTIVATIONS}")
+    return FUNCTIONS[act](z)
 
 
 def gather_sum_activate_reference(terms: list[Term], bias: torch.Tensor | None, act: str) -> torch.Tensor:

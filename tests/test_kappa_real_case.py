@@ -6,12 +6,12 @@ The values depend on the Wigner method the installed phono3py has: MS-SMM19 (pho
 benchmark's; its κ equals the benchmark's own code bit for bit, benchmarks/kappa_vs_benchmark.py)
 or the SMM19 fallback (newer phono3py).
 
-κ̄ of so small a case is not stable to the last digit: phono3py's tetrahedron integration on the
-5³ mesh jumps where symmetry makes frequencies coincide, so force differences of 1e-14 eV/Å (another
-CPU's GEMM, a reordered sum) move κ̄. Measured with Gaussian noise of 1e-14 to 1e-10 eV/Å added
-to the displaced cells' forces (Intel Xeon, phono3py 3.30): Si 21.27-21.38 W/m/K (0.5 %), MgO
-22.71-23.61 (4 %). The expected values are those spreads' midpoints (MS-SMM19), the tolerances twice their half-widths; the method, the relaxation,
-the symmetry and the cubic isotropy are exact. About 40 s."""
+κ̄ of so small a case is not stable to the last digit: phono3py's tetrahedron integration on the 5³
+mesh jumps where symmetry makes frequencies coincide, so force differences of 1e-14 eV/Å (another
+CPU's GEMM, a reordered sum) move κ̄. Measured with Gaussian noise of 1e-14 to 1e-10 eV/Å added to
+the displaced cells' forces (Intel Xeon, phono3py 3.30): Si 21.27-21.38 W/m/K (0.5 %), MgO
+22.71-23.61 (4 %). The expected values are those spreads' midpoints (MS-SMM19), the tolerances twice
+their half-widths; the method, the relaxation, the symmetry and the cubic isotropy are exact. About 40 s."""
 
 import warnings
 

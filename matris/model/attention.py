@@ -23,6 +23,7 @@ from ..kernels import (
     gated_phi,
     gather_sum_activate_reference,
     merge_softmax,
+    references,
     scatter_sum,
 )
 from . import recompute
@@ -61,14 +62,12 @@ class SeparableAttention(nn.Module):
         d2u: torch.Tensor | None = None,
         rows: RowRecompute | None = None,
         segments: tuple[Segments, Segments] | None = None,
-        fused: bool = False,
         halo=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
         ``rows``: the per-row work recomputed by row chunks in the backward passes (:class:`RowRecompute`).
-        ``fused`` selects the fused operators of Φ and of both aggregations (:mod:`matris.kernels`,
-        CPU and CUDA); ``segments`` (by target, by source) is the CSR order the CUDA kernels walk,
-        made once per graph. ``halo`` (line graph, :class:`matris.model.block.BlockGraph`): a domain
+        ``segments`` (by target, by source) is the CSR order the CUDA kernels walk, made once per
+        graph. ``halo`` (line graph, :class:`matris.model.block.BlockGraph`): a domain
         decomposition's rank, whose bonds' softmax runs per end and is merged across ranks."""
         n = x.shape[0]
         directed = d2u is not None
@@ -76,21 +75,21 @@ class SeparableAttention(nn.Module):
             if rows.splits(y.shape[0]):
                 return self._line_by_rows(x, y, tgt, src, rows)
             rows = None  # one chunk: as the rest of the block
-        m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], rows, fused)
+        m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], rows)
         w_st = self._logit_weight()
         if halo is not None:
             t, s, y_new, lse_t, lse_s = attention_pair_lse(y, w_st, None, m, halo.angle_target_end,
                                                            halo.angle_source_end, halo.n_ends,
-                                                           res_weight=self.edge_res_weight, fused=fused)
+                                                           res_weight=self.edge_res_weight)
             return self._node_update(x, *halo.line_softmax(t, lse_t, s, lse_s)), y_new
         if directed:
             # the logits are linear in y0 = y[d2u]: projected per bond, read per directed edge
-            t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments, fused=fused)
+            t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
             y_new = torch.addcmul(pool_directed(m), self.edge_res_weight, y)
             return self._node_update(x, t_agg, s_agg), y_new
         # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
         t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight,
-                                             segments=segments, fused=fused)
+                                             segments=segments)
         return self._node_update(x, t_agg, s_agg), y_new
 
     def _line_by_rows(self, x, y, tgt, src, rows: RowRecompute):
@@ -116,7 +115,7 @@ class SeparableAttention(nn.Module):
 
         def arguments(inputs, use_fast, cut):
             t, s = (tgt, src) if cut is None else (tgt[cut], src[cut])
-            return (*inputs, t, s, *shift, n), {"fused": use_fast and rows.fast}
+            return (*inputs, t, s, *shift, n), {"reference": not (use_fast and rows.fast)}
 
         n_t, d_t, n_s, d_s, y_new = recompute.recomputed(_AttentionRows(self), arguments, [y, p_t, p_s], rows.chunk,
                                                row_inputs=(True, False, False), n_rows=y.shape[0],
@@ -139,15 +138,16 @@ class _AttentionRows(nn.Module):
     :meth:`SeparableAttention._line_by_rows`): ``(y [A, d_y], p_t, p_s [B, 2·d_hidden]) → (N_t, D_t,
     N_s, D_s)`` ``[B, d_y]`` (sums over the rows) and ``y' = m + w ⊙ y`` ``[A, d_y]``; ``p_t``,
     ``p_s``: the bonds' projections by Φ_edge's first layer (:func:`matris.model.attention.project_terms`),
-    gathered at ``tgt`` and ``src``."""
+    gathered at ``tgt`` and ``src``; ``reference``: the references (a recomputation's composed call)."""
 
     def __init__(self, attention: SeparableAttention):
         super().__init__()
         self.attention = attention
 
-    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, fused: bool = False):
+    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, reference: bool = False):
         att = self.attention
-        m = att.edge_nonlinear_update.forward_terms([(y, None)], fused, [(p_t, tgt), (p_s, src)])
+        with references(reference):
+            m = att.edge_nonlinear_update.forward_terms([(y, None)], [(p_t, tgt), (p_s, src)])
         alpha_s, alpha_t = (y @ att._logit_weight().T).split(y.shape[-1], dim=-1)
         sums = []
         for alpha, shift, index in ((alpha_t, shift_t, tgt), (alpha_s, shift_s, src)):
@@ -198,13 +198,14 @@ class GatedMLP(nn.Module):
         self.act_name, self.norm_type = act, norm_type
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.forward_terms([(z, None)])
+        # one input (the node updates): its two Linears, the reference, bit for bit the published code
+        with references():
+            return self.forward_terms([(z, None)])
 
-    def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
+    def forward_terms(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation (the
         per-row term, index None, is multiplied inside the operator; the others are projected per
-        node and gathered). ``fused``: the operator's kernel where it has one, else its reference.
-        ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``."""
+        node and gathered). ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``."""
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = first_weight(self)
@@ -218,15 +219,15 @@ class GatedMLP(nn.Module):
         return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,
                          g3.bias, cn.weight, gn.weight, eps, norm=self.norm_type,
                          core_norm_bias=getattr(cn, "bias", None), gate_norm_bias=getattr(gn, "bias", None),
-                         act=self.act_name, dropout=self.mlp_core.layers[2], fused=fused)
+                         act=self.act_name, dropout=self.mlp_core.layers[2])
 
 
 class NormedMLP(nn.Sequential):
     """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``.
     It has no fused form: the composed PyTorch ops on every device."""
 
-    def forward_terms(self, terms: list[Term], fused: bool = False, projected: list[Term] = ()) -> torch.Tensor:
-        """As :meth:`GatedMLP.forward_terms`; ``fused`` changes nothing (no fused form)."""
+    def forward_terms(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
+        """As :meth:`GatedMLP.forward_terms`."""
         layers = self[0].layers
         first = _projections(layers[0].weight, terms, 0) + list(projected)
         hidden = layers[2](gather_sum_activate_reference(first, layers[0].bias, self[0].act_name))
@@ -252,12 +253,11 @@ def term_rows(terms: list[Term]) -> int:
     return next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
 
 
-def call_phi(module: nn.Module, terms: list[Term], rows: RowRecompute | None = None,
-             fused: bool = False) -> torch.Tensor:
-    """``module.forward_terms(terms)``; ``fused`` selects the fused operator. ``rows``: recomputed
-    by row chunks in the backward passes where the rows make several chunks."""
+def call_phi(module: nn.Module, terms: list[Term], rows: RowRecompute | None = None) -> torch.Tensor:
+    """``module.forward_terms(terms)``; ``rows``: recomputed by row chunks in the backward passes
+    where the rows make several chunks."""
     if rows is None or not rows.splits(term_rows(terms)):
-        return module.forward_terms(terms, fused)
+        return module.forward_terms(terms)
     return recomputed_phi(module, terms, rows.fast, rows.chunk)
 
 
@@ -279,7 +279,7 @@ def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> to
     def arguments(inputs, use_fast, rows):
         cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
         pairs = list(zip(inputs, cut))
-        return (pairs[: len(lead)], pairs[len(lead):]), {"fused": use_fast and fast}
+        return (pairs[: len(lead)], pairs[len(lead):]), {"reference": not (use_fast and fast)}
 
     (out,) = recompute.recomputed(_PhiTerms(module), arguments, feats, chunk, row_inputs, n_rows)
     return out
@@ -292,5 +292,6 @@ class _PhiTerms(nn.Module):
         super().__init__()
         self.phi = phi
 
-    def forward(self, terms, projected, fused=False):
-        return (self.phi.forward_terms(terms, fused, projected),)
+    def forward(self, terms, projected, reference=False):
+        with references(reference):
+            return (self.phi.forward_terms(terms, projected),)

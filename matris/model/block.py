@@ -10,6 +10,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from ..kernels import references
 from . import recompute
 from .attention import SeparableAttention
 from .config import MatRISConfig
@@ -27,8 +28,8 @@ class BlockGraph:
     rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
     checkpoint: 1 recomputes each of the four steps in the backward pass (inference memory level 1,
     same numbers); 0 keeps their activations.
-    fused: run Φ, the attention aggregations and Refine's edge side as the fused operators
-    (:mod:`matris.kernels`: the C++ kernels on a CPU, Triton on CUDA).
+    kernels: :func:`matris.kernels.choose`'s choice: ``"torch"`` runs each step inside
+    :func:`matris.kernels.references`, else the operators' kernels (C++ on a CPU, Triton on CUDA).
     atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`, the
     CSR order the CUDA kernels walk (made once per graph); None on a CPU.
     row_chunks: training's block recomputation (:mod:`matris.model.recompute`) recomputes, inside
@@ -51,7 +52,7 @@ class BlockGraph:
     rbf_pair: torch.Tensor
     rbf_3b: torch.Tensor
     checkpoint: int = 0
-    fused: bool = False
+    kernels: str = "torch"
     atom_segments: tuple | None = None
     line_segments: tuple | None = None
     row_chunks: RowRecompute | None = None
@@ -101,14 +102,21 @@ class InteractionBlock(nn.Module):
 def _step(g: BlockGraph, module: nn.Module, kind: str, *args, **kwargs):
     """One step of a block (attention or Refine, on the ``"line"`` or ``"atom"`` graph) with the
     graph's kernels and memory setting."""
-    kwargs.update(rows=g.row_chunks, fused=g.fused)
+    kwargs["rows"] = g.row_chunks
     if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
         kwargs["segments"] = g.line_segments if kind == "line" else g.atom_segments
     if kind == "line" and g.halo is not None:
         kwargs["halo"] = g.halo
-    if g.checkpoint:
-        return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
-    return module(*args, **kwargs)
+    reference = g.kernels == "torch"
+    if g.checkpoint:  # the recomputation in the backward pass enters the same choice
+        return torch.utils.checkpoint.checkpoint(call_with, reference, module, *args, use_reentrant=False, **kwargs)
+    return call_with(reference, module, *args, **kwargs)
+
+
+def call_with(reference: bool, module: nn.Module, *args, **kwargs):
+    """``module(*args, **kwargs)`` on the operators' references (``reference``) or their kernels."""
+    with references(reference):
+        return module(*args, **kwargs)
 
 
 def _masked(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from ..graph.system import MAX_Z, element_symbol
 from ..kernels import choose
 from ..settings import MOVED_TO_OPTIONS, RunOptions
 from ..targets import DEFAULT_TARGETS, normalize_targets
-from .block import BlockGraph, InteractionBlock, checkpointed_block
+from .block import BlockGraph, InteractionBlock, call_with, checkpointed_block
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import norm
@@ -346,17 +346,18 @@ class MatRIS(nn.Module):
         unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]
 
         n_b = g.num_bonds
-        fused = kernels != "torch"  # the bases' operators (Triton or C++), or their references
+        reference = kernels == "torch"  # the bases' operators (Triton or C++), or their references
         h = self.atom_embedding(g.atomic_numbers)
-        e, rbf_pair, rbf_3b = self.edge_embedding(r, fused)
+        e, rbf_pair, rbf_3b = call_with(reference, self.edge_embedding, r)
         u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
         theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
         # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
         rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
         if level == memory.LOWEST_LEVEL:  # its two [A, d_t] activations recomputed rather than kept
-            a = torch.utils.checkpoint.checkpoint(self.three_body_embedding, theta, rho, fused, use_reentrant=False)
+            a = torch.utils.checkpoint.checkpoint(call_with, reference, self.three_body_embedding, theta, rho,
+                                                  use_reentrant=False)
         else:
-            a = self.three_body_embedding(theta, rho, fused)
+            a = call_with(reference, self.three_body_embedding, theta, rho)
 
         # bonds of structures that have angles: the line-graph steps leave the others alone
         # (applied whatever the batch holds: deciding would read a tensor back to the host)
@@ -587,4 +588,4 @@ def _running(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
     """``bg`` set up for ``kernels`` (:func:`matris.kernels.choose`): the operators' kernels
     ("triton" on CUDA, with the graph's CSR ``segments``; "fused" on a CPU) or their references ("torch")."""
     atom, line = segments if kernels == "triton" else (None, None)
-    return dataclasses.replace(bg, fused=kernels != "torch", atom_segments=atom, line_segments=line)
+    return dataclasses.replace(bg, kernels=kernels, atom_segments=atom, line_segments=line)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import refine_edges, scatter_sum
+from ..kernels import references, refine_edges, scatter_sum
 from . import recompute
 from .attention import call_phi, phi, pool_directed, project_terms
 from .layers import ffn
@@ -41,16 +41,14 @@ class Refine(nn.Module):
         extra: tuple[torch.Tensor, torch.Tensor] | None = None,
         d2u: torch.Tensor | None = None,
         rows: RowRecompute | None = None,
-        fused: bool = False,
         update_edges: bool = True,
         halo=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """basis: ``[B, K]`` radial basis per bond. On the atom graph (``d2u`` given)
         g = W_env·basis[d2u]; on the line graph q = W_env·basis and g = q[src] ⊙ q[tgt].
         extra: ``(h, angle_atom)``, the atom term of the line graph. ``rows``: the per-row work
-        recomputed by row chunks in the backward passes (:class:`RowRecompute`); ``fused`` selects
-        the fused operators of Φ and, on the line graph, of the edge side
-        (:func:`matris.kernels.refine_edges`), on CPU and CUDA. ``update_edges=False`` returns ``y`` unchanged
+        recomputed by row chunks in the backward passes (:class:`RowRecompute`); the line graph's edge
+        side is one operator (:func:`matris.kernels.refine_edges`). ``update_edges=False`` returns ``y`` unchanged
         without computing FFN_edge: the last block's edge update reaches no output. ``halo`` (line
         graph, :class:`matris.model.block.BlockGraph`): a domain decomposition's rank, whose bonds' sums
         run per end and are merged across ranks."""
@@ -61,28 +59,29 @@ class Refine(nn.Module):
             rows = None  # one chunk: as the rest of the block
         q = self.learnable_envelope(basis)
         terms = [(y, d2u)] + ([extra] if extra is not None else []) + [(x, tgt), (x, src)]
-        u = call_phi(self.edge_nonlinear_update, terms, rows, fused)
-        ffn = self.edge_FFN.layers
-        if not directed and not (self.training and ffn[2].p > 0):  # the line graph's edge side: one operator
+        u = call_phi(self.edge_nonlinear_update, terms, rows)
+        if not directed and not (self.training and self.edge_FFN.layers[2].p > 0):  # the line graph's edge side: one op
             n = x.shape[0]
             if halo is not None:  # the sums per end of each bond, merged across ranks
                 q, src, tgt = q.index_select(0, halo.end_bond), halo.angle_source_end, halo.angle_target_end
                 n = halo.n_ends
-            edge_update = (y, self.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight, ffn[3].bias,
-                           self.smooth_delta_edge) if update_edges else ()
-            out = refine_edges(u, q, src, tgt, n, *edge_update, fused=fused)
+            out = refine_edges(u, q, src, tgt, n, *self.edge_update(y, update_edges))
             agg, y_new = out if update_edges else (out, y)
             if halo is not None:
                 agg = halo.line_sums(agg)
             return torch.addcmul(self.node_FFN(agg), self.node_res_weight, x), y_new
-        g = q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt)
-        u_g = u * g
+        u_g = u * (q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt))
         x_new = torch.addcmul(self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])), self.node_res_weight, x)
         if not update_edges:
             return x_new, y
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
-        y_new = torch.addcmul(pool_directed(delta) if directed else delta, self.edge_res_weight, y)
-        return x_new, y_new
+        return x_new, torch.addcmul(pool_directed(delta) if directed else delta, self.edge_res_weight, y)
+
+    def edge_update(self, y: torch.Tensor, update_edges: bool) -> tuple:
+        """The edge-update arguments of :func:`matris.kernels.refine_edges` (none: R alone)."""
+        ffn = self.edge_FFN.layers
+        return (y, self.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight, ffn[3].bias,
+                self.smooth_delta_edge) if update_edges else ()
 
     def _line_by_rows(self, x, y, tgt, src, basis, extra, update_edges: bool, rows: RowRecompute):
         """The line-graph step inside training's block recomputation: everything per angle (Φ, the
@@ -98,7 +97,7 @@ class Refine(nn.Module):
 
         def arguments(inputs, use_fast, cut):
             idx = (tgt, src, atom) if cut is None else (tgt[cut], src[cut], atom[cut])
-            return (*inputs, *idx, n), {"fused": use_fast and rows.fast, "update_edges": update_edges}
+            return (*inputs, *idx, n), {"reference": not (use_fast and rows.fast), "update_edges": update_edges}
 
         out = recompute.recomputed(_RefineRows(self), arguments, [y, p_h, p_t, p_s, q], rows.chunk,
                          row_inputs=(True, False, False, False, False), n_rows=y.shape[0],
@@ -113,17 +112,16 @@ class _RefineRows(nn.Module):
     q [B, d_y])`` → ``R = Σ_{tgt} u ⊙ g`` ``[B, d_y]`` (a sum over the rows) and, ``update_edges``,
     ``y'`` ``[A, d_y]``; ``p_*``: the atoms' and bonds' projections by Φ's first layer
     (:func:`matris.model.attention.project_terms`), gathered at ``atom``, ``tgt`` and ``src``; ``q``:
-    the bonds' envelope ``W_env·basis``."""
+    the bonds' envelope ``W_env·basis``; ``reference``: as :class:`matris.model.attention._AttentionRows`."""
 
     def __init__(self, refine: Refine):
         super().__init__()
         self.refine = refine
 
-    def forward(self, y, p_h, p_t, p_s, q, tgt, src, atom, n: int, fused: bool = False, update_edges: bool = True):
+    def forward(self, y, p_h, p_t, p_s, q, tgt, src, atom, n: int, reference: bool = False,
+                update_edges: bool = True):
         r = self.refine
-        u = r.edge_nonlinear_update.forward_terms([(y, None)], fused, [(p_h, atom), (p_t, tgt), (p_s, src)])
-        ffn = r.edge_FFN.layers
-        if not update_edges:
-            return (refine_edges(u, q, src, tgt, n, fused=fused),)
-        return tuple(refine_edges(u, q, src, tgt, n, y, r.edge_res_weight, ffn[0].weight, ffn[0].bias, ffn[3].weight,
-                                  ffn[3].bias, r.smooth_delta_edge, fused=fused))
+        with references(reference):
+            u = r.edge_nonlinear_update.forward_terms([(y, None)], [(p_h, atom), (p_t, tgt), (p_s, src)])
+            out = refine_edges(u, q, src, tgt, n, *r.edge_update(y, update_edges))
+        return tuple(out) if update_edges else (out,)
