@@ -156,6 +156,9 @@ def setup(envs: Path, names: list[str]) -> None:
         for req in meta.get("REQUIREMENTS", []):
             if "{wheel}" in req:
                 req = req.replace("{wheel}", str(build_wheel()))
+                # the checkout's wheel keeps its version between commits: reinstall it (its dependencies
+                # stay), or pip keeps the previous commit's code
+                subprocess.run(pip + ["--force-reinstall", "--no-deps", req.split()[0].split("[")[0]], check=True)
             print(f"[{env}] pip install {req}")
             subprocess.run(pip + req.split(), check=True)
 
