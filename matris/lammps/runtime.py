@@ -143,7 +143,8 @@ class LammpsEvaluator:
         threads: PyTorch's CPU threads for the model; 0 (the default): this rank's share of the
             cores it may run on (:func:`rank_cores` divided among the ``local_size`` ranks of the
             node that run the model; in ``mode gather`` rank 0 alone, while the others sleep).
-        local_rank, local_size: this rank among the MPI ranks of its node.
+        local_rank: this rank's index among the MPI ranks of its node.
+        local_size: the number of MPI ranks on its node.
         memory_limit: the memory one evaluation on this rank may use (``"8GB"``; ``"auto"``: a share
             of what its device has, :func:`matris.memory.default_budget`); a rank's atoms that need
             more even at the lowest memory level stop the run with a message before any work.
