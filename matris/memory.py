@@ -59,9 +59,21 @@ TRAIN_CHUNK_FLOATS = 250
 FRAMEWORK_BYTES = 512 * 2**20
 # the inference memory level that keeps the least: each block recomputed in the backward pass, its
 # per-angle work by row chunks (the machinery of training's "rows")
-LOWEST_LEVEL = 2
+LOWEST_LEVEL = 3
+# the levels from which the angles are streamed through the blocks by chunks (:mod:`matris.model.stream`)
+STREAM_LEVEL = 2
+# the lowest level keeps the angle state at the input of every this many blocks (block 0's is the
+# embedding, recomputed): one kept state (512 B per angle at d_t = 128 in float32) against the
+# recomputation of the states in between
+LOWEST_EVERY = 5
 # the inference levels by speed (fastest first); each keeps less than the one before it
-INFERENCE_ORDER = (0, 1, 2)
+INFERENCE_ORDER = (0, 1, 2, 3)
+
+
+def kept_blocks(level: int, n_blocks: int) -> frozenset:
+    """The blocks whose input angle state a streamed level keeps (:mod:`matris.model.stream`)."""
+    every = 1 if level == STREAM_LEVEL else LOWEST_EVERY
+    return frozenset(range(every, n_blocks, every))
 
 
 
@@ -193,7 +205,7 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
     c = model.config
     rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
     level0 = 21 if kernels in ("fused", "triton") else 45
-    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: c.num_layers + 8}[level]
+    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: c.num_layers + 4, 3: 6}[level]
     return tensors * rows * _itemsize(model, dtype)
 
 

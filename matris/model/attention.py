@@ -81,16 +81,16 @@ class SeparableAttention(nn.Module):
             t, s, y_new, lse_t, lse_s = attention_pair_lse(y, w_st, None, m, halo.angle_target_end,
                                                            halo.angle_source_end, halo.n_ends,
                                                            res_weight=self.edge_res_weight)
-            return self._node_update(x, *halo.line_softmax(t, lse_t, s, lse_s)), y_new
+            return self.node_update(x, *halo.line_softmax(t, lse_t, s, lse_s)), y_new
         if directed:
             # the logits are linear in y0 = y[d2u]: projected per bond, read per directed edge
             t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
             y_new = torch.addcmul(pool_directed(m), self.edge_res_weight, y)
-            return self._node_update(x, t_agg, s_agg), y_new
+            return self.node_update(x, t_agg, s_agg), y_new
         # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
         t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight,
                                              segments=segments)
-        return self._node_update(x, t_agg, s_agg), y_new
+        return self.node_update(x, t_agg, s_agg), y_new
 
     def _line_by_rows(self, x, y, tgt, src, rows: RowRecompute):
         """The line-graph step inside training's block recomputation: everything per angle (Φ_edge,
@@ -100,18 +100,9 @@ class SeparableAttention(nn.Module):
         The softmax is split into its sums, ``t_agg = N/D`` with ``N = Σ w·m``, ``D = Σ w`` and
         ``w = exp(α − s)``: ``s`` (each bond's largest logit, per channel) is a constant that
         cancels in N/D, so the sums are row-wise and the gradients exact."""
-        n, d = x.shape[0], y.shape[-1]
-        with torch.no_grad():  # by chunks too: the logits of all angles at once would be [A, 2·d_y]
-            w_st = self._logit_weight()
-            shift = [y.new_full((n, d), float("-inf")) for _ in range(2)]
-            for lo in range(0, y.shape[0], rows.chunk):
-                alpha = y[lo : lo + rows.chunk] @ w_st.T
-                for s, k, index in ((shift[0], 1, tgt), (shift[1], 0, src)):
-                    idx = index[lo : lo + rows.chunk].unsqueeze(1).expand(-1, d)
-                    s.scatter_reduce_(0, idx, alpha[:, k * d : (k + 1) * d], "amax", include_self=True)
-            shift = [s.nan_to_num_(neginf=0.0) for s in shift]  # a bond without angles: 0, as segment_max
-        # Φ_edge's first layer on the bonds, once (not per chunk): [n, 2·d_hidden] per term
-        (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(x, tgt), (x, src)], d)
+        n = x.shape[0]
+        shift = self.bond_shift(y, tgt, src, n, rows.chunk)
+        p_t, p_s = self.line_projections(x, tgt, src, y.shape[-1])
 
         def arguments(inputs, use_fast, cut):
             t, s = (tgt, src) if cut is None else (tgt[cut], src[cut])
@@ -121,14 +112,34 @@ class SeparableAttention(nn.Module):
                                                row_inputs=(True, False, False), n_rows=y.shape[0],
                                                row_outputs=(False, False, False, False, True))
         # a bond without angles has N = D = 0: its sums are 0, as the softmax's
-        t_agg, s_agg = merge_softmax([(n_t, d_t, None)]), merge_softmax([(n_s, d_s, None)])
-        return self._node_update(x, t_agg, s_agg), y_new
+        return self.node_update(x, merge_softmax([(n_t, d_t, None)]), merge_softmax([(n_s, d_s, None)])), y_new
+
+    def line_projections(self, x: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, col: int):
+        """Φ_edge's first layer on the bonds ``x`` (their terms gathered at ``tgt`` and ``src``, from
+        column ``col``), once per step rather than per chunk of angles: ``(p_t, p_s)`` ``[B, 2·d_hidden]``."""
+        (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(x, tgt), (x, src)], col)
+        return p_t, p_s
+
+    @torch.no_grad()
+    def bond_shift(self, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, n: int, chunk: int):
+        """Each bond's largest logit per channel over its angles ``y`` (target side, source side;
+        0 for a bond without angles): the softmax's constant shift, by chunks of angles (the logits
+        of all angles at once would be ``[A, 2·d_y]``)."""
+        d = y.shape[-1]
+        w_st = self._logit_weight()
+        shift = [y.new_full((n, d), float("-inf")) for _ in range(2)]
+        for lo in range(0, y.shape[0], chunk):
+            alpha = y[lo : lo + chunk] @ w_st.T
+            for s, k, index in ((shift[0], 1, tgt), (shift[1], 0, src)):
+                idx = index[lo : lo + chunk].unsqueeze(1).expand(-1, d)
+                s.scatter_reduce_(0, idx, alpha[:, k * d : (k + 1) * d], "amax", include_self=True)
+        return [s.nan_to_num_(neginf=0.0) for s in shift]  # a bond without angles: 0, as segment_max
 
     def _logit_weight(self) -> torch.Tensor:
         """``[2·d_y, d_y]``: the source and target logit projections, stacked."""
         return torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
 
-    def _node_update(self, x, t_agg, s_agg):
+    def node_update(self, x, t_agg, s_agg):
         # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
         return torch.addcmul(self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)), self.node_res_weight, x)
 
@@ -144,10 +155,13 @@ class _AttentionRows(nn.Module):
         super().__init__()
         self.attention = attention
 
-    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, reference: bool = False):
+    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, reference: bool = False, sums: bool = True):
+        """``sums`` False: ``(y',)`` alone (the angles' path, without the logits)."""
         att = self.attention
         with references(reference):
             m = att.edge_nonlinear_update.forward_terms([(y, None)], [(p_t, tgt), (p_s, src)])
+        if not sums:
+            return (torch.addcmul(m, att.edge_res_weight, y),)
         alpha_s, alpha_t = (y @ att._logit_weight().T).split(y.shape[-1], dim=-1)
         sums = []
         for alpha, shift, index in ((alpha_t, shift_t, tgt), (alpha_s, shift_s, src)):

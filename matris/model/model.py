@@ -22,6 +22,7 @@ from ..graph.system import MAX_Z, element_symbol
 from ..kernels import choose
 from ..settings import MOVED_TO_OPTIONS, RunOptions
 from ..targets import DEFAULT_TARGETS, normalize_targets
+from . import stream
 from .block import BlockGraph, InteractionBlock, call_with, checkpointed_block
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
@@ -245,8 +246,6 @@ class MatRIS(nn.Module):
         # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
         recompute_mode = memory.training_mode(self, create_graph, g, positions.dtype)
-        if level == memory.LOWEST_LEVEL:  # inference: each block and its per-angle rows recomputed
-            recompute_mode = "rows"
         block_kernels = choose(positions.device, self.options.kernels) if recompute_mode != "none" else None
         if compiled:
             if self._compiled is None:
@@ -353,11 +352,9 @@ class MatRIS(nn.Module):
         theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
         # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
         rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
-        if level == memory.LOWEST_LEVEL:  # its two [A, d_t] activations recomputed rather than kept
-            a = torch.utils.checkpoint.checkpoint(call_with, reference, self.three_body_embedding, theta, rho,
-                                                  use_reentrant=False)
-        else:
-            a = call_with(reference, self.three_body_embedding, theta, rho)
+        # the lowest levels stream the angles through the blocks by chunks (:mod:`matris.model.stream`)
+        streaming = level >= memory.STREAM_LEVEL and g.num_angles > 0 and halo is None
+        a = None if streaming else call_with(reference, self.three_body_embedding, theta, rho)
 
         # bonds of structures that have angles: the line-graph steps leave the others alone
         # (applied whatever the batch holds: deciding would read a tensor back to the host)
@@ -387,10 +384,20 @@ class MatRIS(nn.Module):
             # inference (differentiated once: the lowest memory level) the fast kernels everywhere,
             # in training the composed ops around the chunks (their second order)
             rows = RowRecompute(memory.chunk_rows(self, g.num_angles), block_kernels in ("fused", "triton"))
-            exact = dataclasses.replace(fast if level == memory.LOWEST_LEVEL else exact, row_chunks=rows)
+            exact = dataclasses.replace(exact, row_chunks=rows)
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
-        for k, block in enumerate(self.interaction_block):
+        if streaming:
+            chunk = memory.chunk_rows(self, g.num_angles)
+            modules = (self.interaction_block, self.three_body_embedding)
+            plan = stream.Plan(self.interaction_block, self.three_body_embedding, bg,
+                               memory.kept_blocks(level, last + 1), chunk,
+                               RowRecompute(chunk, kernels in ("fused", "triton")), reference,
+                               [p for m in modules for p in m.parameters() if p.requires_grad])
+            hs = stream.streamed(plan, h, e, theta, rho, rbf_pair, rbf_3b)
+            features.update({f"block_{k}": x for k, x in enumerate(hs)} if return_node_features else {})
+            h = hs[-1]
+        for k, block in enumerate([] if streaming else self.interaction_block):
             if halo is not None:
                 halo.block = k
             if fast is not None:

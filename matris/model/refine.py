@@ -69,9 +69,9 @@ class Refine(nn.Module):
             agg, y_new = out if update_edges else (out, y)
             if halo is not None:
                 agg = halo.line_sums(agg)
-            return torch.addcmul(self.node_FFN(agg), self.node_res_weight, x), y_new
+            return self.node_update(x, agg), y_new
         u_g = u * (q.index_select(0, d2u) if directed else q.index_select(0, src) * q.index_select(0, tgt))
-        x_new = torch.addcmul(self.node_FFN(scatter_sum(u_g, tgt, x.shape[0])), self.node_res_weight, x)
+        x_new = self.node_update(x, scatter_sum(u_g, tgt, x.shape[0]))
         if not update_edges:
             return x_new, y
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
@@ -90,10 +90,7 @@ class Refine(nn.Module):
         so only one chunk of angle rows is alive; the bonds' FFN_node runs on the sums."""
         h, atom = extra
         n = x.shape[0]
-        # Φ's first layer on the atoms and bonds and the envelope, once (not per chunk)
-        (p_h, _), (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(h, atom), (x, tgt), (x, src)],
-                                                     y.shape[-1])
-        q = self.learnable_envelope(basis)
+        p_h, p_t, p_s, q = self.line_projections(x, tgt, src, h, atom, basis, y.shape[-1])
 
         def arguments(inputs, use_fast, cut):
             idx = (tgt, src, atom) if cut is None else (tgt[cut], src[cut], atom[cut])
@@ -102,8 +99,18 @@ class Refine(nn.Module):
         out = recompute.recomputed(_RefineRows(self), arguments, [y, p_h, p_t, p_s, q], rows.chunk,
                          row_inputs=(True, False, False, False, False), n_rows=y.shape[0],
                          row_outputs=(False, True) if update_edges else (False,))
-        x_new = torch.addcmul(self.node_FFN(out[0]), self.node_res_weight, x)
-        return x_new, (out[1] if update_edges else y)
+        return self.node_update(x, out[0]), (out[1] if update_edges else y)
+
+    def line_projections(self, x, tgt, src, h, atom, basis, col: int):
+        """Φ's first layer on the atoms ``h`` and bonds ``x`` (gathered at ``atom``, ``tgt``, ``src``;
+        from column ``col``) and the envelope ``q = W_env·basis``, once per step rather than per chunk
+        of angles: ``(p_h [N, 2·d_hidden], p_t, p_s [B, 2·d_hidden], q [B, d_y])``."""
+        (p_h, _), (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(h, atom), (x, tgt), (x, src)], col)
+        return p_h, p_t, p_s, self.learnable_envelope(basis)
+
+    def node_update(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
+        """``x' = FFN_node(R) + w ⊙ x`` from the nodes' sums ``R`` (one addcmul)."""
+        return torch.addcmul(self.node_FFN(agg), self.node_res_weight, x)
 
 
 class _RefineRows(nn.Module):
