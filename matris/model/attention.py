@@ -120,6 +120,19 @@ class SeparableAttention(nn.Module):
         (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(x, tgt), (x, src)], col)
         return p_t, p_s
 
+    def line_partial(self, y, p_t, p_s, tgt, src, n: int, sums: bool = True):
+        """The line-graph step on a part of the angles ``y`` ``[a, d_y]`` (a chunk of rows), given the
+        bonds' projections ``p_t``, ``p_s`` (:meth:`line_projections`): each bond's partial softmax
+        over these angles, ``(T, lse_t, S, lse_s)`` ``[n, d_y]`` (0 for a bond without angles here;
+        :func:`matris.kernels.merge_softmax` combines parts), and the angles' update ``y' = m + w ⊙ y``.
+        ``sums`` False: ``(y',)`` alone."""
+        m = self.edge_nonlinear_update.forward_terms([(y, None)], [(p_t, tgt), (p_s, src)])
+        if not sums:
+            return (torch.addcmul(m, self.edge_res_weight, y),)
+        t, s, y_new, lse_t, lse_s = attention_pair_lse(y, self._logit_weight(), None, m, tgt, src, n,
+                                                       res_weight=self.edge_res_weight)
+        return t, lse_t, s, lse_s, y_new
+
     @torch.no_grad()
     def bond_shift(self, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, n: int, chunk: int):
         """Each bond's largest logit per channel over its angles ``y`` (target side, source side;
@@ -155,13 +168,10 @@ class _AttentionRows(nn.Module):
         super().__init__()
         self.attention = attention
 
-    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, reference: bool = False, sums: bool = True):
-        """``sums`` False: ``(y',)`` alone (the angles' path, without the logits)."""
+    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, reference: bool = False):
         att = self.attention
         with references(reference):
             m = att.edge_nonlinear_update.forward_terms([(y, None)], [(p_t, tgt), (p_s, src)])
-        if not sums:
-            return (torch.addcmul(m, att.edge_res_weight, y),)
         alpha_s, alpha_t = (y @ att._logit_weight().T).split(y.shape[-1], dim=-1)
         sums = []
         for alpha, shift, index in ((alpha_t, shift_t, tgt), (alpha_s, shift_s, src)):

@@ -9,24 +9,25 @@ Here the blocks run as one autograd node (:func:`streamed`) that keeps, per angl
 - and during the backward pass one gradient buffer ``∂E/∂a`` and, between kept states, one
   buffer that the states in between are recomputed into,
 
-and, per bond and block, what the angles' passes cannot give back chunk by chunk: the block's
-inputs ``h``, ``e``, the line attention's aggregates ``t_agg``, ``s_agg`` and Refine's sums ``R``
-(which sum over all angles), and the softmax's shift (each bond's largest logit, stored in bfloat16:
-any constant per bond cancels in the softmax, so forward and backward only have to use the same
-one). Everything else per angle lives for one chunk of rows at a time.
+and, per bond and block, what the angles' passes cannot give back in time: the block's inputs
+``h``, ``e``, the features after its atom-graph attention and Refine's sums ``R`` (a sum over all
+angles that the backward needs before its first pass over them). Everything else per angle lives
+for one chunk of rows at a time.
 
 An angle's state after a block depends only on its state before it and on bond and atom
 features (``a' = Φ(a, e[t], e[s]) + w ⊙ a``, then Refine's), so a chunk of angles can be pushed
-through several blocks given the bonds' and atoms' features; only the bonds' sums need all
-angles. Each block's backward makes two passes over the chunks of angles:
+through a block given the bonds' and atoms' features; only the bonds' sums need all angles: the
+attention's softmax per bond is merged from the chunks' partial softmaxes (their aggregates and
+log-sum-exps, :func:`matris.kernels.merge_softmax`), Refine's sums added. Each block's backward
+makes two passes over the chunks of angles:
 
-1. the line attention's angle update recomputed without a graph (its softmax denominators
-   ``D`` with it), and Refine's per-angle work differentiated: ``∂E/∂a_mid`` replaces
-   ``∂E/∂a_{k+1}`` in the gradient buffer, chunk by chunk, and the bonds' projections collect
-   their gradients;
+1. the line attention recomputed without a graph (its angles' update, and the bonds' softmax
+   again), and Refine's per-angle work differentiated: ``∂E/∂a_mid`` replaces ``∂E/∂a_{k+1}`` in
+   the gradient buffer, chunk by chunk, and the bonds' projections collect their gradients;
 2. after the bonds' and atoms' part of the block is differentiated (its atom-graph Φ by row
-   chunks, :mod:`matris.model.recompute`), the line attention's per-angle work differentiated:
-   ``∂E/∂a_k`` replaces ``∂E/∂a_mid``.
+   chunks, :mod:`matris.model.recompute`), the line attention's per-angle work differentiated,
+   a chunk's partial softmax receiving ``∂t/∂T_c = β_c``, ``∂t/∂lse_c = β_c (T_c − t)`` with
+   ``β_c = exp(lse_c − L)``: ``∂E/∂a_k`` replaces ``∂E/∂a_mid``.
 
 The angles' forward work runs three times (the forward pass and each backward pass) and its
 backward once, against once and once keeping everything; between kept states, the states in
@@ -41,7 +42,6 @@ import torch
 from torch import nn
 
 from ..kernels import merge_softmax, references
-from .attention import _AttentionRows
 from .block import BlockGraph, _masked
 from .recompute import RowRecompute, _detached, _grads
 from .refine import _RefineRows
@@ -70,7 +70,8 @@ class Plan:
         self.n_bonds = g.rbf_3b.shape[0]
         self.n_angles = g.angle_atom.shape[0]
         self.width = self.embedding.swish_layer.linear.weight.shape[0]
-        self.slices = [slice(lo, min(lo + self.chunk, self.n_angles)) for lo in range(0, self.n_angles, self.chunk)]
+        self.chunks = [_Chunk.of(g, slice(lo, min(lo + self.chunk, self.n_angles)))
+                       for lo in range(0, self.n_angles, self.chunk)]
 
     # the bonds' and atoms' parts of block k, in the order the block runs them
     def head(self, k, e):
@@ -99,38 +100,91 @@ class Plan:
         return b.refine_block_atom_graph(h, e, g.edge_target, g.edge_source, rbf_pair, d2u=g.edge_bond, rows=rows,
                                          update_edges=k != self.last)
 
-    # the angles' parts, on the chunk of angles c
-    def attention_rows(self, k, y, p_att, shift, c, sums=True):
-        """``(N_t, D_t, N_s, D_s, a_mid)`` of the chunk (``sums`` False: ``(a_mid,)``)."""
-        g = self.graph
-        return _AttentionRows(self.blocks[k].attn_block_line_graph)(
-            y, *p_att, g.angle_target_bond[c], g.angle_source_bond[c], *shift, self.n_bonds,
-            reference=self.reference, sums=sums)
+    # the angles' parts, on a chunk of angles and the bonds and atoms it touches
+    def attention_rows(self, k, y, p_att, ch: "_Chunk", sums=True):
+        """``(T, lse_t, S, lse_s, a_mid)`` of the chunk (``sums`` False: ``(a_mid,)``); ``p_att`` and
+        the sums are the chunk's bonds' (:meth:`_Chunk.bond_rows`)."""
+        return self.blocks[k].attn_block_line_graph.line_partial(y, *p_att, ch.tgt, ch.src, ch.bonds.shape[0],
+                                                                 sums=sums)
 
-    def refine_rows(self, k, y, p_ref, c):
-        """``(R, a_next)`` of the chunk (the last block: ``(R,)``)."""
-        g = self.graph
+    def refine_rows(self, k, y, p_ref, ch: "_Chunk"):
+        """``(R, a_next)`` of the chunk (the last block: ``(R,)``); ``p_ref`` and R: the chunk's
+        atoms' and bonds' (:meth:`_Chunk.refine_rows`)."""
         return _RefineRows(self.blocks[k].refine_block_line_graph)(
-            y, *p_ref, g.angle_target_bond[c], g.angle_source_bond[c], g.angle_atom[c], self.n_bonds,
-            reference=self.reference, update_edges=k != self.last)
+            y, *p_ref, ch.tgt, ch.src, ch.atom, ch.bonds.shape[0], reference=self.reference,
+            update_edges=k != self.last)
 
-    def embed(self, theta, rho, c):
-        return self.embedding(theta[c], rho[c])
+    def embed(self, theta, rho, ch: "_Chunk"):
+        return self.embedding(theta[ch.rows], rho[ch.rows])
+
+
+@dataclass
+class _Chunk:
+    """A chunk of angles ``rows`` with the bonds and atoms it touches (``bonds`` ``[n_b]``, ``atoms``
+    ``[n_a]``) and its angles' indices into those (``tgt``, ``src``, ``atom``): its work reads and
+    writes only their rows, so a pass over all chunks costs the angles', not chunks × bonds.
+    ``present``: the local bonds with angles here, by target and by source (``[n_b, 1]`` bool)."""
+
+    rows: slice
+    bonds: torch.Tensor
+    tgt: torch.Tensor
+    src: torch.Tensor
+    atoms: torch.Tensor
+    atom: torch.Tensor
+    present: tuple
+
+    @classmethod
+    def of(cls, g: BlockGraph, rows: slice) -> "_Chunk":
+        t, s = g.angle_target_bond[rows], g.angle_source_bond[rows]
+        bonds, local = torch.unique(torch.cat([t, s]), return_inverse=True)
+        atoms, atom = torch.unique(g.angle_atom[rows], return_inverse=True)
+        tgt, src = local[: t.shape[0]], local[t.shape[0]:]
+        present = tuple(torch.bincount(i, minlength=bonds.shape[0]).gt(0).unsqueeze(1) for i in (tgt, src))
+        return cls(rows, bonds, tgt, src, atoms, atom, present)
+
+    def bond_rows(self, tensors):
+        """The chunk's bonds' rows of per-bond tensors."""
+        return [x.index_select(0, self.bonds) for x in tensors]
+
+    def refine_rows(self, p_ref):
+        """``(p_h, p_t, p_s, q)`` at the chunk's atoms and bonds."""
+        p_h, *rest = p_ref
+        return [p_h.index_select(0, self.atoms), *self.bond_rows(rest)]
+
+
+class _Softmax:
+    """The bonds' softmax over all angles ``[B, C]`` (aggregate and log-sum-exp), merged from the
+    chunks' partial ones as they come."""
+
+    def __init__(self, n_bonds: int, like: torch.Tensor):
+        self.agg = like.new_zeros((n_bonds, like.shape[-1]))
+        self.lse = like.new_full((n_bonds, like.shape[-1]), float("-inf"))
+
+    def add(self, t, lse, present, bonds):
+        """Merge the chunk's partial softmax ``(t, lse)`` of its ``bonds``."""
+        lse = torch.where(present, lse, float("-inf"))
+        old_agg, old_lse = self.agg.index_select(0, bonds), self.lse.index_select(0, bonds)
+        self.agg.index_copy_(0, bonds, merge_softmax([(old_agg, None, old_lse), (t, None, lse)]))
+        self.lse.index_copy_(0, bonds, torch.logaddexp(old_lse, lse))
+
+    def upstream(self, g, t, lse, present, bonds):
+        """The gradients of the chunk's ``(t, lse)`` from ``g`` ``[B, C]`` = ∂E/∂(the merged aggregate)."""
+        top = self.lse.index_select(0, bonds)
+        beta = torch.where(present, torch.exp(lse - torch.where(present, top, 0)), 0)
+        g_t = g.index_select(0, bonds) * beta
+        return g_t, g_t * (t - self.agg.index_select(0, bonds))
 
 
 @dataclass
 class _Cached:
-    """Per bond (and atom) of one block: its inputs, its line steps' sums and the softmax shift."""
+    """Per bond (and atom) of one block: its inputs, its features after the atom-graph attention
+    and Refine's sums over the angles."""
 
     h: torch.Tensor
     e: torch.Tensor
-    t_agg: torch.Tensor
-    s_agg: torch.Tensor
-    r: torch.Tensor
-    shift: list  # bfloat16
-
-    def shifts(self, dtype):
-        return [s.to(dtype) for s in self.shift]
+    h1: torch.Tensor = None
+    e2: torch.Tensor = None
+    r: torch.Tensor = None
 
 
 def streamed(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b) -> tuple[torch.Tensor, ...]:
@@ -141,39 +195,33 @@ def streamed(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b) -> tuple[torch.Tens
 
 
 def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b):
-    g = plan.graph
     cur = theta.new_empty(plan.n_angles, plan.width)
-    for c in plan.slices:
-        cur[c] = plan.embed(theta, rho, c)
+    for ch in plan.chunks:
+        cur[ch.rows] = plan.embed(theta, rho, ch)
     kept, cache, hs = {}, [], []
-    for k, block in enumerate(plan.blocks):
-        att = block.attn_block_line_graph
+    for k in range(len(plan.blocks)):
         if k in plan.kept:
             kept[k] = cur
         p_att = plan.head(k, e)
-        # rounded as stored, so that the backward passes use the very same shift
-        shift = [s.to(torch.bfloat16) for s in att.bond_shift(cur, g.angle_target_bond, g.angle_source_bond,
-                                                               plan.n_bonds, plan.chunk)]
-        cached = _Cached(h, e, None, None, None, shift)
-        up = cached.shifts(cur.dtype)
         mid = torch.empty_like(cur) if k in plan.kept else cur  # a kept state stays; else in place
-        sums = [0] * 4
-        for c in plan.slices:
-            *parts, mid[c] = plan.attention_rows(k, cur[c], p_att, up, c)
-            sums = [s + p for s, p in zip(sums, parts)]
-        cached.t_agg = merge_softmax([(sums[0], sums[1], None)])
-        cached.s_agg = merge_softmax([(sums[2], sums[3], None)])
-        h1, e2 = plan.middle(k, h, e, cached.t_agg, cached.s_agg)
-        p_ref = plan.refine_terms(k, h1, e2, rbf_3b)
-        r = 0
-        for c in plan.slices:
-            out = plan.refine_rows(k, mid[c], p_ref, c)
-            r = r + out[0]
+        soft = _Softmax(plan.n_bonds, cur), _Softmax(plan.n_bonds, cur)
+        for ch in plan.chunks:
+            t, lse_t, s, lse_s, mid[ch.rows] = plan.attention_rows(k, cur[ch.rows], ch.bond_rows(p_att), ch)
+            soft[0].add(t, lse_t, ch.present[0], ch.bonds)
+            soft[1].add(s, lse_s, ch.present[1], ch.bonds)
+        cached = _Cached(h, e)
+        cached.h1, cached.e2 = plan.middle(k, h, e, soft[0].agg, soft[1].agg)
+        del soft
+        p_ref = plan.refine_terms(k, cached.h1, cached.e2, rbf_3b)
+        r = torch.zeros_like(e)
+        for ch in plan.chunks:
+            out = plan.refine_rows(k, mid[ch.rows], ch.refine_rows(p_ref), ch)
+            r.index_add_(0, ch.bonds, out[0])
             if k != plan.last:
-                mid[c] = out[1]
+                mid[ch.rows] = out[1]
         cached.r = r
         cache.append(cached)
-        h, e = plan.tail(k, h1, e2, r, rbf_pair)
+        h, e = plan.tail(k, cached.h1, cached.e2, r, rbf_pair)
         hs.append(h)
         cur = mid
     return hs, kept, cache
@@ -234,108 +282,116 @@ class _Backward:
         for i in range(j, k):
             cached = self.cache[i]
             p_att = plan.head(i, cached.e)
-            h1, e2 = plan.middle(i, cached.h, cached.e, cached.t_agg, cached.s_agg)
-            p_ref = plan.refine_terms(i, h1, e2, self.rbf_3b)
-            for c in plan.slices:
-                y = self.buffer[c] if i > j else (self.kept[j][c] if j else plan.embed(self.theta, self.rho, c))
-                (mid,) = plan.attention_rows(i, y, p_att, (None, None), c, sums=False)
-                self.buffer[c] = plan.refine_rows(i, mid, p_ref, c)[1]
+            p_ref = plan.refine_terms(i, cached.h1, cached.e2, self.rbf_3b)
+            for ch in plan.chunks:
+                rows = ch.rows
+                y = self.buffer[rows] if i > j else (self.kept[j][rows] if j else plan.embed(self.theta, self.rho, ch))
+                (mid,) = plan.attention_rows(i, y, ch.bond_rows(p_att), ch, sums=False)
+                self.buffer[rows] = plan.refine_rows(i, mid, ch.refine_rows(p_ref), ch)[1]
         return self.buffer
 
     def block(self, k, g_h, g_e, g_a):
         plan, cached = self.plan, self.cache[k]
         params = self.params
         a = self.angle_state(k)
-        shift = cached.shifts(self.theta.dtype)
-        p_att = plan.head(k, cached.e)
-        h1, e2 = plan.middle(k, cached.h, cached.e, cached.t_agg, cached.s_agg)
 
         # the bonds' update by R and the atom-graph Refine
         with torch.enable_grad():
-            leaves = _detached([h1, e2, cached.r, self.rbf_pair], [True, True, True, self.rbf_pair.requires_grad])
+            leaves = _detached([cached.h1, cached.e2, cached.r, self.rbf_pair],
+                               [True, True, True, self.rbf_pair.requires_grad])
             out = plan.tail(k, *leaves, rows=plan.rows)
             g_h1, g_e2, g_r, g_rbf, *g_p = _grads(out, leaves + params, [g_h, g_e])
         self.g_rbf_pair = _add(self.g_rbf_pair, g_rbf)
         self._add_params(g_p)
+        del out, leaves
 
-        # pass 1: a_mid recomputed, Refine's per-angle work differentiated
+        # pass 1: the line attention recomputed, Refine's per-angle work differentiated
         with torch.enable_grad():
-            ref_in = _detached([h1, e2, self.rbf_3b], [True, True, self.rbf_3b.requires_grad])
+            ref_in = _detached([cached.h1, cached.e2, self.rbf_3b], [True, True, self.rbf_3b.requires_grad])
             p_ref = plan.refine_terms(k, *ref_in)
-        p_leaves = _detached(p_ref, [True] * 4)
-        g_ref = [None] * 4
+        g_ref = [torch.zeros_like(p) for p in p_ref]
         if g_a is None:
             g_a = self.theta.new_empty(plan.n_angles, plan.width)
-            upstream = lambda c: None  # noqa: E731 (the last block's angles reach no output)
+            upstream = lambda rows: None  # noqa: E731 (the last block's angles reach no output)
         else:
             upstream = g_a.__getitem__
-        den_t = den_s = 0
-        for c in plan.slices:
-            y = a[c] if a is not None else plan.embed(self.theta, self.rho, c)
-            _, d_t, _, d_s, mid = plan.attention_rows(k, y, p_att, shift, c)
-            den_t, den_s = den_t + d_t, den_s + d_s
+        p_att = plan.head(k, cached.e)
+        soft = _Softmax(plan.n_bonds, g_a), _Softmax(plan.n_bonds, g_a)
+        for ch in plan.chunks:
+            rows = ch.rows
+            y = a[rows] if a is not None else plan.embed(self.theta, self.rho, ch)
+            t, lse_t, s, lse_s, mid = plan.attention_rows(k, y, ch.bond_rows(p_att), ch)
+            soft[0].add(t, lse_t, ch.present[0], ch.bonds)
+            soft[1].add(s, lse_s, ch.present[1], ch.bonds)
             with torch.enable_grad():
-                (mid,) = _detached([mid], [True])
-                out = plan.refine_rows(k, mid, p_leaves, c)
-                g_mid, *rest = _grads(out, [mid] + p_leaves + params, [g_r, upstream(c)])
-            g_a[c] = g_mid
-            g_ref = [_add(x, y) for x, y in zip(g_ref, rest[:4])]
-            self._add_params(rest[4:])
+                ins = _detached([mid, *ch.refine_rows(p_ref)], [True] * 5)
+                out = plan.refine_rows(k, *ins[:1], ins[1:], ch)
+                got = _grads(out, ins + params, [g_r.index_select(0, ch.bonds), upstream(rows)])
+            g_a[rows] = got[0]
+            for total, part, index in zip(g_ref, got[1:5], (ch.atoms, ch.bonds, ch.bonds, ch.bonds)):
+                total.index_add_(0, index, part)
+            self._add_params(got[5:])
+        del out, ins
         with torch.enable_grad():
             g_h1b, g_e2b, g_rbf3, *g_p = _grads(p_ref, ref_in + params, g_ref)
         g_h1, g_e2 = _add(g_h1, g_h1b), _add(g_e2, g_e2b)
         self.g_rbf_3b = _add(self.g_rbf_3b, g_rbf3)
         self._add_params(g_p)
+        del p_ref, ref_in, g_ref
 
         # the line attention's node update and the atom-graph attention
         with torch.enable_grad():
-            leaves = _detached([cached.h, cached.e, cached.t_agg, cached.s_agg], [True] * 4)
+            leaves = _detached([cached.h, cached.e, soft[0].agg, soft[1].agg], [True] * 4)
             out = plan.middle(k, *leaves, rows=plan.rows)
             g_hk, g_ek, g_t, g_s, *g_p = _grads(out, leaves + params, [g_h1, g_e2])
         self._add_params(g_p)
-        # agg = N/D: ∂/∂N = 1/D, ∂/∂D = −agg/D (a bond without angles, D = 0: no rows to reach)
-        sums = []
-        for g_agg, agg, den in ((g_t, cached.t_agg, den_t), (g_s, cached.s_agg, den_s)):
-            inv = torch.where(den > 0, 1 / torch.where(den > 0, den, 1), 0)
-            g_n = g_agg * inv if g_agg is not None else None
-            sums += [g_n, -g_n * agg if g_n is not None else None]
+        del out, leaves
 
         # pass 2: the line attention's per-angle work differentiated
         with torch.enable_grad():
             (e_in,) = _detached([cached.e], [True])
             p_att = plan.head(k, e_in)
-        p_leaves = _detached(p_att, [True, True])
-        g_att = [None, None]
-        for c in plan.slices:
+        g_att = [torch.zeros_like(p) for p in p_att]
+        for ch in plan.chunks:
+            rows = ch.rows
             with torch.enable_grad():
                 if a is None:  # block 0: the embedding of θ differentiated too
-                    ins = _detached([self.theta[c], self.rho[c]], [self.theta.requires_grad, self.rho.requires_grad])
+                    ins = _detached([self.theta[rows], self.rho[rows]],
+                                    [self.theta.requires_grad, self.rho.requires_grad])
                     y = plan.embedding(*ins)
                 else:
-                    ins = _detached([a[c]], [True])
+                    ins = _detached([a[rows]], [True])
                     y = ins[0]
-                out = plan.attention_rows(k, y, p_leaves, shift, c)
-                got = _grads(out, ins + p_leaves + params, [*sums, g_a[c]])
+                p_in = _detached(ch.bond_rows(p_att), [True, True])
+                t, lse_t, s, lse_s, y_new = plan.attention_rows(k, y, p_in, ch)
+                ups = []
+                for soft_k, g_agg, part, lse, present in ((soft[0], g_t, t, lse_t, ch.present[0]),
+                                                          (soft[1], g_s, s, lse_s, ch.present[1])):
+                    ups += (soft_k.upstream(g_agg, part.detach(), lse.detach(), present, ch.bonds)
+                            if g_agg is not None else (None, None))
+                got = _grads([t, lse_t, s, lse_s, y_new], ins + p_in + params, [*ups, g_a[rows]])
             if a is None:
-                self._rows(c, got[0], got[1])
+                self._rows(rows, got[0], got[1])
             else:
-                g_a[c] = got[0]
+                g_a[rows] = got[0]
             got = got[len(ins):]
-            g_att = [_add(x, y) for x, y in zip(g_att, got[:2])]
+            for total, part in zip(g_att, got[:2]):
+                if part is not None:
+                    total.index_add_(0, ch.bonds, part)
             self._add_params(got[2:])
         with torch.enable_grad():
             g_eh, *g_p = _grads(p_att, [e_in] + params, g_att)
         self._add_params(g_p)
         return g_hk, _add(g_ek, g_eh), g_a
 
-    def _rows(self, c, g_theta, g_rho):
-        """θ's and ρ's gradients of the chunk c."""
+    def _rows(self, rows, g_theta, g_rho):
+        """θ's and ρ's gradients of the chunk's ``rows``."""
         for name, g, like in (("g_theta", g_theta, self.theta), ("g_rho", g_rho, self.rho)):
             if g is None:
                 continue
             if getattr(self, name) is None:
                 setattr(self, name, torch.zeros_like(like))
-            getattr(self, name)[c] = g
+            getattr(self, name)[rows] = g
 
 
 def _add(a, b):
