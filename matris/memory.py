@@ -4,8 +4,9 @@ training recompute mode.
 
 Inference (energy, forces and stress of one call) keeps, per level, the activations of
 :func:`activation_bytes`: level 0 keeps everything (fastest), 1 recomputes each block's four steps
-in the backward pass, 2 (:data:`LOWEST_LEVEL`) each block from its inputs, its per-angle work by row
-chunks (least memory); :func:`inference_level` picks the fastest that fits. Training on forces
+in the backward pass, 2 streams the angles through the blocks by chunks keeping each block's input
+angle state, 3 (:data:`LOWEST_LEVEL`) the same keeping one of them (least memory;
+:mod:`matris.model.stream`); :func:`inference_level` picks the fastest that fits. Training on forces
 recomputes nothing, each block, or each block and its
 per-angle work by chunks of :data:`CHUNK_ROWS` rows (:data:`RECOMPUTE_MODES`,
 :mod:`matris.model.recompute`); :func:`training_mode` picks the fastest that fits. By default a
@@ -57,25 +58,27 @@ TRAIN_ROWS = {"none": (0, 180), "blocks": (265, 2.5), "rows": (40, 2.5)}
 # than the angles' in oxide cells), so the bound is that
 TRAIN_CHUNK_FLOATS = 250
 FRAMEWORK_BYTES = 512 * 2**20
-# the inference memory level that keeps the least: each block recomputed in the backward pass, its
-# per-angle work by row chunks (the machinery of training's "rows")
+# the inference memory level that keeps the least: the angles streamed by chunks, one angle state kept
 LOWEST_LEVEL = 3
 # the levels from which the angles are streamed through the blocks by chunks (:mod:`matris.model.stream`)
 STREAM_LEVEL = 2
-# the lowest level keeps the angle state at the input of every this many blocks (block 0's is the
-# embedding, recomputed): one kept state (512 B per angle at d_t = 128 in float32) against the
-# recomputation of the states in between
-LOWEST_EVERY = 5
 # the inference levels by speed (fastest first); each keeps less than the one before it
 INFERENCE_ORDER = (0, 1, 2, 3)
 
 
 def kept_blocks(level: int, n_blocks: int) -> frozenset:
-    """The blocks whose input angle state a streamed level keeps (:mod:`matris.model.stream`)."""
-    every = 1 if level == STREAM_LEVEL else LOWEST_EVERY
+    """The blocks whose input angle state a streamed level keeps (:mod:`matris.model.stream`):
+    every block's at level 2; at the lowest level the middle block's only (one kept state, 512 B
+    per angle at d_t = 128 in float32, against the recomputation of the states in between: with
+    10 blocks, 20 blocks' angle updates more in the backward pass). Block 0's is the embedding."""
+    every = 1 if level == STREAM_LEVEL else max(1, -(-n_blocks // 2))
     return frozenset(range(every, n_blocks, every))
 
 
+def stream_rows(model) -> int:
+    """Angles of one chunk at the streamed levels: ``model.options.chunk_rows`` or :data:`CHUNK_ROWS`
+    (a chunk's work touches only its own bonds and atoms, so small chunks cost no pass over all bonds)."""
+    return model.options.chunk_rows or CHUNK_ROWS
 
 
 def available_memory(device: torch.device) -> int:
@@ -197,24 +200,27 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
     Counted in angle- (and directed-edge-) sized tensors of the block width, measured on CPU
     (1,000-atom bcc Fe, 628k angles): level 0 keeps ≈ 45 per block (≈ 21 with the fused operators,
     ``kernels`` "fused" or "triton", measured on Si64 on a CPU against 48 for the composed ops);
-    level 1 (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; level 2
-    (blocks recomputed, their per-angle work by row chunks) 1 per block plus ≈ 8 (measured: 1.2 per
-    block plus 7.6 on that Fe cell, ``benchmarks/memory_levels.py``; 9.6 KiB per angle for the
-    published architecture on diamond Si in float32, ``benchmarks/system_size.py``).
+    level 1 (steps recomputed) keeps 2 per block plus ≈ 40 while one step is recomputed; the
+    streamed levels (:mod:`matris.model.stream`) one per kept angle state plus ≈ 5 (the gradient
+    buffer, the recomputation buffer, the bonds' sums of every block, one chunk's work; fitted to
+    the published architecture on diamond Si in float32, ``benchmarks/system_size.py``).
     """
     c = model.config
     rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
     level0 = 21 if kernels in ("fused", "triton") else 45
-    tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40, 2: c.num_layers + 4, 3: 6}[level]
+    if level >= STREAM_LEVEL:
+        tensors = len(kept_blocks(level, c.num_layers)) + 5
+    else:
+        tensors = {0: level0 * c.num_layers, 1: 2 * c.num_layers + 40}[level]
     return tensors * rows * _itemsize(model, dtype)
 
 
 def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph: bool = False,
                     kernels: str | None = None) -> int:
-    """The memory-saving level (0, 1, 2; :class:`matris.model.block.BlockGraph`) a call of ``model``
-    on ``graph`` uses: ``model.options.memory_level`` where set; else the fastest whose activations
+    """The memory-saving level (0–3, :data:`INFERENCE_ORDER`) a call of ``model`` on ``graph`` uses:
+    ``model.options.memory_level`` where set; else the fastest whose activations
     (:func:`activation_bytes`) fit ``options.memory_limit`` bytes (default :func:`default_budget`),
-    2 where none does. Training (``create_graph``) and calls without autograd keep everything (0)."""
+    :data:`LOWEST_LEVEL` where none does. Training (``create_graph``) and calls without autograd keep everything (0)."""
     if create_graph or not torch.is_grad_enabled():
         return 0
     opts = model.options

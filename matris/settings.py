@@ -115,11 +115,12 @@ class RunOptions:
     else ``"auto"`` (:func:`matris.kernels.choose`).
     memory_limit: bytes the activations of an inference call may use (None: a share of the device's
     available memory, :func:`matris.memory.default_budget`); memory_level: force the inference
-    memory level, 0 (keep everything), 1 or 2 (recompute more; None: the lowest within the limit).
+    memory level, 0 (keep everything), 1, 2 or 3 (recompute more, keep less; None: the fastest within
+    the limit; :mod:`matris.memory`).
     training_recompute: what a training step on forces recomputes (``"none"``, ``"blocks"``,
     ``"rows"``; None: the least that fits ``training_memory_limit`` bytes, None as ``memory_limit``).
     tf32: TF32 matmuls for float32 on CUDA (faster, less exact).
-    chunk_rows: rows of one chunk where the per-angle work is recomputed by chunks (memory level 2,
+    chunk_rows: rows of one chunk where the per-angle work runs by chunks (memory levels 2 and 3,
     training recompute ``"rows"``; None: :data:`matris.memory.CHUNK_ROWS`): fewer rows, less
     memory and more passes.
     """
@@ -133,8 +134,8 @@ class RunOptions:
     chunk_rows: int | None = None
 
     def __post_init__(self):
-        if self.memory_level not in (None, 0, 1, 2):
-            raise ValueError(f"RunOptions.memory_level must be 0, 1, 2 or None, got {self.memory_level!r}")
+        if self.memory_level not in (None, 0, 1, 2, 3):
+            raise ValueError(f"RunOptions.memory_level must be 0, 1, 2, 3 or None, got {self.memory_level!r}")
         if self.chunk_rows is not None and not (isinstance(self.chunk_rows, int) and self.chunk_rows > 0):
             raise ValueError(f"RunOptions.chunk_rows must be a positive int or None, got {self.chunk_rows!r}")
 

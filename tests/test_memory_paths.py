@@ -6,6 +6,7 @@ import torch
 
 from conftest import FOLDERS, evaluate, load_fixture_model, random_system
 from matris import MemoryLimitError, memory, settings
+from matris.graph import GraphBatch
 from matris.kernels import native
 
 
@@ -37,11 +38,12 @@ def test_projection_rewrite_equals_concatenation(folder):
     assert checked == 6 * model.config.num_layers  # two per attention, one per Refine
 
 
-@pytest.mark.parametrize("level,chunk", [(1, None), (2, None), (2, 40)], ids=["1", "2", "2-chunks"])
+@pytest.mark.parametrize("level,chunk", [(1, None), (2, None), (2, 40), (3, None), (3, 40)],
+                         ids=["1", "2", "2-chunks", "3", "3-chunks"])
 @pytest.mark.parametrize("kernels", ["torch", "fused", "triton"])
 def test_checkpointing_levels_give_the_same_numbers(model64, level, chunk, kernels):
-    """Every memory level gives level 0's energy, forces and stress; level 2 also with its
-    angles recomputed in several chunks (40 rows: the partial softmax merged over chunks). The
+    """Every memory level gives level 0's energy, forces and stress; the streamed levels also with
+    their angles in several chunks (40 rows: the partial softmaxes merged over chunks). The
     Triton path runs in the interpreter (tests/test_triton_kernels.py runs this test so)."""
     if kernels == "fused" and not native.available():
         pytest.skip("the fused CPU operators need a C++ compiler")
@@ -61,6 +63,44 @@ def test_checkpointing_levels_give_the_same_numbers(model64, level, chunk, kerne
     torch.testing.assert_close(out.energy, ref.energy, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.forces, ref.forces, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.stress, ref.stress, rtol=0, atol=1e-11)
+
+
+def test_streamed_levels_batches_features_and_weight_gradients(model64):
+    """The streamed levels (2, 3) on a batch with a structure without angles (a dimer: the
+    line-graph steps leave its bond alone), with the per-block features, and with the weights'
+    gradients of an energy-only backward (weights not frozen): level 0's numbers in float64."""
+    from matris.graph.system import AtomicSystem
+
+    kernels = "fused" if native.available() else "torch"  # (the references: the levels' test above)
+    dimer = AtomicSystem(np.array([[0.0, 0.0, 0.0], [2.1, 0.0, 0.0]]), np.eye(3) * 30.0, False,
+                         np.array([14, 8]), "dimer")
+    systems = [random_system(np.random.default_rng(2), n=6), dimer, random_system(np.random.default_rng(3), n=5)]
+    g = GraphBatch.from_systems(systems, model64.cutoff, model64.three_body_cutoff, dtype=model64.dtype)
+    assert g.num_angles > 120 and int(g.n_angles[1]) == 0
+    params = [p for p in model64.parameters() if p.requires_grad]
+    results = {}
+    model64.options.chunk_rows, model64.options.kernels = 40, kernels
+    try:
+        for level in (0, 2, 3):
+            model64.options.memory_level = level
+            out = model64(g, return_node_features=True)
+            e_model = model64._energy(g, g.positions, None, level, kernels)[0]
+            results[level] = out, torch.autograd.grad(e_model.sum(), params, allow_unused=True)
+    finally:
+        model64.options.memory_level = model64.options.kernels = model64.options.chunk_rows = None
+    ref, ref_w = results[0]
+    for level in (2, 3):
+        out, w = results[level]
+        torch.testing.assert_close(out.forces, ref.forces, rtol=0, atol=1e-12)
+        torch.testing.assert_close(out.stress, ref.stress, rtol=0, atol=1e-11, equal_nan=True)  # the dimer: NaN
+        assert out.node_features.keys() == ref.node_features.keys()
+        for key, value in ref.node_features.items():
+            torch.testing.assert_close(out.node_features[key], value, rtol=0, atol=1e-12, msg=key)
+        for p, a, b in zip(params, w, ref_w):
+            if b is None:
+                assert a is None or not a.any()
+                continue
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_automatic_level_follows_the_memory_budget(model64):
@@ -98,7 +138,7 @@ def test_run_options_per_call_and_the_switches_they_replaced(model64):
         with pytest.raises(AttributeError, match=rf"model\.options\.{new}"):
             setattr(model64, old, 1)
     with pytest.raises(ValueError, match="memory_level"):
-        RunOptions(memory_level=3)
+        RunOptions(memory_level=4)
 
 
 def test_phi_of_one_input_is_bitwise_its_two_linears(model64):

@@ -63,7 +63,7 @@ def test_model_parity_through_triton_kernels(tmp_path):
     assert len(outcomes) == 3 and set(outcomes.values()) == {"passed"}, outcomes
     # the lowest memory level through the Triton kernels, its angles in several chunks
     outcomes = run_tests(tmp_path, [str(ROOT / "tests" / "test_memory_paths.py"), "-k",
-                                    "test_checkpointing_levels_give_the_same_numbers and triton-2-chunks"],
+                                    "test_checkpointing_levels_give_the_same_numbers and triton-3-chunks"],
                          TRITON_INTERPRET="1")
     assert len(outcomes) == 1 and set(outcomes.values()) == {"passed"}, outcomes
 

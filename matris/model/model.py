@@ -388,7 +388,7 @@ class MatRIS(nn.Module):
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         if streaming:
-            chunk = memory.chunk_rows(self, g.num_angles)
+            chunk = memory.stream_rows(self)
             modules = (self.interaction_block, self.three_body_embedding)
             plan = stream.Plan(self.interaction_block, self.three_body_embedding, bg,
                                memory.kept_blocks(level, last + 1), chunk,

@@ -74,24 +74,12 @@ class Plan:
                        for lo in range(0, self.n_angles, self.chunk)]
 
     # the bonds' and atoms' parts of block k, in the order the block runs them
-    def head(self, k, e):
-        """The line attention's projections of the bonds: ``(p_t, p_s)`` ``[B, 2·d_hidden]``."""
-        g = self.graph
-        return self.blocks[k].attn_block_line_graph.line_projections(e, g.angle_target_bond, g.angle_source_bond,
-                                                                     self.width)
-
     def middle(self, k, h, e, t_agg, s_agg, rows=None):
         """The bonds' update by the line attention's aggregates, then the atom-graph attention: ``(h, e)``."""
         b, g = self.blocks[k], self.graph
         e = _masked(g.line_mask, b.attn_block_line_graph.node_update(e, t_agg, s_agg), e)
         return b.attn_block_atom_graph(h, e, g.edge_target, g.edge_source, d2u=g.edge_bond, rows=rows,
                                        segments=g.atom_segments)
-
-    def refine_terms(self, k, h, e, rbf_3b):
-        """Refine's projections of the atoms and bonds and its envelope: ``(p_h, p_t, p_s, q)``."""
-        g = self.graph
-        return self.blocks[k].refine_block_line_graph.line_projections(
-            e, g.angle_target_bond, g.angle_source_bond, h, g.angle_atom, rbf_3b, self.width)
 
     def tail(self, k, h, e, r, rbf_pair, rows=None):
         """The bonds' update by Refine's sums ``r``, then the atom-graph Refine: ``(h, e)``."""
@@ -100,19 +88,23 @@ class Plan:
         return b.refine_block_atom_graph(h, e, g.edge_target, g.edge_source, rbf_pair, d2u=g.edge_bond, rows=rows,
                                          update_edges=k != self.last)
 
-    # the angles' parts, on a chunk of angles and the bonds and atoms it touches
-    def attention_rows(self, k, y, p_att, ch: "_Chunk", sums=True):
-        """``(T, lse_t, S, lse_s, a_mid)`` of the chunk (``sums`` False: ``(a_mid,)``); ``p_att`` and
-        the sums are the chunk's bonds' (:meth:`_Chunk.bond_rows`)."""
-        return self.blocks[k].attn_block_line_graph.line_partial(y, *p_att, ch.tgt, ch.src, ch.bonds.shape[0],
-                                                                 sums=sums)
+    # the angles' parts, on a chunk of angles and the bonds and atoms it touches: their features
+    # gathered (``ch.gather``) and projected by Φ's first layer here, so that neither the
+    # projections of all bonds nor their gradients are ever alive, only the features' gradients
+    def attention_rows(self, k, y, e, ch: "_Chunk", sums=True):
+        """``(T, lse_t, S, lse_s, a_mid)`` of the chunk from the bonds' features ``e`` at its
+        bonds (``sums`` False: ``(a_mid,)``)."""
+        att = self.blocks[k].attn_block_line_graph
+        p_t, p_s = att.line_projections(e, ch.tgt, ch.src, self.width)
+        return att.line_partial(y, p_t, p_s, ch.tgt, ch.src, ch.bonds.shape[0], sums=sums)
 
-    def refine_rows(self, k, y, p_ref, ch: "_Chunk"):
-        """``(R, a_next)`` of the chunk (the last block: ``(R,)``); ``p_ref`` and R: the chunk's
-        atoms' and bonds' (:meth:`_Chunk.refine_rows`)."""
-        return _RefineRows(self.blocks[k].refine_block_line_graph)(
-            y, *p_ref, ch.tgt, ch.src, ch.atom, ch.bonds.shape[0], reference=self.reference,
-            update_edges=k != self.last)
+    def refine_rows(self, k, y, h, e, rbf_3b, ch: "_Chunk"):
+        """``(R, a_next)`` of the chunk (the last block: ``(R,)``) from the atoms' features ``h`` at
+        its atoms, the bonds' ``e`` and their basis ``rbf_3b`` at its bonds."""
+        ref = self.blocks[k].refine_block_line_graph
+        p_ref = ref.line_projections(e, ch.tgt, ch.src, h, ch.atom, rbf_3b, self.width)
+        return _RefineRows(ref)(y, *p_ref, ch.tgt, ch.src, ch.atom, ch.bonds.shape[0], reference=self.reference,
+                                update_edges=k != self.last)
 
     def embed(self, theta, rho, ch: "_Chunk"):
         return self.embedding(theta[ch.rows], rho[ch.rows])
@@ -126,6 +118,7 @@ class _Chunk:
     ``present``: the local bonds with angles here, by target and by source (``[n_b, 1]`` bool)."""
 
     rows: slice
+    n_bonds: int
     bonds: torch.Tensor
     tgt: torch.Tensor
     src: torch.Tensor
@@ -140,16 +133,12 @@ class _Chunk:
         atoms, atom = torch.unique(g.angle_atom[rows], return_inverse=True)
         tgt, src = local[: t.shape[0]], local[t.shape[0]:]
         present = tuple(torch.bincount(i, minlength=bonds.shape[0]).gt(0).unsqueeze(1) for i in (tgt, src))
-        return cls(rows, bonds, tgt, src, atoms, atom, present)
+        return cls(rows, g.rbf_3b.shape[0], bonds, tgt, src, atoms, atom, present)
 
-    def bond_rows(self, tensors):
-        """The chunk's bonds' rows of per-bond tensors."""
-        return [x.index_select(0, self.bonds) for x in tensors]
-
-    def refine_rows(self, p_ref):
-        """``(p_h, p_t, p_s, q)`` at the chunk's atoms and bonds."""
-        p_h, *rest = p_ref
-        return [p_h.index_select(0, self.atoms), *self.bond_rows(rest)]
+    def gather(self, *tensors):
+        """The rows of the chunk's bonds (of each tensor with one row per bond), and of its atoms
+        (one per atom; told apart by their length)."""
+        return [x.index_select(0, self.bonds if x.shape[0] == self.n_bonds else self.atoms) for x in tensors]
 
 
 class _Softmax:
@@ -177,11 +166,11 @@ class _Softmax:
 
 @dataclass
 class _Cached:
-    """Per bond (and atom) of one block: its inputs, its features after the atom-graph attention
-    and Refine's sums over the angles."""
+    """Per bond (and atom) of one block: its atoms' input features, its features after the
+    atom-graph attention and Refine's sums over the angles (its bonds' input features are the
+    previous block's output, recomputed from that block's: :meth:`_Backward.inputs`)."""
 
     h: torch.Tensor
-    e: torch.Tensor
     h1: torch.Tensor = None
     e2: torch.Tensor = None
     r: torch.Tensor = None
@@ -202,20 +191,18 @@ def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b):
     for k in range(len(plan.blocks)):
         if k in plan.kept:
             kept[k] = cur
-        p_att = plan.head(k, e)
         mid = torch.empty_like(cur) if k in plan.kept else cur  # a kept state stays; else in place
         soft = _Softmax(plan.n_bonds, cur), _Softmax(plan.n_bonds, cur)
         for ch in plan.chunks:
-            t, lse_t, s, lse_s, mid[ch.rows] = plan.attention_rows(k, cur[ch.rows], ch.bond_rows(p_att), ch)
+            t, lse_t, s, lse_s, mid[ch.rows] = plan.attention_rows(k, cur[ch.rows], *ch.gather(e), ch)
             soft[0].add(t, lse_t, ch.present[0], ch.bonds)
             soft[1].add(s, lse_s, ch.present[1], ch.bonds)
-        cached = _Cached(h, e)
+        cached = _Cached(h)
         cached.h1, cached.e2 = plan.middle(k, h, e, soft[0].agg, soft[1].agg)
         del soft
-        p_ref = plan.refine_terms(k, cached.h1, cached.e2, rbf_3b)
         r = torch.zeros_like(e)
         for ch in plan.chunks:
-            out = plan.refine_rows(k, mid[ch.rows], ch.refine_rows(p_ref), ch)
+            out = plan.refine_rows(k, mid[ch.rows], *ch.gather(cached.h1, cached.e2, rbf_3b), ch)
             r.index_add_(0, ch.bonds, out[0])
             if k != plan.last:
                 mid[ch.rows] = out[1]
@@ -270,6 +257,13 @@ class _Backward:
             self.kept.pop(k, None)
         return (g_h, g_e, self.g_theta, self.g_rho, self.g_rbf_pair, self.g_rbf_3b, *self.g_params)
 
+    def inputs(self, k):
+        """Block k's input features ``(h, e)``: the bonds' recomputed from block k − 1's sums."""
+        if k == 0:
+            return self.h0, self.e0
+        prev = self.cache[k - 1]
+        return self.cache[k].h, self.plan.tail(k - 1, prev.h1, prev.e2, prev.r, self.rbf_pair)[1]
+
     def angle_state(self, k):
         """``a_k`` ``[A, d_t]``: kept, or recomputed from the last kept state before it (block by
         block, in place); None for block 0 (the embedding, recomputed per chunk)."""
@@ -281,19 +275,19 @@ class _Backward:
             self.buffer = self.theta.new_empty(plan.n_angles, plan.width)
         for i in range(j, k):
             cached = self.cache[i]
-            p_att = plan.head(i, cached.e)
-            p_ref = plan.refine_terms(i, cached.h1, cached.e2, self.rbf_3b)
+            e_i = self.inputs(i)[1]
             for ch in plan.chunks:
                 rows = ch.rows
                 y = self.buffer[rows] if i > j else (self.kept[j][rows] if j else plan.embed(self.theta, self.rho, ch))
-                (mid,) = plan.attention_rows(i, y, ch.bond_rows(p_att), ch, sums=False)
-                self.buffer[rows] = plan.refine_rows(i, mid, ch.refine_rows(p_ref), ch)[1]
+                (mid,) = plan.attention_rows(i, y, *ch.gather(e_i), ch, sums=False)
+                self.buffer[rows] = plan.refine_rows(i, mid, *ch.gather(cached.h1, cached.e2, self.rbf_3b), ch)[1]
         return self.buffer
 
     def block(self, k, g_h, g_e, g_a):
         plan, cached = self.plan, self.cache[k]
         params = self.params
         a = self.angle_state(k)
+        h_k, e_k = self.inputs(k)
 
         # the bonds' update by R and the atom-graph Refine
         with torch.enable_grad():
@@ -306,52 +300,43 @@ class _Backward:
         del out, leaves
 
         # pass 1: the line attention recomputed, Refine's per-angle work differentiated
-        with torch.enable_grad():
-            ref_in = _detached([cached.h1, cached.e2, self.rbf_3b], [True, True, self.rbf_3b.requires_grad])
-            p_ref = plan.refine_terms(k, *ref_in)
-        g_ref = [torch.zeros_like(p) for p in p_ref]
+        wants = [True, True, self.rbf_3b.requires_grad]
+        g_ref = [torch.zeros_like(x) if w else None for x, w in zip((cached.h1, cached.e2, self.rbf_3b), wants)]
         if g_a is None:
             g_a = self.theta.new_empty(plan.n_angles, plan.width)
             upstream = lambda rows: None  # noqa: E731 (the last block's angles reach no output)
         else:
             upstream = g_a.__getitem__
-        p_att = plan.head(k, cached.e)
         soft = _Softmax(plan.n_bonds, g_a), _Softmax(plan.n_bonds, g_a)
         for ch in plan.chunks:
             rows = ch.rows
             y = a[rows] if a is not None else plan.embed(self.theta, self.rho, ch)
-            t, lse_t, s, lse_s, mid = plan.attention_rows(k, y, ch.bond_rows(p_att), ch)
+            t, lse_t, s, lse_s, mid = plan.attention_rows(k, y, *ch.gather(e_k), ch)
             soft[0].add(t, lse_t, ch.present[0], ch.bonds)
             soft[1].add(s, lse_s, ch.present[1], ch.bonds)
             with torch.enable_grad():
-                ins = _detached([mid, *ch.refine_rows(p_ref)], [True] * 5)
-                out = plan.refine_rows(k, *ins[:1], ins[1:], ch)
+                ins = _detached([mid, *ch.gather(cached.h1, cached.e2, self.rbf_3b)], [True] + wants)
+                out = plan.refine_rows(k, *ins, ch)
                 got = _grads(out, ins + params, [g_r.index_select(0, ch.bonds), upstream(rows)])
             g_a[rows] = got[0]
-            for total, part, index in zip(g_ref, got[1:5], (ch.atoms, ch.bonds, ch.bonds, ch.bonds)):
-                total.index_add_(0, index, part)
-            self._add_params(got[5:])
-        del out, ins
-        with torch.enable_grad():
-            g_h1b, g_e2b, g_rbf3, *g_p = _grads(p_ref, ref_in + params, g_ref)
-        g_h1, g_e2 = _add(g_h1, g_h1b), _add(g_e2, g_e2b)
-        self.g_rbf_3b = _add(self.g_rbf_3b, g_rbf3)
-        self._add_params(g_p)
-        del p_ref, ref_in, g_ref
+            for total, part, index in zip(g_ref, got[1:4], (ch.atoms, ch.bonds, ch.bonds)):
+                if total is not None:
+                    total.index_add_(0, index, part)
+            self._add_params(got[4:])
+        del out, ins, g_r
+        g_h1, g_e2 = _add(g_h1, g_ref[0]), _add(g_e2, g_ref[1])
+        self.g_rbf_3b = _add(self.g_rbf_3b, g_ref[2])
+        del g_ref
 
         # the line attention's node update and the atom-graph attention
         with torch.enable_grad():
-            leaves = _detached([cached.h, cached.e, soft[0].agg, soft[1].agg], [True] * 4)
+            leaves = _detached([h_k, e_k, soft[0].agg, soft[1].agg], [True] * 4)
             out = plan.middle(k, *leaves, rows=plan.rows)
             g_hk, g_ek, g_t, g_s, *g_p = _grads(out, leaves + params, [g_h1, g_e2])
         self._add_params(g_p)
         del out, leaves
 
         # pass 2: the line attention's per-angle work differentiated
-        with torch.enable_grad():
-            (e_in,) = _detached([cached.e], [True])
-            p_att = plan.head(k, e_in)
-        g_att = [torch.zeros_like(p) for p in p_att]
         for ch in plan.chunks:
             rows = ch.rows
             with torch.enable_grad():
@@ -362,27 +347,23 @@ class _Backward:
                 else:
                     ins = _detached([a[rows]], [True])
                     y = ins[0]
-                p_in = _detached(ch.bond_rows(p_att), [True, True])
-                t, lse_t, s, lse_s, y_new = plan.attention_rows(k, y, p_in, ch)
+                e_in = _detached(ch.gather(e_k), [True])
+                t, lse_t, s, lse_s, y_new = plan.attention_rows(k, y, *e_in, ch)
                 ups = []
                 for soft_k, g_agg, part, lse, present in ((soft[0], g_t, t, lse_t, ch.present[0]),
                                                           (soft[1], g_s, s, lse_s, ch.present[1])):
                     ups += (soft_k.upstream(g_agg, part.detach(), lse.detach(), present, ch.bonds)
                             if g_agg is not None else (None, None))
-                got = _grads([t, lse_t, s, lse_s, y_new], ins + p_in + params, [*ups, g_a[rows]])
+                got = _grads([t, lse_t, s, lse_s, y_new], ins + e_in + params, [*ups, g_a[rows]])
             if a is None:
                 self._rows(rows, got[0], got[1])
             else:
                 g_a[rows] = got[0]
             got = got[len(ins):]
-            for total, part in zip(g_att, got[:2]):
-                if part is not None:
-                    total.index_add_(0, ch.bonds, part)
-            self._add_params(got[2:])
-        with torch.enable_grad():
-            g_eh, *g_p = _grads(p_att, [e_in] + params, g_att)
-        self._add_params(g_p)
-        return g_hk, _add(g_ek, g_eh), g_a
+            if got[0] is not None:
+                g_ek.index_add_(0, ch.bonds, got[0])
+            self._add_params(got[1:])
+        return g_hk, g_ek, g_a
 
     def _rows(self, rows, g_theta, g_rho):
         """θ's and ρ's gradients of the chunk's ``rows``."""
