@@ -102,7 +102,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--atoms", type=int, default=1000, help="atoms of the bcc Fe cell (at most 1,024)")
     p.add_argument("--blocks", type=int, nargs="+", default=[1, 2], help="interaction blocks of the model")
-    p.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2], choices=(0, 1, 2))
+    p.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2, 3], choices=(0, 1, 2, 3))
     p.add_argument("--measure-level0", action="store_true", help="run level 0 too (≈ 14 GB per block at 1,000 atoms)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", type=int, nargs=3, metavar=("LEVEL", "BLOCKS", "ATOMS"), help=argparse.SUPPRESS)
