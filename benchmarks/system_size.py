@@ -11,12 +11,15 @@ cells of ``matris bench`` (``matris.bench.standard_structure``).
 
 Each (size, memory level) runs in a fresh process, so its peak memory is its own: the
 process's peak resident set size (``ru_maxrss``), which includes Python, torch and the model
-(what a user's process needs). Per size it runs the memory level the model picks by itself on
-this machine (``auto``) and level 2, the level that keeps the least (each block recomputed, its
-per-angle work by row chunks; see docs/memory.md). One warm-up call on Si8 first (the fused
-operators' first call), then one timed call.
+(what a user's process needs), and that peak above the process's base (its peak after the warm-up
+call, before this one), per angle. Per size it runs the memory level the model picks by itself on
+this machine (``auto``) and each level asked for (default 0–3; see docs/memory.md); a fixed level
+whose own estimate (``matris.memory.activation_bytes``) exceeds 80 % of the memory available is
+skipped with its reason. One warm-up call on Si8 first (the fused operators' first call), then one
+timed call. ``summary`` gives, per level, the bytes per angle above the base at the largest cell
+measured and the time against level 0's on the largest cell where both ran.
 
-From the level-2 rows, a straight line through peak memory against the number of angles
+From the lowest level's rows, a straight line through peak memory against the number of angles
 (the line graph sets the cost) tells how many atoms fit in a given memory; the documentation's
 table renders it from this file (``benchmarks/tables.py``). Each row also records the time of
 its call and the load average, but peak memory does not depend on other work on the machine
@@ -109,6 +112,7 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
     calc = MatRISCalculator(model, device="cpu", dtype=torch.float32)
     warm = standard_structure("si", 8).atoms
     calc.calculate(warm, ["energy", "forces", "stress"])
+    base_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     atoms = standard_structure("si", atoms_count).atoms
     c = model.config
     graph = GraphBatch.from_systems([to_system(atoms)], c.pairwise_cutoff, c.three_body_cutoff)
@@ -120,13 +124,55 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"atoms": len(atoms), "bonds": int(graph.num_bonds), "angles": int(graph.num_angles),
             "requested_level": level, "level": int(chosen), "efs_s": seconds, "peak_rss_GB": peak_kib * 1024 / 1e9,
+            "base_rss_GB": base_kib * 1024 / 1e9,
+            "bytes_per_angle": (peak_kib - base_kib) * 1024 / max(int(graph.num_angles), 1),
             "threads": torch.get_num_threads()}
+
+
+def skip_reason(atoms_count: int, level: str) -> str | None:
+    """Why a fixed level is not run on this cell: its estimate exceeds 80 % of the available memory."""
+    if level in ("auto", "graph"):
+        return None
+    import torch
+
+    from matris import MatRIS, MatRISConfig, memory
+    from matris.bench import standard_structure
+    from matris.graph import GraphBatch
+    from matris.structures import to_system
+
+    model = MatRIS(MatRISConfig.published_10m())
+    c = model.config
+    graph = GraphBatch.from_systems([to_system(standard_structure("si", atoms_count).atoms)], c.pairwise_cutoff,
+                                    c.three_body_cutoff)
+    need = memory.activation_bytes(model, graph, int(level), torch.float32, "fused")
+    room = memory.available_memory(torch.device("cpu"))
+    if need > 0.8 * room:
+        return f"estimated {need / 1e9:.1f} GB, more than 80 % of the {room / 1e9:.1f} GB available"
+    return None
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per level: bytes per angle above the base at the largest cell, and time ÷ level 0's on the
+    largest cell where both ran."""
+    out = {}
+    timed = [r for r in rows if "efs_s" in r and r["requested_level"] not in ("auto", "graph")]
+    for level in sorted({r["requested_level"] for r in timed}):
+        mine = [r for r in timed if r["requested_level"] == level]
+        big = max(mine, key=lambda r: r["atoms"])
+        entry = {"atoms": big["atoms"], "bytes_per_angle": big["bytes_per_angle"], "efs_s": big["efs_s"]}
+        both = [(r, z) for r in mine for z in timed if z["requested_level"] == "0" and z["atoms"] == r["atoms"]]
+        if both:
+            r, z = max(both, key=lambda p: p[0]["atoms"])
+            entry["vs_level0"] = {"atoms": r["atoms"], "time_ratio": r["efs_s"] / z["efs_s"],
+                                  "bytes_per_angle_level0": z["bytes_per_angle"]}
+        out[level] = entry
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="*", default=[64, 216, 512], help="Si atoms (multiples of 8)")
-    p.add_argument("--levels", nargs="+", default=["auto", "2"], help="memory levels: auto, 0, 1, 2")
+    p.add_argument("--sizes", type=int, nargs="*", default=[64, 216, 512, 1000], help="Si atoms (multiples of 8)")
+    p.add_argument("--levels", nargs="+", default=["auto", "0", "1", "2", "3"], help="memory levels: auto, 0, 1, 2, 3")
     p.add_argument("--graph-sizes", type=int, nargs="*", default=[4096, 32768, 97336],
                    help="Si atoms whose graph construction alone is measured (no model)")
     p.add_argument("--threads", type=int, default=None)
@@ -143,6 +189,11 @@ def main(argv=None) -> int:
     rows = []
     runs = [(n, level) for n in args.sizes for level in args.levels] + [(n, "graph") for n in args.graph_sizes]
     for n, level in runs:
+        why = skip_reason(n, level)
+        if why:
+            rows.append({"atoms": n, "requested_level": level, "skipped": why})
+            print(f"Si{n:<5} level {level}: skipped ({why})", flush=True)
+            continue
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), level]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
@@ -157,14 +208,18 @@ def main(argv=None) -> int:
                   f"peak {row['peak_above_start_GB']:5.2f} GB above the start", flush=True)
         else:
             print(f"Si{row['atoms']:<5} {row['angles']:>9,} angles  level {row['level']} ({level:>4})  "
-                  f"E+F+S {row['efs_s']:7.2f} s  peak RSS {row['peak_rss_GB']:5.2f} GB", flush=True)
+                  f"E+F+S {row['efs_s']:7.2f} s  peak RSS {row['peak_rss_GB']:5.2f} GB  "
+                  f"{row['bytes_per_angle']:6.0f} B per angle above the base", flush=True)
+    from matris.memory import CHUNK_ROWS
+
     result: dict = {"rows": rows, "load_average_start": load_start, "load_average_end": os.getloadavg()[0],
-                    "angles_per_atom": angles_per_atom()}
+                    "angles_per_atom": angles_per_atom(), "chunk_rows": CHUNK_ROWS}
     import numpy as np
 
     from matris.memory import LOWEST_LEVEL
 
-    least = [r for r in rows if r["requested_level"] == str(LOWEST_LEVEL)]
+    result["summary"] = summarize(rows)
+    least = [r for r in rows if r["requested_level"] == str(LOWEST_LEVEL) and "efs_s" in r]
     if len(least) >= 2:  # a straight line through the lowest level's peaks
         slope, intercept = np.polyfit([r["angles"] for r in least], [r["peak_rss_GB"] for r in least], 1)
         result["lowest_fit"] = {"level": LOWEST_LEVEL, "GB_per_angle": float(slope), "GB_fixed": float(intercept),

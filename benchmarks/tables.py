@@ -542,12 +542,27 @@ def system_size(name: str = "system_size_cpu") -> str:
         if level != "auto":
             continue
         cells = "".join(f" {rows[(atoms, lv)]['peak_rss_GB']:.1f} GB, {rows[(atoms, lv)]['efs_s']:.1f} s |"
-                        if (atoms, lv) in rows else " – |" for lv in fixed)
+                        if "efs_s" in rows.get((atoms, lv), {}) else " – |" for lv in fixed)
         lines.append(f"| Si{atoms} | {r['angles']:,} | {r['level']} | {r['peak_rss_GB']:.1f} GB, {r['efs_s']:.1f} s |"
                      + cells)
-    lines.append("\nLevel picked: by the model, for the memory the machine above had free "
+    lines.append("\n–: not run, its estimate exceeding the memory the machine had. "
+                 "Level picked: by the model, for the memory the machine above had free "
                  "([Large systems and memory](memory.md)). Peak memory: the whole process's peak resident set "
                  "size (Python, torch, the model and the call).")
+    return "\n".join(lines)
+
+
+def system_levels(name: str = "system_size_cpu") -> str:
+    """Per memory level: bytes per angle above the process's base, and time against level 0."""
+    d = load(name)
+    lines = ["| level | bytes per angle (cell) | time ÷ level 0 (cell) |", "|---:|---:|---:|"]
+    for level, r in sorted(d["summary"].items()):
+        ratio = r.get("vs_level0")
+        time = f"{ratio['time_ratio']:.2f} (Si{ratio['atoms']})" if ratio else "–"
+        lines.append(f"| {level} | {r['bytes_per_angle']:,.0f} (Si{r['atoms']}) | {time} |")
+    lines.append("\nBytes per angle: the call's peak resident memory above the process's peak after a warm-up "
+                 "call, divided by the cell's angles, on the largest cell each level ran. Time: one call each, one "
+                 "after the other in fresh processes.")
     return "\n".join(lines)
 
 
@@ -556,7 +571,7 @@ def system_fit(name: str = "system_size_cpu", sizes=(24, 48, 80, 141)) -> str:
     d = load(name)
     fit = d["lowest_fit"]
     lowest = str(fit["level"])
-    least = [r for r in d["rows"] if r["requested_level"] == lowest]
+    least = [r for r in d["rows"] if r["requested_level"] == lowest and "efs_s" in r]
     big = max(least, key=lambda r: r["atoms"])
     per_atom = big["angles"] / big["atoms"]
     # Si from the largest measured cell; the oxides' angles per atom from the file
@@ -769,6 +784,7 @@ VIEWS = {
     ("cpu_speed_avx2", "chgnet"): cpu_chgnet,
     ("cpu_speed_compiled", "compiled"): cpu_compiled,
     ("system_size_cpu", "fit"): system_fit,
+    ("system_size_cpu", "levels"): system_levels,
     ("bench_demo_cpu", "time"): bench_time,
     ("bench_demo_cpu", "md"): bench_md,
     ("train_throughput_cpu", "short"): train_throughput_short,

@@ -193,7 +193,8 @@ def _itemsize(model, dtype: torch.dtype | None) -> int:
     return torch.finfo(dtype or model.dtype).bits // 8
 
 
-def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = None, kernels: str = "torch") -> int:
+def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = None, kernels: str = "torch",
+                     backward: bool = True) -> int:
     """Rough peak memory of the activations of one energy+forces+stress call of ``model`` on
     ``graph`` (a :class:`~matris.graph.GraphBatch`) at ``level``, in ``dtype`` (default the model's).
 
@@ -204,9 +205,14 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
     streamed levels (:mod:`matris.model.stream`) one per kept angle state plus ≈ 5 (the gradient
     buffer, the recomputation buffer, the bonds' sums of every block, one chunk's work; fitted to
     the published architecture on diamond Si in float32, ``benchmarks/system_size.py``).
+
+    Without a backward pass (``backward`` False: energies alone) nothing is kept: the whole forward's
+    working set at level 0 (≈ 8, measured on Si512), one angle state and one chunk's work streamed (≈ 2.5).
     """
     c = model.config
     rows = graph.num_angles * c.three_body_feat_dim + 2 * graph.num_bonds * c.edge_feat_dim
+    if not backward:
+        return int((8 if level < STREAM_LEVEL else 2.5) * rows * _itemsize(model, dtype))
     level0 = 21 if kernels in ("fused", "triton") else 45
     if level >= STREAM_LEVEL:
         tensors = len(kept_blocks(level, c.num_layers)) + 5
@@ -216,27 +222,32 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
 
 
 def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph: bool = False,
-                    kernels: str | None = None) -> int:
+                    kernels: str | None = None, backward: bool = True) -> int:
     """The memory-saving level (0–3, :data:`INFERENCE_ORDER`) a call of ``model`` on ``graph`` uses:
     ``model.options.memory_level`` where set; else the fastest whose activations
     (:func:`activation_bytes`) fit ``options.memory_limit`` bytes (default :func:`default_budget`),
-    :data:`LOWEST_LEVEL` where none does. Training (``create_graph``) and calls without autograd keep everything (0)."""
-    if create_graph or not torch.is_grad_enabled():
+    :data:`LOWEST_LEVEL` where none does. Training (``create_graph``) keeps everything (0); a call
+    without a backward pass (``backward`` False or autograd off: energies alone) streams its forward
+    (:data:`STREAM_LEVEL`: it keeps nothing, 3.5 times less memory than level 0's forward and as fast
+    or faster, measured on Si64–Si512), unless the model is compiled (level 0, the compiled code)."""
+    if create_graph:
         return 0
+    backward = backward and torch.is_grad_enabled()
     opts = model.options
     if opts.memory_level is not None:
         return int(opts.memory_level)
     budget = opts.memory_limit if opts.memory_limit is not None else default_budget(model.device)
     if kernels is None:
         kernels = choose(model.device, opts.kernels, create_graph)
-    for level in INFERENCE_ORDER:
-        need = activation_bytes(model, graph, level, dtype, kernels)
+    order = INFERENCE_ORDER if backward else ((0,) if model.compiled else (STREAM_LEVEL,))
+    for level in order:
+        need = activation_bytes(model, graph, level, dtype, kernels, backward)
         if need <= budget:
             return level
     if opts.memory_limit is not None:  # a limit the user stated holds: refused before any work
         refuse(f"{graph.num_atoms} atoms with {graph.num_angles} angles ({graph.num_structures} structure"
-               f"{'s' if graph.num_structures != 1 else ''})", need, LOWEST_LEVEL, budget)
-    return LOWEST_LEVEL
+               f"{'s' if graph.num_structures != 1 else ''})", need, order[-1], budget)
+    return order[-1]
 
 
 def refuse(what: str, need: int, level: int, limit: int):

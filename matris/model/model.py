@@ -232,7 +232,8 @@ class MatRIS(nn.Module):
             strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
         # decided on the host, outside the (possibly compiled) energy function
         kernels = choose(positions.device, self.options.kernels, create_graph)  # the one place it is chosen
-        level = memory.inference_level(self, g, positions.dtype, create_graph, kernels)
+        level = memory.inference_level(self, g, positions.dtype, create_graph, kernels,
+                                       backward=compute_forces or compute_stress)
         # the compiled backward keeps what its partitioner chooses, not what the memory levels recompute
         # (measured: 17 GB against 4.8 GB eager for Si512): below level 0 the call runs eagerly
         compiled = self._compile_options is not None and not create_graph and not return_node_features

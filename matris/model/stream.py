@@ -188,18 +188,24 @@ def streamed(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b) -> tuple[torch.Tens
     """The atoms' features after each block ``(h_1 … h_K)`` ``[N, d_n]`` from the embeddings ``h``
     ``[N, d_n]``, ``e`` ``[B, d_e]``, the angles ``theta``, ``rho`` ``[A]`` and the bases ``rbf_pair``,
     ``rbf_3b`` ``[B, K]``, as one autograd node (see the module docstring)."""
-    return _Stream.apply(plan, h, e, theta, rho, rbf_pair, rbf_3b, *plan.params)
+    inputs = (h, e, theta, rho, rbf_pair, rbf_3b, *plan.params)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):  # no backward: nothing kept
+        with references(plan.reference), torch.no_grad():
+            return tuple(_forward(plan, h, e, theta, rho, rbf_pair, rbf_3b, keep=False)[0])
+    return _Stream.apply(plan, *inputs)
 
 
-def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b):
+def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b, keep: bool = True):
+    """The blocks by chunks without a graph: ``(h_1 … h_K)``, and (``keep``) the kept angle states and
+    the blocks' per-bond sums the backward pass reads."""
     cur = theta.new_empty(plan.n_angles, plan.width)
     for ch in plan.chunks:
         cur[ch.rows] = plan.embed(theta, rho, ch)
     kept, cache, hs = {}, [], []
     for k in range(len(plan.blocks)):
-        if k in plan.kept:
+        if keep and k in plan.kept:
             kept[k] = cur
-        mid = torch.empty_like(cur) if k in plan.kept else cur  # a kept state stays; else in place
+        mid = torch.empty_like(cur) if k in kept else cur  # a kept state stays; else in place
         soft = _Softmax(plan.n_bonds, cur), _Softmax(plan.n_bonds, cur)
         for ch in plan.chunks:
             t, lse_t, s, lse_s, mid[ch.rows] = plan.attention_rows(k, cur[ch.rows], *ch.gather(e), ch)
@@ -215,7 +221,8 @@ def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b):
             if k != plan.last:
                 mid[ch.rows] = out[1]
         cached.r = r
-        cache.append(cached)
+        if keep:
+            cache.append(cached)
         h, e = plan.tail(k, cached.h1, cached.e2, r, rbf_pair)
         hs.append(h)
         cur = mid
