@@ -380,10 +380,9 @@ class MatRIS(nn.Module):
         bg = _running(exact, kernels, segments)
         fast = _running(exact, block_kernels, segments) if block_kernels else None
         if fast is not None and row_chunks:
-            # the block recomputation: the per-angle work of the line-graph steps and the atom graph's
-            # Φ by row chunks inside it, on the fast kernels where no weight gradient is wanted; at
-            # inference (differentiated once: the lowest memory level) the fast kernels everywhere,
-            # in training the composed ops around the chunks (their second order)
+            # training's block recomputation: the per-angle work of the line-graph steps and the atom
+            # graph's Φ by row chunks inside it, on the fast kernels where no weight gradient is wanted
+            # and the composed ops around the chunks (their second order)
             rows = RowRecompute(memory.chunk_rows(self, g.num_angles), block_kernels in ("fused", "triton"))
             exact = dataclasses.replace(exact, row_chunks=rows)
         features = {"embedding": h} if return_node_features else {}

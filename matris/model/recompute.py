@@ -64,7 +64,7 @@ from torch.func import functional_call
 @dataclass(frozen=True)
 class RowRecompute:
     """A block's per-row work (Φ, the line-graph steps) recomputed ``chunk`` rows at a time in the
-    backward passes (training's ``rows`` mode, inference's lowest memory level); ``fast``: with the
+    backward passes (training's ``rows`` mode; the atom graph's Φ in :mod:`matris.model.stream`); ``fast``: with the
     fused operators where no weight gradient is wanted."""
 
     chunk: int
