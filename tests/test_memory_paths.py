@@ -115,7 +115,8 @@ def test_automatic_level_follows_the_memory_budget(model64):
         model64.options.memory_limit = memory.activation_bytes(model64, g, memory.LOWEST_LEVEL)
         # the streamed levels: the fastest that fits (a model this shallow keeps one angle state at both)
         level = memory.inference_level(model64, g)
-        assert level >= memory.STREAM_LEVEL and memory.activation_bytes(model64, g, level) <= model64.options.memory_limit
+        assert level >= memory.STREAM_LEVEL
+        assert memory.activation_bytes(model64, g, level) <= model64.options.memory_limit
         assert memory.inference_level(model64, g, create_graph=True) == 0  # training keeps its graph
         model64.options.memory_limit = 1  # stated and unreachable: refused
         with pytest.raises(MemoryLimitError, match="more than the memory limit of 1 bytes"):
