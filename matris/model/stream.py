@@ -97,8 +97,9 @@ class Plan:
                                          update_edges=k != self.last)
 
     # the angles' parts, on a chunk of angles and the bonds and atoms it touches: their features
-    # gathered (``ch.gather``) and projected by Φ's first layer here, so that neither the
-    # projections of all bonds nor their gradients are ever alive, only the features' gradients
+    # gathered (``_Chunk.gather``, ``gather_refine``) and projected by Φ's first layer here, so that
+    # neither the projections of all bonds nor their gradients are ever alive, only the features'
+    # gradients
     def attention_rows(self, k, y, e, ch: "_Chunk", sums=True):
         """``(T, lse_t, S, lse_s, a_mid)`` of the chunk from the bonds' features ``e`` at its
         bonds (``sums`` False: ``(a_mid,)``)."""
@@ -126,7 +127,6 @@ class _Chunk:
     ``present``: the local bonds with angles here, by target and by source (``[n_b, 1]`` bool)."""
 
     rows: slice
-    n_bonds: int
     bonds: torch.Tensor
     tgt: torch.Tensor
     src: torch.Tensor
@@ -141,12 +141,15 @@ class _Chunk:
         atoms, atom = torch.unique(g.angle_atom[rows], return_inverse=True)
         tgt, src = local[: t.shape[0]], local[t.shape[0]:]
         present = tuple(torch.bincount(i, minlength=bonds.shape[0]).gt(0).unsqueeze(1) for i in (tgt, src))
-        return cls(rows, g.rbf_3b.shape[0], bonds, tgt, src, atoms, atom, present)
+        return cls(rows, bonds, tgt, src, atoms, atom, present)
 
-    def gather(self, *tensors):
-        """The rows of the chunk's bonds (of each tensor with one row per bond), and of its atoms
-        (one per atom; told apart by their length)."""
-        return [x.index_select(0, self.bonds if x.shape[0] == self.n_bonds else self.atoms) for x in tensors]
+    def gather(self, e):
+        """The rows of the chunk's bonds of ``e`` (one row per bond), as a one-item list."""
+        return [e.index_select(0, self.bonds)]
+
+    def gather_refine(self, h, e, rbf_3b):
+        """The rows of the chunk's atoms of ``h`` and of its bonds of ``e`` and ``rbf_3b``."""
+        return [h.index_select(0, self.atoms), e.index_select(0, self.bonds), rbf_3b.index_select(0, self.bonds)]
 
 
 class _Softmax:
@@ -216,7 +219,7 @@ def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b, keep: bool = True):
         del soft
         r = torch.zeros_like(e)
         for ch in plan.chunks:
-            out = plan.refine_rows(k, mid[ch.rows], *ch.gather(cached.h1, cached.e2, rbf_3b), ch)
+            out = plan.refine_rows(k, mid[ch.rows], *ch.gather_refine(cached.h1, cached.e2, rbf_3b), ch)
             r.index_add_(0, ch.bonds, out[0])
             if k != plan.last:
                 mid[ch.rows] = out[1]
@@ -296,7 +299,8 @@ class _Backward:
                 rows = ch.rows
                 y = self.buffer[rows] if i > j else (self.kept[j][rows] if j else plan.embed(self.theta, self.rho, ch))
                 (mid,) = plan.attention_rows(i, y, *ch.gather(e_i), ch, sums=False)
-                self.buffer[rows] = plan.refine_rows(i, mid, *ch.gather(cached.h1, cached.e2, self.rbf_3b), ch)[1]
+                inputs = ch.gather_refine(cached.h1, cached.e2, self.rbf_3b)
+                self.buffer[rows] = plan.refine_rows(i, mid, *inputs, ch)[1]
         return self.buffer
 
     def block(self, k, g_h, g_e, g_a):
@@ -332,7 +336,7 @@ class _Backward:
             soft[0].add(t, lse_t, ch.present[0], ch.bonds)
             soft[1].add(s, lse_s, ch.present[1], ch.bonds)
             with torch.enable_grad():
-                ins = _detached([mid, *ch.gather(cached.h1, cached.e2, self.rbf_3b)], [True] + wants)
+                ins = _detached([mid, *ch.gather_refine(cached.h1, cached.e2, self.rbf_3b)], [True] + wants)
                 out = plan.refine_rows(k, *ins, ch)
                 got = _grads(out, ins + params, [g_r.index_select(0, ch.bonds), upstream(rows)])
             g_a[rows] = got[0]
