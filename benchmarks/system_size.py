@@ -89,8 +89,12 @@ def angles_per_atom() -> dict[str, float]:
     return out
 
 
-def child(atoms_count: int, level: str, threads: int | None) -> dict:
-    """One timed E+F+S call in this (fresh) process."""
+PROPERTIES = {"efs": ["energy", "forces", "stress"], "ef": ["energy", "forces"], "e": ["energy"]}
+
+
+def child(atoms_count: int, level: str, threads: int | None, properties: str = "efs") -> dict:
+    """One timed call in this (fresh) process: E+F+S (``efs``) or E+F through the calculator, or the
+    energy alone (``e``) through ``MatRIS.__call__`` without forces (the calculator computes forces)."""
     import resource
 
     import torch
@@ -111,20 +115,26 @@ def child(atoms_count: int, level: str, threads: int | None) -> dict:
         model.options.memory_level = int(level)
     calc = MatRISCalculator(model, device="cpu", dtype=torch.float32)
     warm = standard_structure("si", 8).atoms
-    calc.calculate(warm, ["energy", "forces", "stress"])
+    calc.calculate(warm, ["energy", "forces", "stress"])  # the fused operators' first call
+    if properties == "e":  # and the energy alone's
+        model(GraphBatch.from_systems([to_system(warm)], model.cutoff, model.three_body_cutoff),
+              compute_forces=False, compute_stress=False)
     base_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     atoms = standard_structure("si", atoms_count).atoms
     c = model.config
     graph = GraphBatch.from_systems([to_system(atoms)], c.pairwise_cutoff, c.three_body_cutoff)
-    chosen = memory.inference_level(model, graph, torch.float32)
+    chosen = memory.inference_level(model, graph, torch.float32, backward=properties != "e")
     calc.reset()
     t0 = time.perf_counter()
-    calc.calculate(atoms, ["energy", "forces", "stress"])
+    if properties == "e":
+        model(graph, compute_forces=False, compute_stress=False)
+    else:
+        calc.calculate(atoms, PROPERTIES[properties])
     seconds = time.perf_counter() - t0
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"atoms": len(atoms), "bonds": int(graph.num_bonds), "angles": int(graph.num_angles),
             "requested_level": level, "level": int(chosen), "efs_s": seconds, "peak_rss_GB": peak_kib * 1024 / 1e9,
-            "base_rss_GB": base_kib * 1024 / 1e9,
+            "base_rss_GB": base_kib * 1024 / 1e9, "properties": properties,
             "bytes_per_angle": (peak_kib - base_kib) * 1024 / max(int(graph.num_angles), 1),
             "threads": torch.get_num_threads()}
 
@@ -176,11 +186,13 @@ def main(argv=None) -> int:
     p.add_argument("--graph-sizes", type=int, nargs="*", default=[4096, 32768, 97336],
                    help="Si atoms whose graph construction alone is measured (no model)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--properties", choices=sorted(PROPERTIES), default="efs",
+                   help="what each call computes: efs (default), ef, or e (energy alone, no backward pass)")
     p.add_argument("--json", default=None)
     p.add_argument("--child", nargs=2, metavar=("ATOMS", "LEVEL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(int(args.child[0]), args.child[1], args.threads)))
+        print(json.dumps(child(int(args.child[0]), args.child[1], args.threads, args.properties)))
         return 0
 
     import os
@@ -197,6 +209,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), level]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        cmd += ["--properties", args.properties]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
@@ -208,7 +221,7 @@ def main(argv=None) -> int:
                   f"peak {row['peak_above_start_GB']:5.2f} GB above the start", flush=True)
         else:
             print(f"Si{row['atoms']:<5} {row['angles']:>9,} angles  level {row['level']} ({level:>4})  "
-                  f"E+F+S {row['efs_s']:7.2f} s  peak RSS {row['peak_rss_GB']:5.2f} GB  "
+                  f"{args.properties.upper():<5} {row['efs_s']:7.2f} s  peak RSS {row['peak_rss_GB']:5.2f} GB  "
                   f"{row['bytes_per_angle']:6.0f} B per angle above the base", flush=True)
     from matris.memory import CHUNK_ROWS
 
