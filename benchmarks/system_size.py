@@ -139,7 +139,7 @@ def child(atoms_count: int, level: str, threads: int | None, properties: str = "
             "threads": torch.get_num_threads()}
 
 
-def skip_reason(atoms_count: int, level: str) -> str | None:
+def skip_reason(atoms_count: int, level: str, properties: str = "efs") -> str | None:
     """Why a fixed level is not run on this cell: its estimate exceeds 80 % of the available memory."""
     if level in ("auto", "graph"):
         return None
@@ -154,7 +154,7 @@ def skip_reason(atoms_count: int, level: str) -> str | None:
     c = model.config
     graph = GraphBatch.from_systems([to_system(standard_structure("si", atoms_count).atoms)], c.pairwise_cutoff,
                                     c.three_body_cutoff)
-    need = memory.activation_bytes(model, graph, int(level), torch.float32, "fused")
+    need = memory.activation_bytes(model, graph, int(level), torch.float32, "fused", backward=properties != "e")
     room = memory.available_memory(torch.device("cpu"))
     if need > 0.8 * room:
         return f"estimated {need / 1e9:.1f} GB, more than 80 % of the {room / 1e9:.1f} GB available"
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     rows = []
     runs = [(n, level) for n in args.sizes for level in args.levels] + [(n, "graph") for n in args.graph_sizes]
     for n, level in runs:
-        why = skip_reason(n, level)
+        why = skip_reason(n, level, args.properties)
         if why:
             rows.append({"atoms": n, "requested_level": level, "skipped": why})
             print(f"Si{n:<5} level {level}: skipped ({why})", flush=True)
