@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 
 from .. import checkpoint_files as ckpt_io
