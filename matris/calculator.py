@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import inspect
 import os
 from typing import Any
 
@@ -15,8 +17,26 @@ from ase.calculators.calculator import Calculator, all_changes
 from .devices import device_and_dtype, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from .graph import GraphBatch
 from .model import MatRIS
-from .settings import parse_size
+from .settings import RunOptions, parse_size
 from .structures import to_system, warn_implausible
+
+
+#: the keywords of ASE's ``Calculator.__init__`` (ASE keeps any other keyword as a parameter, silently)
+ASE_KEYWORDS = ("restart", "ignore_bad_restart_file", "label", "atoms", "directory")
+#: the official MatRIS calculator's keywords that ours maps (with a note)
+OFFICIAL_KEYWORDS = ("task", "mode", "activation_checkpoint")
+
+
+def check_keywords(owner: str, given: dict[str, Any], valid: list[str]) -> None:
+    """Raise ``TypeError`` for a keyword of ``given`` that is not in ``valid``, naming the closest
+    valid one: a misspelt ``devcie="cuda"`` must not run on the CPU without a word."""
+    unknown = [k for k in given if k not in valid]
+    if not unknown:
+        return
+    key = unknown[0]
+    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {match[0]!r}?" if match else f"; the keywords are {', '.join(valid)}"
+    raise TypeError(f"{owner} got an unexpected keyword argument {key!r}{hint}")
 
 
 class MatRISCalculator(Calculator):
@@ -46,7 +66,12 @@ class MatRISCalculator(Calculator):
             bytes); the model then keeps less and recomputes more (same numbers), and a structure
             that needs more even at the lowest level raises :class:`matris.MemoryLimitError` before
             the call starts. None (the default): a share of what the device has free.
-        **kwargs: passed on to ASE's ``Calculator``.
+        **kwargs: ASE's ``Calculator`` keywords (``restart``, ``ignore_bad_restart_file``,
+            ``label``, ``atoms``, ``directory``); any other keyword is a ``TypeError`` naming the
+            closest valid one (ASE would keep it silently as a parameter). The official MatRIS
+            calculator's ``mode``, ``activation_checkpoint`` and ``task`` are accepted with a
+            one-line note of what they do here (:mod:`matris.model.official`); for that calculator's
+            whole interface use :class:`matris.applications.base.MatRISCalculator`.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "magmoms"]
@@ -62,6 +87,8 @@ class MatRISCalculator(Calculator):
         memory_limit: str | int | None = None,
         **kwargs: Any,
     ):
+        official = {k: kwargs.pop(k) for k in OFFICIAL_KEYWORDS if k in kwargs}
+        check_keywords(type(self).__name__, kwargs, self._keywords())
         super().__init__(**kwargs)
         device, dtype = device_and_dtype(model, device, dtype)
         self.device = resolve_device(device)
@@ -79,6 +106,10 @@ class MatRISCalculator(Calculator):
         # this calculator's calls only (a model passed in may serve others): checked here, not at the first call
         self.memory_limit = parse_size(memory_limit, "memory_limit")
         self.compute_stress = compute_stress
+        # how this calculator's calls run (kernels, memory level), None: the model's own options
+        self.run_options: RunOptions | None = None
+        if official:
+            self._apply_official(official)
         self._checked = None  # the (numbers, pbc) last checked for plausibility
         # a model trained without magnetic moments (targets "efs") does not offer them
         self.implemented_properties = [p for p in type(self).implemented_properties
@@ -96,19 +127,58 @@ class MatRISCalculator(Calculator):
         self._checked = key
         return warn_implausible(atoms, self.model.cutoff, system=system)
 
-    def calculate(self, atoms=None, properties=None, system_changes=all_changes) -> None:
-        properties = properties or ["energy"]
-        super().calculate(atoms, properties, system_changes)  # keeps a copy in self.atoms
+    @classmethod
+    def _keywords(cls) -> list[str]:
+        """The keywords this calculator takes: its own and ASE's ``Calculator``'s."""
+        own = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")]
+        return own + [p for p in ASE_KEYWORDS if p not in own]
+
+    def _apply_official(self, official: dict[str, Any]) -> None:
+        """The official calculator's keywords given to ours: applied, each said in one line."""
+        import warnings
+
+        from .model.official import check_task, run_options
+
+        notes = []
+        if "mode" in official or "activation_checkpoint" in official:
+            self.run_options = run_options(self.model.options, official.get("mode", "fast"),
+                                           official.get("activation_checkpoint", True), self.model.options.tf32)
+            notes.append(f"mode={official.get('mode', 'fast')!r} and activation_checkpoint="
+                         f"{official.get('activation_checkpoint', True)!r} run as RunOptions(kernels="
+                         f"{self.run_options.kernels!r}, memory_level={self.run_options.memory_level!r})")
+        if "task" in official:
+            task = check_task(official["task"])
+            self.compute_stress = "s" in task
+            notes.append(f"task={task!r}: this calculator computes energy and forces always, stress "
+                         f"{'yes' if self.compute_stress else 'only when asked for'}, magnetic moments where the model "
+                         "was trained on them")
+        warnings.warn(f"{type(self).__name__}: the official MatRIS keywords {'; '.join(notes)} "
+                      "(matris.applications.base.MatRISCalculator takes them as the official calculator does)",
+                      UserWarning, stacklevel=3)
+
+    def _options(self) -> RunOptions | None:
+        """The options of this calculator's calls (None: the model's own)."""
+        options = self.run_options
+        if self.memory_limit is not None:
+            options = dataclasses.replace(options or self.model.options, memory_limit=self.memory_limit)
+        return options
+
+    def _evaluate(self, forces: bool = True, stress: bool = True, magmoms: bool | None = None,
+                  atomic_energies: bool = True):
+        """The model on ``self.atoms`` (one structure): its :class:`~matris.model.ModelOutput`."""
         system = to_system(self.atoms)
         self.check_plausibility(self.atoms, system)
         graph = GraphBatch.from_systems(
             [system], self.model.cutoff, self.model.three_body_cutoff, dtype=self.dtype, device=self.device
         )
+        return self.model(graph, compute_forces=forces, compute_stress=stress, compute_magmoms=magmoms,
+                          compute_atomic_energies=atomic_energies, options=self._options())
+
+    def calculate(self, atoms=None, properties=None, system_changes=all_changes) -> None:
+        properties = properties or ["energy"]
+        super().calculate(atoms, properties, system_changes)  # keeps a copy in self.atoms
         want_stress = self.compute_stress or "stress" in properties
-        options = (None if self.memory_limit is None
-                   else dataclasses.replace(self.model.options, memory_limit=self.memory_limit))
-        out = self.model(graph, compute_forces=True, compute_stress=want_stress, compute_atomic_energies=True,
-                         options=options)
+        out = self._evaluate(stress=want_stress)
         energy = float(out.energy[0])
         self.results = {
             "energy": energy,

@@ -10,6 +10,8 @@ reads the checkpoint in any layout the official loader reads (torch imported on 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import os
 import re
 from dataclasses import dataclass
@@ -151,6 +153,8 @@ def unpack(obj: Any, source: str) -> CheckpointContents:
         raise CheckpointError(f"{source} is not a MatRIS checkpoint: expected keys 'config' and 'state_dict' (or "
                               f"'model' holding them), got {keys}")
     config, state = obj["config"], obj["state_dict"]
+    if isinstance(config, Mapping) and not isinstance(config, dict):
+        config = dict(config)  # a MatRISConfig, saved in memory rather than through a file
     if not isinstance(config, dict) or not isinstance(state, dict):
         raise CheckpointError(f"{source}: 'config' and 'state_dict' must be dicts, got {type(config).__name__} and "
                               f"{type(state).__name__}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 ACTIVATIONS = ("relu", "silu", "gelu", "softplus", "sigmoid", "tanh")
 NORMS = ("rms", "layer")
@@ -16,6 +18,12 @@ class MatRISConfig:
     """Hyper-parameters of MatRIS, with the names and defaults of published checkpoints.
 
     Lengths are in Å. ``to_dict()`` gives the ``config`` entry of a checkpoint.
+
+    It is also read as the official MatRIS ``model.config`` dict is: ``config["pairwise_cutoff"]``,
+    ``config.get(...)``, ``dict(config)``, ``MatRIS(**config)``, and it pickles as a plain mapping
+    of its fields, so ``torch.save({"config": model.config, "state_dict": model.state_dict()}, path)``,
+    the official way to save a model, writes a checkpoint that ``torch.load(weights_only=True)``
+    reads in either package (the official loader and :meth:`MatRIS.load`).
     """
 
     num_layers: int = 6
@@ -108,6 +116,54 @@ class MatRISConfig:
         """
         return cls.published_10m(**{"num_layers": 4, **overrides})
 
+    # ------------------------------------------------------------ the official dict's reading
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self._names():
+            raise KeyError(f"{key!r} is not a MatRIS config key; the keys are {sorted(self._names())}")
+        setattr(self, key, value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._names()
+
+    def keys(self):
+        return self.to_dict().keys()
+
+    def items(self):
+        return self.to_dict().items()
+
+    def values(self):
+        return self.to_dict().values()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self._names() else default
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def __reduce_ex__(self, protocol):
+        # pickled as an OrderedDict of the fields (one of the types torch.load(weights_only=True)
+        # allows): checkpoints that hold a config load anywhere; MatRIS.__setstate__ and
+        # from_dict turn the mapping back into a config
+        return (collections.OrderedDict, (), None, None, iter(self.to_dict().items()))
+
+    def __copy__(self) -> "MatRISConfig":
+        return dataclasses.replace(self)
+
+    def __deepcopy__(self, memo) -> "MatRISConfig":
+        return dataclasses.replace(self)
+
     @property
     def three_body_basis_size(self) -> int:
         """Width of the angle basis: max_l·max_n for SH, num_angular for Fourier."""
@@ -124,12 +180,16 @@ class MatRISConfig:
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> "MatRISConfig":
         """Build from a checkpoint's ``config``; unknown keys are ignored with a warning."""
+        if isinstance(config, MatRISConfig):
+            return dataclasses.replace(config)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(config) - known)
         if unknown:
             warnings.warn(f"ignoring unknown MatRIS config keys {unknown}", stacklevel=2)
         return cls(**{k: v for k, v in config.items() if k in known})
 
+
+Mapping.register(MatRISConfig)  # isinstance(config, Mapping), as the official dict is
 
 __all__ = ["MatRISConfig", "ACTIVATIONS", "NORMS"]
 

@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
@@ -61,12 +62,29 @@ class MatRIS(nn.Module):
     messages name the model (set by the loaders to the model name or file).
     """
 
-    def __init__(self, config: MatRISConfig | None = None, **kwargs: Any):
+    def __init__(self, config: MatRISConfig | Mapping[str, Any] | None = None, *args: Any, **kwargs: Any):
         super().__init__()
+        if config is not None and not isinstance(config, (MatRISConfig, Mapping)):
+            # the official constructor's positional arguments: MatRIS(num_layers, node_feat_dim, ...)
+            args = (config, *args)
+            config = None
+        if args:
+            names = [f.name for f in dataclasses.fields(MatRISConfig)]
+            if len(args) > len(names):
+                raise TypeError(f"MatRIS takes at most {len(names)} positional config values, got {len(args)}")
+            clash = sorted(set(names[: len(args)]) & set(kwargs))
+            if clash:
+                raise TypeError(f"MatRIS got multiple values for {clash}")
+            kwargs = {**dict(zip(names, args)), **kwargs}
         if config is None:
+            unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(MatRISConfig)})
+            if unknown:
+                raise TypeError(f"MatRIS got unexpected config keys {unknown}{_closest(unknown[0])}")
             config = MatRISConfig(**kwargs)
         elif kwargs:
             raise TypeError("pass either a MatRISConfig or keyword arguments, not both")
+        elif not isinstance(config, MatRISConfig):
+            config = MatRISConfig.from_dict(dict(config))
         self.config = config
         c = config
         self.atom_embedding = AtomEmbedding(c.node_feat_dim)
@@ -89,6 +107,13 @@ class MatRIS(nn.Module):
             raise AttributeError(f"MatRIS.{name} is now model.options.{MOVED_TO_OPTIONS[name]} (matris.RunOptions): "
                                  f"set model.options.{MOVED_TO_OPTIONS[name]} = {value!r}")
         super().__setattr__(name, value)
+
+    def __setstate__(self, state: dict) -> None:
+        # a config pickles as a plain mapping (MatRISConfig.__reduce_ex__): a whole pickled model gets it back
+        config = state.get("config")
+        if config is not None and not isinstance(config, MatRISConfig):
+            state["config"] = MatRISConfig.from_dict(dict(config))
+        super().__setstate__(state)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -141,13 +166,42 @@ class MatRIS(nn.Module):
             f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
             "a model that covers them (see 'matris models').")
 
+    @property
+    def is_intensive(self) -> bool:
+        """Whether the energy head predicts energy per atom (published models) rather than per structure."""
+        return bool(self.config.is_intensive)
+
+    @property
+    def graph_converter(self):
+        """A :class:`matris.graph.GraphConverter` for this model's cutoffs and dtype: the official
+        ``model.graph_converter(structure)`` → :class:`matris.graph.RadiusGraph`, for ``model([graph, ...])``."""
+        from ..graph.converter import GraphConverter
+
+        return GraphConverter(self.cutoff, self.three_body_cutoff, dtype=self.dtype)
+
+    def get_params(self) -> int:
+        """Number of parameter entries, reference energies included (the official count)."""
+        return sum(p.numel() for p in self.parameters())
+
     def num_parameters(self) -> int:
         """Number of parameter entries (trainable or not, reference energies excluded)."""
         ref = set() if self.reference_energy is None else {id(p) for p in self.reference_energy.parameters()}
         return sum(p.numel() for p in self.parameters() if id(p) not in ref)
 
     # ------------------------------------------------------------------ forward
-    def forward(
+    def forward(self, graph: GraphBatch | Sequence[Any], *args: Any, **kwargs: Any) -> ModelOutput | dict[str, Any]:
+        """``model(graph, ...)``: :meth:`evaluate` of a :class:`GraphBatch` (our call, returning a
+        :class:`ModelOutput`), or the official MatRIS call ``model([graph, ...], task="ef",
+        is_training=False, mode="fast", activation_checkpoint=False, tf32=False)`` on a list of
+        :class:`matris.graph.RadiusGraph`, returning the official prediction dict
+        (:func:`matris.model.official.forward_graphs`)."""
+        if isinstance(graph, GraphBatch):
+            return self.evaluate(graph, *args, **kwargs)
+        from .official import forward_graphs
+
+        return forward_graphs(self, graph, *args, **kwargs)
+
+    def evaluate(
         self,
         graph: GraphBatch,
         compute_forces: bool = True,
@@ -170,8 +224,8 @@ class MatRIS(nn.Module):
         if options is not None:
             kept, self.options = self.options, options
             try:
-                return self.forward(graph, compute_forces, compute_stress, compute_magmoms, create_graph,
-                                    return_node_features, compute_atomic_energies)
+                return self.evaluate(graph, compute_forces, compute_stress, compute_magmoms, create_graph,
+                                     return_node_features, compute_atomic_energies)
             finally:
                 self.options = kept
         if create_graph is None:
@@ -430,6 +484,9 @@ class MatRIS(nn.Module):
         Extra ``kwargs`` go to ``torch.compile`` (``backend``, ``mode``...). Compilation happens on the first call and
         takes tens of seconds.
         """
+        from .compile import apply_defaults
+
+        apply_defaults()  # equal sizes need not stay equal between calls (one graph for more MD steps)
         self._compile_options = dict(dynamic=dynamic, fullgraph=fullgraph, **kwargs)
         self._compiled = None  # made on the next call
         return self
@@ -488,9 +545,10 @@ class MatRIS(nn.Module):
         return model
 
     @classmethod
-    def load(cls, model: str | os.PathLike | None = None, device: str | torch.device = "auto",
+    def load(cls, model: str | os.PathLike | None = None, device: str | torch.device | None = "auto",
              dtype: str | torch.dtype = torch.float32, *, targets: str | None = None,
-             progress: bool | None = None, download: Any = None) -> "MatRIS":
+             progress: bool | None = None, download: Any = None, model_name: str | os.PathLike | None = None
+             ) -> "MatRIS":
         """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
 
         Names are those of :mod:`matris.pretrained` (``matris models`` lists them, official
@@ -510,7 +568,11 @@ class MatRIS(nn.Module):
         from ..devices import resolve_device, resolve_dtype
         from ..pretrained import REGISTRY, resolve
 
-        device, dtype = resolve_device(device), resolve_dtype(dtype)
+        if model_name is not None:  # the official keyword: MatRIS.load(model_name=..., device=None)
+            if model is not None:
+                raise TypeError("MatRIS.load got both model and model_name; pass one of them")
+            model = model_name
+        device, dtype = resolve_device("auto" if device is None else device), resolve_dtype(dtype)
         if model is None:
             announce_default_model()
 
@@ -557,6 +619,16 @@ class MatRIS(nn.Module):
         return model.eval()
 
     @classmethod
+    def from_dict(cls, dct: Mapping[str, Any]) -> "MatRIS":
+        """A model from a loaded checkpoint dict (the official ``MatRIS.from_dict``): ``{"config",
+        "state_dict"}``, nested under ``"model"`` or not, the legacy reference key included."""
+        contents = ckpt_io.unpack(dict(dct), "checkpoint dict")
+        model = cls.from_state(contents.config, contents.state_dict)
+        if contents.targets:
+            model.targets = normalize_targets(contents.targets, "checkpoint dict")
+        return model
+
+    @classmethod
     def check_checkpoint(cls, contents: ckpt_io.CheckpointContents, source: str) -> None:
         """Raise :class:`CheckpointError` unless ``contents`` (a read checkpoint) builds its own
         config's architecture with a strict state-dict match: the check of a downloaded file
@@ -588,6 +660,14 @@ class MatRIS(nn.Module):
         from ..predict import predict
 
         return predict(self, structures, batch_size=batch_size, **kwargs)
+
+
+def _closest(key: str) -> str:
+    """'' or "; did you mean 'x'?" for a misspelt config key."""
+    import difflib
+
+    match = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(MatRISConfig)], n=1)
+    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 def _running(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
