@@ -185,14 +185,15 @@ def graphs_to_batch(graphs: Sequence[RadiusGraph], device: torch.device | str | 
     if len(graphs) == 0:
         raise MatRISInputError("no graphs given: pass a list of at least one RadiusGraph "
                                "(model.graph_converter(structure))")
-    device = torch.device(device) if device is not None else graphs[0].lattice.device
-    parts: dict[str, list[Tensor]] = {k: [] for k in ("z", "x", "cell", "pbc", "i", "j", "n", "c", "t", "s")}
-    counts: dict[str, list[int]] = {"atoms": [], "bonds": [], "angles": []}
-    atoms = bonds = 0
     for k, g in enumerate(graphs):
         if not isinstance(g, RadiusGraph):
             raise MatRISInputError(f"graph {k} is a {type(g).__name__}, not a RadiusGraph; build graphs with "
                                    "model.graph_converter(structure)")
+    device = torch.device(device) if device is not None else graphs[0].lattice.device
+    parts: dict[str, list[Tensor]] = {k: [] for k in ("z", "x", "cell", "pbc", "i", "j", "n", "c", "t", "s")}
+    counts: dict[str, list[int]] = {"atoms": [], "bonds": [], "angles": []}
+    atoms = bonds = 0
+    for g in graphs:
         d2u = g.directed2undirected.to(device, torch.int64)
         u2d = g.undirected2directed.to(device, torch.int64)
         edges = g.atom_graph.to(device, torch.int64)
