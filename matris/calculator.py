@@ -20,7 +20,6 @@ from .model import MatRIS
 from .settings import RunOptions, parse_size
 from .structures import to_system, warn_implausible
 
-
 #: the keywords of ASE's ``Calculator.__init__`` (ASE keeps any other keyword as a parameter, silently)
 ASE_KEYWORDS = ("restart", "ignore_bad_restart_file", "label", "atoms", "directory")
 #: the official MatRIS calculator's keywords that ours maps (with a note)
@@ -124,8 +123,9 @@ class MatRISCalculator(Calculator):
         key = (system.atomic_numbers.tobytes(), system.pbc.tobytes())
         if key == getattr(self, "_checked", None):  # (a calculator unpickled from an older version has none)
             return []
-        self._checked = key
-        return warn_implausible(atoms, self.model.cutoff, system=system)
+        found = warn_implausible(atoms, self.model.cutoff, system=system)
+        self._checked = key  # after the check passed: a structure that raised is checked again when corrected
+        return found
 
     @classmethod
     def _keywords(cls) -> list[str]:
@@ -167,6 +167,7 @@ class MatRISCalculator(Calculator):
                   atomic_energies: bool = True):
         """The model on ``self.atoms`` (one structure): its :class:`~matris.model.ModelOutput`."""
         system = to_system(self.atoms)
+        system.validate()  # bad input (NaN positions, Z=0) is an error before any neighbour search
         self.check_plausibility(self.atoms, system)
         graph = GraphBatch.from_systems(
             [system], self.model.cutoff, self.model.three_body_cutoff, dtype=self.dtype, device=self.device

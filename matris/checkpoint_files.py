@@ -10,10 +10,9 @@ reads the checkpoint in any layout the official loader reads (torch imported on 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

@@ -59,14 +59,17 @@ def contact_limits(numbers: np.ndarray) -> np.ndarray:
     return np.minimum(np.asarray(covalent_radii[: int(numbers.max()) + 1]), CONTACT_RADIUS_CAP)
 
 
-def implausibilities(system: AtomicSystem, cutoff: float | None = None) -> list[str]:
+def implausibilities(system: AtomicSystem, cutoff: float | None = None, index: int | None = None) -> list[str]:
     """What about ``system`` is almost surely an input mistake, as phrases naming the numbers
     and the threshold (empty when nothing is): atoms closer than CONTACT_FACTOR × their capped
     covalent radii, and, given the model's ``cutoff`` (Å), a periodic cell in which no atom has
-    a neighbour (nor a periodic image of itself) within it. One short neighbour search."""
+    a neighbour (nor a periodic image of itself) within it. One short neighbour search, after
+    :meth:`AtomicSystem.check_finite`: a NaN or infinite position or lattice vector raises
+    :class:`MatRISInputError` (structure ``index``) before it, as every entry point's check does."""
     from .graph.neighbors import half_neighbor_list
     from .graph.system import MIN_DISTANCE, element_symbol
 
+    system.check_finite(index)  # the neighbour-list library fails on such input with an error of its own
     problems = []
     if system.num_atoms == 0:
         return problems
@@ -128,7 +131,7 @@ def warn_implausible(structure: Any, cutoff: float | None = None, index: int | N
     ``structure`` (and ASE partial occupancies); returns the messages. ``system``: its
     :class:`AtomicSystem`, when the caller has it already."""
     system = system if system is not None else to_system(structure, index)
-    problems = implausibilities(system, cutoff)
+    problems = implausibilities(system, cutoff, index)
     occupancy = occupancy_problem(structure) if hasattr(structure, "info") else None
     if occupancy is not None:
         problems.append(occupancy)

@@ -293,3 +293,135 @@ def test_every_builder_gives_the_same_overlap_message():
         GraphBatch.from_tensors(torch.tensor(system.positions), torch.tensor(system.cell)[None], torch.tensor([True]),
                                 torch.tensor([14, 14]), [2], 5.0, 3.0, names=["pair"])
 
+
+
+# ------------------------------------------------------------------- NaN and infinite input
+# Issue 60, item 4: a NaN or infinite position or lattice vector is the same one-line
+# MatRISInputError at every entry point, raised before any neighbour search (the neighbour-list
+# library fails on it with a RuntimeError, and a NaN cell crashed the calculator's plausibility
+# check with a floating-point trap).
+FINITE_HINT = "positions and the cell must be finite numbers — check how the structure was made."
+
+
+def _si8(bad: str | None = None) -> Atoms:
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True)
+    if bad == "nan position":
+        atoms.positions[0, 0] = np.nan
+    elif bad == "inf position":
+        atoms.positions[1, 2] = np.inf
+    elif bad == "nan cell":
+        cell = np.array(atoms.cell)
+        cell[1, 1] = np.nan
+        atoms.set_cell(cell, scale_atoms=False)
+    return atoms
+
+
+NON_FINITE = {
+    "nan position": "atom 0 has a NaN or infinite position (nan, 0.0, 0.0) Å",
+    "inf position": "atom 1 has a NaN or infinite position (1.3575, 1.3575, inf) Å",
+    "nan cell": "lattice vector b of the cell is NaN or infinite (0.0, nan, 0.0) Å",
+}
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from matris import MatRIS
+
+    return MatRIS.load("matris-demo")  # the bundled demo model: small, offline
+
+
+@pytest.fixture
+def no_neighbour_search(monkeypatch):
+    """Any neighbour search fails the test: the check must come before all of them."""
+    import vesin
+
+    class NoSearch:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a neighbour search ran on non-finite input")
+
+    monkeypatch.setattr(vesin, "NeighborList", NoSearch)
+
+
+def _non_finite(run, who: str | tuple[str, ...], bad: str) -> str:
+    with pytest.raises(MatRISInputError) as info:
+        run()
+    text = str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert text in [f"{w}: {NON_FINITE[bad]}; {FINITE_HINT}" for w in ((who,) if isinstance(who, str) else who)], text
+    assert "\n" not in text
+    return text
+
+
+@pytest.mark.parametrize("bad", list(NON_FINITE))
+def test_non_finite_input_in_predict(bad, demo, no_neighbour_search):
+    _non_finite(lambda: demo.predict(_si8(bad)), "structure 0 (Si8)", bad)
+    good = Atoms("Si2", positions=[[0, 0, 0], [1.36, 1.36, 1.36]], cell=np.eye(3) * 5.43, pbc=True)
+    _non_finite(lambda: demo.predict([good, _si8(bad)], warn_inputs=False), "structure 1 (Si8)", bad)
+
+
+@pytest.mark.parametrize("bad", list(NON_FINITE))
+def test_non_finite_input_in_the_calculator(bad, demo, no_neighbour_search):
+    """Before the calculator's plausibility check: its neighbour search must not meet the NaN."""
+    atoms = _si8(bad)
+    atoms.calc = MatRISCalculator(demo)
+    _non_finite(atoms.get_potential_energy, "structure (Si8)", bad)
+
+
+def test_positions_that_turn_nan_after_a_good_call(demo):
+    """A run that diverges (same composition: the plausibility check is not repeated) meets the
+    same error in the graph builder."""
+    atoms = _si8()
+    atoms.calc = MatRISCalculator(demo)
+    assert np.isfinite(atoms.get_potential_energy())
+    atoms.positions[0, 0] = np.nan
+    _non_finite(atoms.get_forces, ("structure (Si8)", "structure 0 (Si8)"), "nan position")
+
+
+@pytest.mark.parametrize("bad", list(NON_FINITE))
+def test_non_finite_input_in_relax_and_md(bad, demo, no_neighbour_search):
+    from matris.simulate import md, relax
+
+    _non_finite(lambda: relax(_si8(bad), model=demo, steps=1), "structure (Si8)", bad)
+    _non_finite(lambda: relax(_si8(bad), model=demo, steps=1, relax_cell=False), "structure (Si8)", bad)
+    _non_finite(lambda: md(_si8(bad), model=demo, steps=1), "structure (Si8)", bad)
+
+
+def test_a_nan_in_a_non_periodic_cell_row_is_an_error_too(demo, no_neighbour_search):
+    """The model shifts every bond by image · cell, so a NaN row gave NaN energies and forces."""
+    atoms = _si8("nan cell")
+    atoms.pbc = [True, False, True]
+    _non_finite(lambda: demo.predict(atoms), "structure 0 (Si8)", "nan cell")
+
+
+@pytest.mark.parametrize("bad", list(NON_FINITE))
+def test_non_finite_input_in_torch_sim(bad, demo, no_neighbour_search):
+    ts = pytest.importorskip("torch_sim")
+    import torch
+
+    from matris.simulate import md_batch, relax_batch
+    from matris.simulate.batched import MatRISModel
+
+    model = MatRISModel(demo, device="cpu")
+    state = ts.io.atoms_to_state([_si8(bad)], torch.device("cpu"), model.dtype)
+    _non_finite(lambda: model(state), "structure 0 (Si8)", bad)
+    # the bad structure second in the batch: its own index and its own atom numbering
+    state = ts.io.atoms_to_state([bulk("Cu", "fcc", a=3.61), _si8(bad)], torch.device("cpu"), model.dtype)
+    _non_finite(lambda: model(state), "structure 1 (Si8)", bad)
+    _non_finite(lambda: relax_batch([_si8(bad)], model=model, steps=1), "structure 0 (Si8)", bad)
+    _non_finite(lambda: md_batch([_si8(bad)], model=model, steps=1), "structure 0 (Si8)", bad)
+
+
+def test_the_torch_sim_check_costs_one_reduction_when_all_is_finite(demo):
+    pytest.importorskip("torch_sim")
+    import torch
+
+    from matris.simulate.batched import check_finite_state
+
+    positions = torch.zeros(4, 3)
+    cell = torch.eye(3)[None].repeat(2, 1, 1) * 4
+    numbers, index = torch.tensor([14, 14, 29, 29]), torch.tensor([0, 0, 1, 1])
+    check_finite_state(positions, cell, numbers, index)  # fine: nothing raised
+    positions[3, 1] = -np.inf
+    with pytest.raises(MatRISInputError, match=r"^structure 1 \(Cu2\): atom 1 has a NaN or infinite position "
+                                               r"\(0\.0, -inf, 0\.0\) Å"):
+        check_finite_state(positions, cell, numbers, index)

@@ -161,8 +161,9 @@ def test_radius_graph_files_and_batches(tmp_path, saved):
 
 
 def test_compile_defaults():
-    import matris.model.compile  # noqa: F401 - applies the defaults
     from torch.fx.experimental import _config
+
+    import matris.model.compile  # noqa: F401 - applies the defaults
 
     assert _config.use_duck_shape is False
 
@@ -325,7 +326,8 @@ def test_torchsim_model(saved):
         assert set(out) == {n for k, n in zip("efsm", ("energy", "forces", "stress", "magmoms")) if k in target}
         assert sim.compute_forces == ("f" in target) and sim.compute_stress == ("s" in target)
         assert not any(v.requires_grad for v in out.values())
-        torch.testing.assert_close(out["energy"], expected["e"].detach() * torch.tensor([8.0, 2.0], dtype=torch.float64))
+        atoms = torch.tensor([8.0, 2.0], dtype=torch.float64)
+        torch.testing.assert_close(out["energy"], expected["e"].detach() * atoms)
         if "f" in target:
             torch.testing.assert_close(out["forces"], torch.cat(expected["f"]), rtol=0, atol=1e-10)
         if "s" in target:

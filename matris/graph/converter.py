@@ -39,7 +39,8 @@ class GraphConverter(nn.Module):
 
     def forward(self, structure: Any, graph_id: str | None = None, mp_id: str | None = None,
                 atomic_numbers: Any = None, frac_coords: Any = None, lattice_matrix: Any = None,
-                cart_coords: Any = None, *, mode: str = "fast", device: str | torch.device | None = None) -> RadiusGraph:
+                cart_coords: Any = None, *, mode: str = "fast",
+                device: str | torch.device | None = None) -> RadiusGraph:
         """The graph of ``structure``; ``atomic_numbers`` ``[N]``, ``frac_coords`` ``[N, 3]``,
         ``lattice_matrix`` ``[3, 3]`` (rows, Å) and ``cart_coords`` ``[N, 3]`` (Å), when given,
         replace the structure's own. ``device``: where the graph's tensors go (default: the CPU)."""
@@ -64,7 +65,7 @@ class GraphConverter(nn.Module):
         graph = batch_to_graph(batch, graph_id=graph_id, mp_id=mp_id, composition=composition,
                                atom_graph_cutoff=self.atom_graph_cutoff, line_graph_cutoff=self.line_graph_cutoff)
         if frac is not None and abs(np.linalg.det(cell)) > 1e-12:
-            graph.atom_frac_coord = torch.from_numpy(frac)  # the given coordinates, as the official converter keeps them
+            graph.atom_frac_coord = torch.from_numpy(frac)  # the given ones, as the official converter keeps them
         for name in ("atom_frac_coord", "lattice", "neighbor_image"):
             setattr(graph, name, getattr(graph, name).to(self.dtype))
         return graph if device is None else graph.to(device)
@@ -95,7 +96,8 @@ def _system(structure: Any):
             return AtomicSystem(structure.cart_coords, np.zeros((3, 3)), False, numbers, name)
         # a pymatgen Lattice may be periodic in some directions only
         return AtomicSystem(structure.cart_coords, lattice.matrix, getattr(lattice, "pbc", True), numbers, name)
-    raise TypeError(f"GraphConverter takes a pymatgen Structure or Molecule or ASE Atoms, got {type(structure).__name__}")
+    raise TypeError("GraphConverter takes a pymatgen Structure or Molecule or ASE Atoms, "
+                    f"got {type(structure).__name__}")
 
 
 def _numpy(value: Any) -> np.ndarray:

@@ -58,7 +58,8 @@ class RadiusGraph:
     ):
         if len(directed2undirected) != 2 * len(undirected2directed):
             raise MatRISInputError(
-                f"RadiusGraph: {len(directed2undirected)} directed edges but {len(undirected2directed)} bonds; every bond "
+                f"RadiusGraph: {len(directed2undirected)} directed edges but {len(undirected2directed)} bonds; "
+                "every bond "
                 "has two directed edges (build graphs with model.graph_converter(structure))")
         self.graph_id = graph_id
         self.mp_id = mp_id

@@ -38,6 +38,35 @@ def overlap_error(who: str, i: int, j: int, distance: float) -> MatRISInputError
         "the positions.")
 
 
+FINITE_HINT = "positions and the cell must be finite numbers — check how the structure was made"
+
+
+def _vector(values) -> str:
+    """``(nan, 0.0, 1.3575)``: three numbers as a user reads them (6 decimals at most)."""
+    return "(" + ", ".join(repr(round(float(x), 6)) for x in values) + ")"
+
+
+def non_finite_problem(positions: np.ndarray, cell: np.ndarray) -> str | None:
+    """What is NaN or infinite in one structure (``positions [N, 3]``, ``cell [3, 3]`` rows, Å),
+    as a phrase naming the first bad lattice vector or atom and its value; None when all is finite.
+    The whole cell counts, periodic or not: the model shifts every bond by image · cell."""
+    bad_rows = ~np.isfinite(cell).all(axis=1)
+    if bad_rows.any():
+        k = int(np.flatnonzero(bad_rows)[0])
+        return f"lattice vector {'abc'[k]} of the cell is NaN or infinite {_vector(cell[k])} Å"
+    bad_atoms = ~np.isfinite(positions).all(axis=1)
+    if bad_atoms.any():
+        k = int(np.flatnonzero(bad_atoms)[0])
+        return f"atom {k} has a NaN or infinite position {_vector(positions[k])} Å"
+    return None
+
+
+def non_finite_error(who: str, problem: str) -> MatRISInputError:
+    """The error for a structure ``who`` with a :func:`non_finite_problem`: the one message of
+    every entry point (arrays and torch-sim states alike), raised before any neighbour search."""
+    return MatRISInputError(f"{who}: {problem}; {FINITE_HINT}.")
+
+
 def element_symbol(z: int) -> str:
     """Chemical symbol of atomic number ``z`` (``'Z=<z>'`` outside the periodic table)."""
     return _SYMBOLS[z] if 0 < z < len(_SYMBOLS) else f"Z={z}"
@@ -77,6 +106,15 @@ class AtomicSystem:
         where = f"structure {index}" if index is not None else "structure"
         return f"{where} ({self.name})" if self.name else where
 
+    def check_finite(self, index: int | None = None) -> None:
+        """Raise :class:`MatRISInputError` if a position or a lattice vector is NaN or infinite,
+        naming the first one and its value. Every check that searches neighbours
+        (:meth:`validate`, the plausibility check) calls it first: the neighbour-list library
+        fails on such input with an error of its own (or a floating-point trap)."""
+        if np.isfinite(self.positions).all() and np.isfinite(self.cell).all():
+            return
+        raise non_finite_error(self.label(index), non_finite_problem(self.positions, self.cell))
+
     def validate(self, index: int | None = None) -> None:
         """Raise :class:`MatRISInputError` naming the problem, the structure and the fix."""
         who = self.label(index)
@@ -94,13 +132,9 @@ class AtomicSystem:
                 f"{who}: atom {k} is {element_symbol(z)} (Z={z}); MatRIS covers Z = 1 (H) to {MAX_Z} (Pu). "
                 "Remove or replace that element."
             )
-        if not np.isfinite(self.positions).all():
-            k = int(np.flatnonzero(~np.isfinite(self.positions).all(axis=1))[0])
-            raise MatRISInputError(f"{who}: the position of atom {k} is NaN or infinite; fix the coordinates.")
+        self.check_finite(index)
         if self.pbc.any():
             periodic = self.cell[self.pbc]
-            if not np.isfinite(periodic).all():
-                raise MatRISInputError(f"{who}: the cell contains NaN or infinite values; fix the lattice vectors.")
             sv = np.linalg.svd(periodic, compute_uv=False)
             if sv.min() < 1e-4:
                 dirs = "".join("abc"[i] for i in np.flatnonzero(self.pbc))

@@ -6,9 +6,9 @@ import contextlib
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch

@@ -52,7 +52,8 @@ def run_options(base: RunOptions, mode: str = "fast", activation_checkpoint: boo
 
 def forward_graphs(model: Any, graphs: Sequence[Any], task: str = "ef", is_training: bool = False,
                    mode: str = "fast", *, activation_checkpoint: bool = False, tf32: bool = False) -> dict[str, Any]:
-    """The official ``MatRIS.forward`` of ``model`` (a :class:`matris.MatRIS`): a list of :class:`~matris.graph.RadiusGraph` → the dict
+    """The official ``MatRIS.forward`` of ``model`` (a :class:`matris.MatRIS`): a list of
+    :class:`~matris.graph.RadiusGraph` → the dict
 
     - ``"e"``: ``[S]`` energy per atom (eV/atom; the total for a model with ``is_intensive=False``),
       reference energies included;

@@ -35,6 +35,7 @@ from ..devices import device_and_dtype
 from ..errors import MatRISInputError
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.batch import device_builder_available, device_builder_failed
+from ..graph.system import MAX_Z, element_symbol, non_finite_error, non_finite_problem
 from ..model import MatRIS
 from ..model.model import EV_PER_A3_TO_GPA
 from ..structures import like_input, to_atoms, to_system, warn_implausible
@@ -77,6 +78,8 @@ class MatRISModel(ModelInterface):
         self.model = net.eval()
         self._compute_stress = compute_stress
         self._compute_forces = compute_forces
+        self._compute_magmoms = False
+        self.run_options = None  # RunOptions of this model's calls (None: the MatRIS model's own)
         self._memory_scales_with = "n_atoms_x_density"
 
     @property
@@ -99,6 +102,7 @@ class MatRISModel(ModelInterface):
         """The :class:`GraphBatch` of a ``SimState`` (or a dict with the same keys). On a GPU it
         is built there from the state's tensors: positions never leave the device between steps."""
         get = state.get if isinstance(state, dict) else lambda k, d=None: getattr(state, k, d)
+        check_finite_state(get("positions"), get("cell"), get("atomic_numbers"), get("system_idx"))
         if self._device.type != "cpu" and device_builder_available():
             try:
                 return self._device_graph(get)
@@ -138,13 +142,44 @@ class MatRISModel(ModelInterface):
 
     def forward(self, state, **kwargs: Any) -> dict[str, torch.Tensor]:
         out = self.model(self.graph(state), compute_forces=self._compute_forces,
-                         compute_stress=self._compute_stress, compute_magmoms=False)
+                         compute_stress=self._compute_stress, compute_magmoms=self._compute_magmoms,
+                         options=self.run_options)
         result = {"energy": out.energy.detach()}
         if self._compute_forces:
             result["forces"] = out.forces.detach()
         if self._compute_stress:  # GPa → eV/Å³; structures without a 3-D cell get zero stress
             result["stress"] = torch.nan_to_num(out.stress.detach() / EV_PER_A3_TO_GPA, nan=0.0)
+        if self._compute_magmoms:
+            result["magmoms"] = out.magmoms.detach()
         return result
+
+
+def check_finite_state(positions: torch.Tensor, cell: torch.Tensor, atomic_numbers: torch.Tensor,
+                       system_idx: torch.Tensor | None) -> None:
+    """Raise :class:`MatRISInputError` if a position or a lattice vector of a torch-sim state is
+    NaN or infinite, naming the structure, the first bad atom or lattice vector and its value:
+    the message of :meth:`AtomicSystem.check_finite`, before any neighbour search (vesin fails
+    on such input with an error of its own, which would also turn the device builder off).
+    One reduction on the tensors' device and one host synchronisation; the details are looked
+    up on the host only when something is wrong. ``cell``: ``[S, 3, 3]``, lattice vectors as
+    columns (torch-sim's layout)."""
+    positions, cell = positions.detach(), cell.detach()
+    if bool(torch.isfinite(positions).all() & torch.isfinite(cell).all()):
+        return
+    from ase.formula import Formula
+
+    pos = positions.to("cpu", torch.float64).numpy()
+    rows = cell.to("cpu", torch.float64).reshape(-1, 3, 3).transpose(-2, -1).numpy()
+    numbers = atomic_numbers.detach().cpu().numpy()
+    index = np.zeros(len(pos), dtype=np.int64) if system_idx is None else system_idx.detach().cpu().numpy()
+    for k in range(rows.shape[0]):
+        mine = index == k
+        problem = non_finite_problem(pos[mine], rows[k])
+        if problem is not None:
+            z = numbers[mine]
+            name = Formula.from_list([element_symbol(int(n)) for n in z]).format("hill") if (
+                len(z) and ((z >= 1) & (z <= MAX_Z)).all()) else ""
+            raise non_finite_error(AtomicSystem(pos[mine], rows[k], True, z, name).label(k), problem)
 
 
 def relax_batch(
