@@ -142,9 +142,9 @@ def test_behaviour_as_a_neighbour_crosses_the_cutoffs(model64):
     for key, (far, near) in jumps.items():
         assert abs(far - near) < 1e-3 * max(1.0, abs(near)), (key, far, near)
     # the steps are real and of the size docs/contract.md documents for this fixture and trimer
-    assert jumps["rc"][-1] == pytest.approx(0.35902, abs=1e-4)  # eV, third atom crossing r_c
-    assert jumps["rc_forces"][-1] == pytest.approx(0.03604, abs=1e-4)  # eV/Å, largest force change
-    assert jumps["r3"][-1] == pytest.approx(-1.667e-3, abs=1e-5)  # eV, crossing r_3
+    assert jumps["rc"][-1] == pytest.approx(0.45830, abs=1e-4)  # eV, third atom crossing r_c
+    assert jumps["rc_forces"][-1] == pytest.approx(0.09637, abs=1e-4)  # eV/Å, largest force change
+    assert jumps["r3"][-1] == pytest.approx(-0.09607, abs=1e-4)  # eV, crossing r_3 (the last angles go)
     _, fi, _ = _dimer_plus(model64, r3 - 1e-7)
     _, fo, _ = _dimer_plus(model64, r3 + 1e-7)
-    assert np.abs(fi - fo).max() == pytest.approx(0.3706, abs=1e-3)  # eV/Å at r_3
+    assert np.abs(fi - fo).max() == pytest.approx(0.1904, abs=1e-3)  # eV/Å at r_3

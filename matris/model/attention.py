@@ -152,6 +152,11 @@ class SeparableAttention(nn.Module):
         """``[2·d_y, d_y]``: the source and target logit projections, stacked."""
         return torch.cat([self.source_weight_linear.weight, self.target_weight_linear.weight])
 
+    def empty_update(self, x):
+        """:meth:`node_update` of nodes that no edge touches (both sums zero): a bond without angles."""
+        zero = x.new_zeros(x.shape[0], self.edge_res_weight.shape[1])
+        return self.node_update(x, zero, zero)
+
     def node_update(self, x, t_agg, s_agg):
         # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
         return torch.addcmul(self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)), self.node_res_weight, x)

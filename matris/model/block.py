@@ -24,7 +24,6 @@ class BlockGraph:
 
     edge_target, edge_source: ``[2B]`` atoms of each directed edge; edge_bond: ``[2B]`` d2u.
     angle_atom, angle_target_bond, angle_source_bond: ``[A]``.
-    line_mask: ``[B, 1]`` bool, bonds of structures that have angles; None when all do.
     rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
     checkpoint: 1 recomputes each of the four steps in the backward pass (inference memory level 1,
     same numbers); 0 keeps their activations.
@@ -48,7 +47,6 @@ class BlockGraph:
     angle_atom: torch.Tensor
     angle_target_bond: torch.Tensor
     angle_source_bond: torch.Tensor
-    line_mask: torch.Tensor | None
     rbf_pair: torch.Tensor
     rbf_3b: torch.Tensor
     checkpoint: int = 0
@@ -82,16 +80,20 @@ class InteractionBlock(nn.Module):
         """``last``: the model's last block, whose Refine steps skip FFN_edge (their bond and angle
         updates reach no output; ``e`` and ``a`` come back as the attention left them)."""
         step = functools.partial(_step, g)
+        # a bond without angles (a dimer, or a whole batch without any) takes the line-graph steps'
+        # update of empty sums, as in the official MatRIS 1.0: the same alone and in any batch
         if g.has_angles:
-            e_new, a = step(self.attn_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond)
-            e = _masked(g.line_mask, e_new, e)
+            e, a = step(self.attn_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond)
+        else:
+            e = call_with(g.kernels == "torch", self.attn_block_line_graph.empty_update, e)
         h, e = step(self.attn_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, d2u=g.edge_bond)
         if g.halo is not None:
             h = g.halo.atoms(h, "atom_attention")
         if g.has_angles:
-            e_new, a = step(self.refine_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond,
-                            g.rbf_3b, extra=(h, g.angle_atom), update_edges=not last)
-            e = _masked(g.line_mask, e_new, e)
+            e, a = step(self.refine_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond,
+                        g.rbf_3b, extra=(h, g.angle_atom), update_edges=not last)
+        else:
+            e = call_with(g.kernels == "torch", self.refine_block_line_graph.empty_update, e)
         h, e = step(self.refine_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, g.rbf_pair,
                     d2u=g.edge_bond, update_edges=not last)
         if g.halo is not None and not last:
@@ -117,11 +119,6 @@ def call_with(reference: bool, module: nn.Module, *args, **kwargs):
     """``module(*args, **kwargs)`` on the operators' references (``reference``) or their kernels."""
     with references(reference):
         return module(*args, **kwargs)
-
-
-def _masked(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    # Structures without angles skip the line-graph steps, alone or in a batch.
-    return new if mask is None else torch.where(mask, new, old)
 
 
 def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, fast: BlockGraph,

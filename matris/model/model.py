@@ -410,9 +410,6 @@ class MatRIS(nn.Module):
         streaming = level >= memory.STREAM_LEVEL and g.num_angles > 0 and halo is None
         a = None if streaming else call_with(reference, self.three_body_embedding, theta, rho)
 
-        # bonds of structures that have angles: the line-graph steps leave the others alone
-        # (applied whatever the batch holds: deciding would read a tensor back to the host)
-        line_mask = (g.n_angles > 0)[bond_batch].unsqueeze(-1) if g.num_angles > 0 and halo is None else None
         bg = BlockGraph(
             edge_target=g.edge_target,
             edge_source=g.edge_source,
@@ -420,7 +417,6 @@ class MatRIS(nn.Module):
             angle_atom=g.angle_atom,
             angle_target_bond=g.angle_target_edge % n_b if n_b else g.angle_target_edge,
             angle_source_bond=g.angle_source_edge % n_b if n_b else g.angle_source_edge,
-            line_mask=line_mask,
             rbf_pair=rbf_pair,
             rbf_3b=rbf_3b,
             checkpoint=int(level == 1),

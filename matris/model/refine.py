@@ -108,6 +108,10 @@ class Refine(nn.Module):
         (p_h, _), (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(h, atom), (x, tgt), (x, src)], col)
         return p_h, p_t, p_s, self.learnable_envelope(basis)
 
+    def empty_update(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`node_update` of nodes that no edge touches (``R = 0``): a bond without angles."""
+        return self.node_update(x, x.new_zeros(x.shape[0], self.edge_res_weight.shape[1]))
+
     def node_update(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
         """``x' = FFN_node(R) + w ⊙ x`` from the nodes' sums ``R`` (one addcmul)."""
         return torch.addcmul(self.node_FFN(agg), self.node_res_weight, x)

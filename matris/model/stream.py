@@ -43,7 +43,7 @@ from torch import nn
 
 from .. import heap
 from ..kernels import merge_softmax, references
-from .block import BlockGraph, _masked
+from .block import BlockGraph
 from .recompute import RowRecompute, _detached, _grads
 from .refine import _RefineRows
 
@@ -81,7 +81,7 @@ class Plan:
 
     def bond_update(self, k, e, t_agg, s_agg):
         """The bonds' update by the line attention's aggregates ``[B, d_e]``."""
-        return _masked(self.graph.line_mask, self.blocks[k].attn_block_line_graph.node_update(e, t_agg, s_agg), e)
+        return self.blocks[k].attn_block_line_graph.node_update(e, t_agg, s_agg)
 
     def atom_attention(self, k, h, e, rows=None):
         """The atom-graph attention: ``(h, e)``."""
@@ -92,7 +92,7 @@ class Plan:
     def tail(self, k, h, e, r, rbf_pair, rows=None):
         """The bonds' update by Refine's sums ``r``, then the atom-graph Refine: ``(h, e)``."""
         b, g = self.blocks[k], self.graph
-        e = _masked(g.line_mask, b.refine_block_line_graph.node_update(e, r), e)
+        e = b.refine_block_line_graph.node_update(e, r)
         return b.refine_block_atom_graph(h, e, g.edge_target, g.edge_source, rbf_pair, d2u=g.edge_bond, rows=rows,
                                          update_edges=k != self.last)
 
