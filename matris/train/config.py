@@ -192,9 +192,11 @@ class OptimConfig:
 class ReferenceConfig:
     """Per-element reference energies (eV/atom), stored in the checkpoint (``reference_energy.fc.weight``)."""
 
-    mode: str = _f("fit", "'fit': least squares of E/atom on composition over the training set; 'keep': those of "
-                   "the starting checkpoint (fine-tuning); 'none': no reference term; or a JSON file "
-                   "{symbol: eV/atom} or a checkpoint path to copy them from")
+    mode: str = _f("auto", "'auto': 'refit' when fine-tuning, else 'fit'; 'refit' (fine-tuning): least squares of "
+                   "(E − the pretrained model's E without its references)/atom on composition over the training "
+                   "set, elements absent from it keep the checkpoint's values; 'fit': least squares of E/atom on "
+                   "composition (from scratch); 'keep': those of the starting checkpoint; 'none': no reference "
+                   "term; or a JSON file {symbol: eV/atom} or a checkpoint path to copy them from")
 
 
 @dataclass

@@ -319,6 +319,33 @@ class MatRISDataModule(L.LightningDataModule):
         w, _ = fit_reference_energies_chunked(counted())
         return w, n[0]
 
+    def model_energies(self, model) -> "Any":
+        """Batches of ``(composition [s, 94], label E [s] eV, model E without its reference term [s] eV,
+        model E [s] eV)`` over the whole training split (every rank sees all of it), the model in
+        eval mode on its device, energies only (no backward pass): the input of the reference refit."""
+        from ..model.readout import NUM_ELEMENTS
+
+        sampler = self._sampler(self.train_set, False, 0, 1)
+        loader = DataLoader(_Positions(len(self.train_set)), batch_sampler=ShardedBatches(sampler, 0, 1),
+                            collate_fn=Collate(self.train_set), num_workers=0)
+        was_training = model.training
+        model.eval()
+        try:
+            for batch in loader:
+                g = batch.graph.to(model.device, model.dtype)
+                with torch.no_grad():
+                    out = model(g, compute_forces=False, compute_stress=False, compute_magmoms=False)
+                ref = model._reference_term(g, out.energy)  # [S] the per-atom mean reference
+                n = g.n_atoms.to(out.energy.dtype)
+                bare = out.energy - (ref * n if model.config.is_intensive else ref)
+                comp = torch.zeros(g.num_structures, NUM_ELEMENTS, dtype=torch.float64)
+                comp.index_put_((g.atom_batch.cpu(), g.atomic_numbers.cpu() - 1),
+                                torch.ones(g.num_atoms, dtype=torch.float64), accumulate=True)
+                yield (comp.numpy(), batch.targets.energy.detach().double().cpu().numpy(),
+                       bare.double().cpu().numpy(), out.energy.double().cpu().numpy())
+        finally:
+            model.train(was_training)
+
     # ------------------------------------------------------------------ loaders
     def transfer_batch_to_device(self, batch: TrainBatch, device: torch.device, dataloader_idx: int) -> TrainBatch:
         return batch.to(device)

@@ -51,7 +51,7 @@ from ._lightning import (
 from .config import TrainConfig
 from .datamodule import MatRISDataModule
 from .module import MatRISModule
-from .reference import read_reference_energies, set_reference_energies
+from .reference import read_reference_energies, refit_reference_energies, set_reference_energies
 
 PRECISION = {"32": "32-true", "tf32": "32-true", "64": "64-true"}
 
@@ -182,6 +182,17 @@ def dry_run(config: TrainConfig) -> str:
 def apply_reference_energies(model: MatRIS, config: TrainConfig, data: MatRISDataModule) -> str:
     """Set the model's per-element reference energies as ``reference_energy.mode`` says; returns a summary."""
     mode = config.reference_energy.mode
+    if mode == "auto":  # fine-tuning: refit on the model's residual; from scratch: fit on composition
+        mode = "refit" if config.finetune.from_checkpoint else "fit"
+    if mode == "refit":
+        if not config.finetune.from_checkpoint:
+            raise MatRISInputError("reference_energy.mode 'refit' fits the references to what a pretrained model "
+                                   "does not predict: it needs finetune.from_checkpoint; use 'fit' to train from "
+                                   "scratch")
+        current = None if model.reference_energy is None else model.reference_energy.fc.weight.detach().double().cpu()
+        refit = refit_reference_energies(data.model_energies(model), None if current is None else current.numpy()[0])
+        set_reference_energies(model, refit.values, "refitted")
+        return refit.summary()
     if mode == "keep":
         if not config.finetune.from_checkpoint:
             raise MatRISInputError("reference_energy.mode 'keep' needs finetune.from_checkpoint; use 'fit' or 'none'")
