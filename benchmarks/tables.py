@@ -793,7 +793,16 @@ VIEWS = {
 }
 
 
+def official_api(name: str = "official_api_cpu") -> str:
+    """The official MatRIS package against ours through each official entry point
+    (``benchmarks/official_api.py``): seconds, ratio, largest differences."""
+    from benchmarks.official_api import table as official_table
+
+    return official_table(load(name))
+
+
 TABLES = {
+    "official_api_cpu": official_api,
     "system_size_cpu": system_size,
     "lammps_cpu": lammps,
     "lammps_exactness": lammps_exactness,

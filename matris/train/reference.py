@@ -170,5 +170,5 @@ def set_reference_energies(model: MatRIS, values: np.ndarray | None, name: str =
     model.config.reference_energy = name
 
 
-__all__ = ["Refit", "refit_reference_energies", "fit_reference_energies", "fit_reference_energies_chunked", "read_reference_energies",
-           "set_reference_energies"]
+__all__ = ["Refit", "refit_reference_energies", "fit_reference_energies", "fit_reference_energies_chunked",
+           "read_reference_energies", "set_reference_energies"]
