@@ -60,6 +60,10 @@ def test_train_help_lists_the_config_keys_without_torch():
 @pytest.mark.parametrize("args, words", [
     (["predict", "--dtype", "float16"], "invalid choice"),
     (["predict", "--bogus"], "unrecognized arguments"),
+    # a misspelt option: the subcommand's usage and its closest option, not the top-level usage
+    (["predict", "--modle", "x"], "usage: matris predict"),
+    (["predict", "--modle", "x"], "matris predict: error: unrecognized arguments: --modle; did you mean --model?"),
+    (["relax", "x.cif", "--fmx", "0.1"], "did you mean --fmax?"),
     (["relax"], "the following arguments are required"),
     (["predict", "missing.cif"], "no structure file missing.cif"),
     (["relax", "missing.cif"], "no structure file"),

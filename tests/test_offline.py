@@ -45,6 +45,8 @@ def test_no_network_fails_at_once_with_one_message(unreachable, cache):
     assert attempts == list(entry.urls)  # each URL once: no retries
     message = str(info.value)
     assert isinstance(info.value, DownloadError) and isinstance(info.value, MatRISInputError)
+    # no network is a connection problem: `except OSError` / `except ConnectionError` catch it
+    assert isinstance(info.value, ConnectionError) and isinstance(info.value, OSError)
     assert "cannot reach nonexistent.invalid: the host name does not resolve (no network or no DNS)" in message
     assert "cannot reach 127.0.0.1: the connection was refused" in message
     assert "MATRIS_OFFLINE=1" in message and str(cache / "models" / "M.pth.tar") in message

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=description,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         add_arguments(p)
-        p.set_defaults(handler=run, takes_overrides=overrides)
+        p.set_defaults(handler=run, takes_overrides=overrides, command_parser=p)
     return parser
 
 
@@ -102,6 +102,20 @@ def _input_warnings_as_lines(command: str, shown):
             shown(message, category, filename, lineno, file, line)
 
     return show
+
+
+def unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """"unrecognized arguments: --modle (did you mean --model?)" for ``parser``'s options."""
+    import difflib
+
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    flags = [word.split("=", 1)[0] for word in extra if word.startswith("-")]
+    hints = []
+    for flag in flags:
+        match = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+        if match:
+            hints.append(f"did you mean {match[0]}" + ("?" if len(flags) == 1 else f" for {flag}?"))
+    return f"unrecognized arguments: {' '.join(extra)}" + (f"; {' '.join(hints)}" if hints else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     if extra and not args.takes_overrides:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        # the subcommand's usage, and the closest of its options to a misspelt one
+        args.command_parser.error(unrecognized(args.command_parser, extra))
     import warnings
 
     shown = warnings.showwarning

@@ -113,11 +113,14 @@ class _Retryable(Exception):
     """A failure that another attempt may fix (a connection lost or timed out, a short body, 5xx)."""
 
 
-class UnreachableError(DownloadError):
+class UnreachableError(DownloadError, ConnectionError):
     """The server cannot be reached at all: its host name does not resolve, or the connection
     is refused or has no route (no network, a firewall, a proxy that is down). Not retried:
     seconds later the answer is the same, and a user without network should hear it at once.
-    ``host`` and ``why``: the server and the reason, for a message that joins several."""
+    ``host`` and ``why``: the server and the reason, for a message that joins several.
+
+    A connection problem, not bad input: also a ``ConnectionError`` (an ``OSError``), so
+    ``except OSError`` around a load catches it, as it catches the other failures of a network."""
 
     def __init__(self, message: str, host: str = "", why: str = ""):
         super().__init__(message)
