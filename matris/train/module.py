@@ -46,6 +46,15 @@ class MatRISModule(L.LightningModule):
         self.train_magmoms = bool(labels.get("magmoms")) and w.magmom_weight > 0
         # the exported model offers magnetic moments only if this run trained its magmom head
         # (a fine-tuned backbone leaves an untrained head's outputs meaningless)
+        #: why a base model's magnetic moments are not offered by the trained one (None: they are, or it had none)
+        self.magmoms_dropped = None
+        if model.predicts_magmoms and not self.train_magmoms:
+            why = ("the training data has no magnetic-moment labels" if not labels.get("magmoms")
+                   else "loss.magmom_weight is 0")
+            self.magmoms_dropped = (
+                f"the trained model will not offer magnetic moments, which its starting model predicted: {why}, and "
+                "training changes the features its magmom head reads, so that head's output would no longer be the "
+                "starting model's; give the data magmom labels (and loss.magmom_weight > 0) to keep them")
         model.targets = "efsm" if self.train_magmoms else "efs"
         decay = config.optim.ema_decay
         self.ema_decay = float(decay) if decay else 0.0

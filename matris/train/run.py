@@ -358,6 +358,8 @@ def fit(config: TrainConfig, callbacks: list[Callback] | None = None, overwrite:
         n_train = len(data.train_set)
         n_val = len(data.val_set) if data.val_set is not None else 0
         notice(f"{model.num_parameters():,} parameters; {n_train} training / {n_val} validation structures; {summary}")
+        if module.magmoms_dropped:
+            notice(module.magmoms_dropped)
 
     has_val = data.val_set is not None
     ckpt_dir = out_dir / "checkpoints"
