@@ -434,6 +434,6 @@ def test_finetune_matpes_example_prints_its_config_offline(cache, capsys, monkey
     assert main(["train", "--config", str(config), "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert pt.get_entry(printed["finetune"]["from_checkpoint"]).functional in ("PBE", "r2SCAN", "PBE/PBE+U")
-    assert printed["reference_energy"]["mode"] == "fit" and printed["data"]["train"]
+    assert printed["reference_energy"]["mode"] == "refit" and printed["data"]["train"]
     assert main(["train", "--config", str(config), "--print-config", "--data.train", "[my_r2scan.extxyz]"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["data"]["train"] == ["my_r2scan.extxyz"]
