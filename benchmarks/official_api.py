@@ -50,7 +50,6 @@ official side still runs.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -69,15 +68,9 @@ DEFAULT_OFFICIAL = "/work/peers/official/bin/python"
 DEFAULT_OURS = "/work/peers/ours/bin/python"
 GPA = 160.21766208  # eV/Å^3 -> GPa
 
-# The published MatRIS-10M architecture (benchmarks/peer_models/official.py CONFIG; MatRISConfig.published_10m).
-CONFIG_10M = dict(
-    num_layers=10, node_feat_dim=128, edge_feat_dim=128, three_body_feat_dim=128,
-    mlp_hidden_dims=[256, 128, 128], dropout=0.0, use_bias=False, distance_expansion="Bessel",
-    three_body_expansion="Fourier", num_radial=7, num_angular=7, max_l=4, max_n=4, envelope_exponent=8,
-    graph_conv_mlp="GateMLP", activation_type="silu", norm_type="layer", pairwise_cutoff=6.0,
-    three_body_cutoff=4.5, use_smoothed_for_delta_edge=False, learnable_basis=True, is_intensive=True,
-    is_conservation=True,
-)
+# The published MatRIS-10M architecture, in the official constructor's keywords.
+from benchmarks.peer_models.official import CONFIG as CONFIG_10M  # noqa: E402
+
 CONFIG_SMALL = {**CONFIG_10M, "num_layers": 2, "node_feat_dim": 32, "edge_feat_dim": 32,
                 "three_body_feat_dim": 32, "mlp_hidden_dims": [32, 32]}
 CASES = ("calculator", "relax", "md", "torchsim", "model")
@@ -200,26 +193,6 @@ class Side:
 
 
 # ----------------------------------------------------------------------------- machine facts
-def lscpu_model() -> str | None:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return None
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name":
-            return value.strip()
-    return None
-
-
-def sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ----------------------------------------------------------------------------- comparisons
 def _maxabs(a, b) -> float:
     import numpy as np
@@ -278,6 +251,23 @@ def merge_max(acc: dict | None, new: dict) -> dict:
     return out
 
 
+def portable_hello(hello: dict, portable) -> dict:
+    """A worker's hello as the result records it: where ``matris`` came from relative to its
+    environment (``lib/python3.12/site-packages/matris/__init__.py``), the interpreter as
+    ``VENV/bin/python``; no machine's directories."""
+    out = dict(hello)
+    file, exe = Path(hello.get("matris_file") or ""), hello.get("executable")
+    if exe and file.is_absolute():
+        prefix = Path(exe).parents[1]
+        try:
+            out["matris_file"] = str(file.relative_to(prefix))
+        except ValueError:
+            out["matris_file"] = portable(str(file))
+    if exe:
+        out["executable"] = portable(exe)
+    return out
+
+
 def summarize(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples),
             "samples": samples}
@@ -290,7 +280,8 @@ def timing_key(case: str) -> str:
 # ----------------------------------------------------------------------------- the run
 def run(args) -> dict:
     from benchmarks.peers import gemm_rate
-    from benchmarks.provenance import cpu_description, provenance
+    from benchmarks.provenance import cpu_description, lscpu_model, portable, provenance
+    from matris.pretrained.cache import sha256_file
 
     log = open(args.log, "a") if args.log else subprocess.DEVNULL
     t_start = time.perf_counter()
@@ -312,16 +303,16 @@ def run(args) -> dict:
 
     print(f"official: {args.official_python}\nours:     {args.ours_python}", flush=True)
     official = Side("official", args.official_python, args.threads, log, args.max_rss_gb)
-    result["sides"]["official"] = official.hello
+    result["sides"]["official"] = portable_hello(official.hello, portable)
     if not str(official.hello["matris_dist"]).startswith("matris ") or str(ROOT) in official.hello["matris_file"]:
         print(f"warning: the official side imported {official.hello['matris_dist']} from "
               f"{official.hello['matris_file']}", flush=True)
     made = official.request("make_checkpoint", config=config, seed=args.seed, path=str(ckpt), reference_elements=94)
-    meta.update(checkpoint=str(ckpt), checkpoint_sha256=sha256(ckpt), checkpoint_params=made["params"])
+    meta.update(checkpoint=ckpt.name, checkpoint_sha256=sha256_file(ckpt), checkpoint_params=made["params"])
     print(f"checkpoint {ckpt} ({made['params']:,} parameters, official constructor, seed {args.seed})", flush=True)
     try:
         ours = Side("ours", args.ours_python, args.threads, log, args.max_rss_gb)
-        result["sides"]["ours"] = ours.hello
+        result["sides"]["ours"] = portable_hello(ours.hello, portable)
     except Exception as exc:  # noqa: BLE001 - our side may not be ready
         ours = None
         result["errors"]["ours:start"] = str(exc)

@@ -33,7 +33,7 @@ def provenance(argv: list[str] | None = None, model_name: str | None = None, mod
         "commit": git("rev-parse", "HEAD") or None,
         # result files (benchmarks/results/, written while the run goes on) do not make the code dirty
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")),
-        "command": " ".join(["python", str(script), *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python", str(script), *map(portable, sys.argv[1:] if argv is None else argv)]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -45,6 +45,37 @@ def provenance(argv: list[str] | None = None, model_name: str | None = None, mod
         digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
         out["model_sha256"] = digest
     return out
+
+
+def portable(arg: str) -> str:
+    """A command-line argument as a result file records it: a path inside this checkout relative
+    to it, any other absolute path by its name (a venv's interpreter as ``VENV/bin/python``), so a
+    result names no one machine's directories. ``--opt=/path`` forms too."""
+    opt, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+    if not eq:
+        opt, value = "", arg
+    if not value.startswith("/"):
+        return arg
+    path = Path(value)
+    try:
+        short = str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        short = f"{path.parents[1].name}/bin/{path.name}" if path.parent.name == "bin" and len(path.parents) > 2 \
+            else path.name
+    return opt + eq + short
+
+
+def lscpu_model() -> str | None:
+    """``lscpu``'s "Model name" (the name the guide asks beside every timing), None without lscpu."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name":
+            return value.strip()
+    return None
 
 
 def cpu_description() -> dict:
