@@ -62,6 +62,12 @@ class MissingExtraError(MatRISInputError, ImportError):
     ``ImportError``, as the failed import always was."""
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``"1 structure"``, ``"3 structures"``: a count with its noun in the right number, for
+    messages (``plural`` where adding "s" is wrong: ``counted(2, "batch", "batches")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` means the host or the device ran out of memory: ``MemoryError``, PyTorch's
     ``OutOfMemoryError`` (CUDA), a ``RuntimeError`` of its CPU allocator (no torch import here), or

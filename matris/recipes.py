@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 from .errors import MatRISInputError
+from .rerun import overwrite as overwrite_option
 
 SUFFIX = ".yaml"
 
@@ -98,8 +99,9 @@ def copy(name: str, folder: str | os.PathLike = ".", overwrite: bool = False) ->
     pairs += [(f, folder / f.relative_to(source.parent)) for f in data_files(source)]
     existing = [str(dst) for _, dst in pairs if dst.exists()]
     if existing and not overwrite:
-        raise MatRISInputError(f"{', '.join(existing)} already exist(s): pass overwrite=True (--overwrite) to "
-                               "replace them, or copy into another folder")
+        one = len(existing) == 1
+        raise MatRISInputError(f"{', '.join(existing)} already exist{'s' if one else ''}: pass {overwrite_option()} "
+                               f"to replace {'it' if one else 'them'}, or copy into another folder")
     for src, dst in pairs:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.tmp")  # copied, then renamed: never half a file under the real name

@@ -12,12 +12,37 @@ The lines go to stderr with the prefix ``matris:`` like the package's other noti
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import shutil
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
-OVERWRITE = "overwrite=True (--overwrite)"
+# Whether the messages speak to a user of the ``matris`` command (set by its entry point) or of
+# the Python API: each names the option the way its reader gives it, not both ways at once.
+_COMMAND_LINE = contextvars.ContextVar("matris_command_line", default=False)
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """Within this, messages name options as command-line flags (``--overwrite``)."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def spell(flag: str, python: str) -> str:
+    """``flag`` (``"--overwrite"``) under the ``matris`` command, ``python`` (``"overwrite=True"``)
+    elsewhere: how a message names the one option its reader can give."""
+    return flag if _COMMAND_LINE.get() else python
+
+
+def overwrite() -> str:
+    """The option that starts a job afresh, as the reader gives it."""
+    return spell("--overwrite", "overwrite=True")
 
 
 def notice(message: str) -> None:
@@ -42,4 +67,4 @@ def remove_outputs(paths: Iterable[str | Path]) -> list[Path]:
     return removed
 
 
-__all__ = ["OVERWRITE", "notice", "remove_outputs"]
+__all__ = ["command_line", "notice", "overwrite", "remove_outputs", "spell"]

@@ -66,9 +66,29 @@ def format_name(path: Path) -> str | None:
         from ase.io.formats import filetype, ioformats
 
         name = str(filetype(str(path), guess=True))
+        if name == "vasp":
+            # ASE reads any name that starts with POSCAR/CONTCAR as VASP, so our own outputs
+            # (POSCAR.relaxed.extxyz, POSCAR.final.extxyz) would not read back: a suffix that names
+            # another format wins
+            name = _suffix_format(path) or name
         return name if name in ioformats else None
     except Exception:  # noqa: BLE001 - only a label for the message
         return None
+
+
+def _suffix_format(path: Path) -> str | None:
+    """The ASE format that ``path``'s suffix names (``.extxyz`` → extxyz), compression aside."""
+    from ase.io.formats import extension2format, ioformats
+
+    name = path.name.lower()
+    for compressed in (".gz", ".bz2", ".xz"):
+        name = name.removesuffix(compressed)
+    ext = Path(name).suffix[1:]
+    if not ext:
+        return None
+    if ext in ioformats:
+        return ext
+    return extension2format[ext].name if ext in extension2format else None
 
 
 def _is_binary_format(path: Path, fmt: str | None) -> bool:
@@ -132,7 +152,7 @@ def _read(path: str | os.PathLike, index: str) -> list:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # parsers warn about what they then fail on: the error says it
-            frames = read(path, index=index)
+            frames = read(path, index=index, format=fmt)
     except Exception as ase_exc:  # noqa: BLE001 - ASE raises many kinds for bad files: try pymatgen, then report
         frames = _read_with_pymatgen(path)
         if frames is None:

@@ -172,7 +172,7 @@ def test_sigkill_and_resume_redoes_only_unfinished_shards(tmp_path):
 
     out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert f"reused {len(kept)}" in out.stdout and f"built {30 - len(kept)} shard(s)" in out.stdout
+    assert f"reused {len(kept)}" in out.stdout and f"built {30 - len(kept)} shard{'s' if 30 - len(kept) != 1 else ''}" in out.stdout
     entry = next(p for p in cache.iterdir() if p.is_dir() and not p.name.startswith("."))
     for k, inode in kept.items():  # finished shards were not rebuilt
         assert os.stat(entry / f"shard-{int(k):05d}" / "positions.npy").st_ino == inode

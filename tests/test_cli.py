@@ -26,7 +26,7 @@ def test_predict_files_and_json(tmp_path, capsys):
                  "--dtype", "float64"]) == 0
     results = json.loads(out_json.read_text())
     assert len(results) == 4
-    assert results[1]["name"] == "si.extxyz[0]"
+    assert results[1]["name"] == "si[0]"
     assert len(results[0]["stress_GPa"]) == 3
 
 

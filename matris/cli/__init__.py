@@ -142,10 +142,13 @@ def main(argv: list[str] | None = None) -> int:
 
     shown = warnings.showwarning
     warnings.showwarning = _input_warnings_as_lines(args.command, shown)
+    from ..rerun import command_line
+
     try:
-        if args.takes_overrides:
-            return int(args.handler(args, extra) or 0)
-        return int(args.handler(args) or 0)
+        with command_line():  # messages name the flags (--overwrite), not the Python keywords
+            if args.takes_overrides:
+                return int(args.handler(args, extra) or 0)
+            return int(args.handler(args) or 0)
     except (MatRISInputError, CheckpointError, FileNotFoundError) as exc:
         # one line, no traceback: the message names the problem and the fix
         message = " ".join(str(exc).split("\n")).strip() or type(exc).__name__

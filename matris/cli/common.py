@@ -93,13 +93,27 @@ def read_input_structures(files: list[str], index: str = ":", majority_species: 
     from ..structure_files import read_frames
 
     paths = [Path(f) for f in files] or [EXAMPLE_STRUCTURE]
+    stems = [structure_stem(p) for p in paths]
     atoms = []
-    for path in paths:
+    for path, stem in zip(paths, stems):
         frames = read_frames(path, index, majority_species)  # a bad file: one clear error, exit status 2
+        base = stem if stems.count(stem) == 1 else path.name  # cu.cif and cu.extxyz: their full names
         for k, frame in enumerate(frames):
-            frame.info.setdefault("name", f"{path.name}" + (f"[{k}]" if len(frames) > 1 else ""))
+            frame.info.setdefault("name", base + (f"[{k}]" if len(frames) > 1 else ""))
         atoms.extend(frames)
     return atoms
+
+
+def structure_stem(path: str | os.PathLike) -> str:
+    """A structure file's name without its format and compression suffixes: ``cu.extxyz`` → ``cu``,
+    ``mp-149.cif.gz`` → ``mp-149``, ``POSCAR`` → ``POSCAR``. Every command labels a structure
+    from a file by it (``cu[0]`` for frame 0 of several) and ``relax`` names its files by it."""
+    name = Path(path).name
+    for suffix in (".gz", ".bz2", ".xz"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    stem = Path(name).stem
+    return stem if stem and not stem.startswith(".") else name
 
 
 def read_one(path: str, index: str = "-1", majority_species: bool = False):
@@ -110,7 +124,7 @@ def read_one(path: str, index: str = "-1", majority_species: bool = False):
     frames = read_input_structures([path], index, majority_species)
     if len(frames) != 1:
         raise MatRISInputError(f"{path}: --index {index!r} selects {len(frames)} frames; select one, e.g. --index -1")
-    frames[0].info["name"] = Path(path).name.split(".")[0] or Path(path).name
+    frames[0].info["name"] = structure_stem(path)
     check_structures(frames)
     return frames[0]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import counted
+
 HELP = "build the graph cache of a training config's data (parallel, resumable)"
 DESCRIPTION = """\
 Build the graph cache of every data file a training config names (data.train/val/test or
@@ -71,11 +73,11 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
             entry = data._load_file(f, ds, progress=not args.no_progress)
             rep = data.build_reports[n_reports]
             if rep.built:
-                how = (f"built {rep.built} shard(s)" + (f", reused {rep.reused}" if rep.reused else "")
+                how = (f"built {counted(rep.built, 'shard')}" + (f", reused {rep.reused}" if rep.reused else "")
                        + f", {rep.records} records in {rep.seconds:.1f} s = {rep.rate:.0f} structures/s")
             else:
                 how = "up to date"
             skipped = f", {entry.n_skipped} skipped" if entry.n_skipped else ""
-            print(f"{ds.name}: {f}: {len(entry)} structures in {len(entry.datasets)} shard(s){skipped}; {how}; "
-                  f"{entry.directory}")
+            where = f"{counted(len(entry), 'structure')} in {counted(len(entry.datasets), 'shard')}"
+            print(f"{ds.name}: {f}: {where}{skipped}; {how}; {entry.directory}")
     return 0

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import counted
 from .common import DEVICE_HELP, DTYPE_HELP
 
 HELP = "Matbench-Discovery: relax the WBM test set (sharded, resumable) and compute its metrics"
@@ -325,7 +326,7 @@ def run_relax(args: argparse.Namespace) -> int:
                          progress=False if args.quiet else None)
     print(report.summary(), file=sys.stderr)
     if report.failed:
-        print(f"{report.failed} structure(s) failed (recorded with their error in {report.path}); "
+        print(f"{counted(report.failed, 'structure')} failed (recorded with their error in {report.path}); "
               "--retry-failed relaxes them again", file=sys.stderr)
     return 0
 
@@ -360,8 +361,8 @@ def run_metrics(args: argparse.Namespace) -> int:
               f"no result yet (e.g. {results.missing[:3]}); they count as missing predictions. Run the missing "
               "shards (rerun 'matris discovery relax' with the same options) to finish the run.", file=sys.stderr)
     if results.failed:
-        print(f"warning: {len(results.failed)} relaxation(s) failed (e.g. {results.failed[:3]}); they count as "
-              "missing predictions (relax --retry-failed redoes them)", file=sys.stderr)
+        print(f"warning: {counted(len(results.failed), 'relaxation')} failed (e.g. {results.failed[:3]}); they "
+              "count as missing predictions (relax --retry-failed redoes them)", file=sys.stderr)
     if out.predictions.rejected:
         print(f"warning: MP2020 rejected {len(out.predictions.rejected)} entries (e.g. {out.predictions.rejected[:3]})",
               file=sys.stderr)

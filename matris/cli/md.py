@@ -13,6 +13,7 @@ from .common import (
     check_inputs,
     load_model,
     read_one,
+    structure_stem,
     write_json,
     write_structure,
 )
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     check_pressure(args.pressure, args.ensemble)
     atoms = read_one(args.file, args.index, args.majority_species)
     traj = Path(args.trajectory or f"{atoms.info['name']}.md.extxyz")
-    stem = traj.with_name(traj.name.split(".")[0])
+    name = structure_stem(traj)
+    stem = traj.with_name(name[: -len(".md")] if name.endswith(".md") and len(name) > 3 else name)
     result = md(atoms, ensemble=args.ensemble, temperature=args.temperature, pressure=args.pressure,
                 timestep=args.timestep, steps=args.steps, thermostat=args.thermostat, friction=args.friction,
                 tdamp=args.tdamp, pdamp=args.pdamp, trajectory=traj, loginterval=args.loginterval,

@@ -134,6 +134,7 @@ def _finish(out: Path, key: str, start, r, traj) -> dict:
     row = {"key": key, **r.to_dict(), "structure_file": str(final), "trajectory": None if traj is None else str(traj)}
     dv = 100 * (r.atoms.get_volume() / start.get_volume() - 1) if start.pbc.all() else float("nan")
     steps = "-" if r.steps is None else str(r.steps)
-    print(f"{key[:28]:28s} {len(r.atoms):5d} {steps:>5s} {'yes' if r.converged else 'NO':>4s} "
+    label = str(start.info.get("name", key))  # the label predict prints too; files use the safe key
+    print(f"{label[:28]:28s} {len(r.atoms):5d} {steps:>5s} {'yes' if r.converged else 'NO':>4s} "
           f"{r.energy_per_atom:12.6f} {r.fmax:11.4f} {dv:7.2f}", flush=True)
     return row

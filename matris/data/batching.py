@@ -6,7 +6,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, counted
 
 
 class BudgetBatchSampler:
@@ -119,11 +119,13 @@ class BudgetBatchSampler:
             over = sizes[name] > b
             if over.any():
                 worst = int(np.argmax(sizes[name]))
-                problems.append(f"{int(over.sum())} structure(s) exceed max_{name}={b} (the largest, at position "
+                n_over = int(over.sum())
+                problems.append(f"{counted(n_over, 'structure')} exceed{'s' if n_over == 1 else ''} max_{name}={b} "
+                                f"(the largest, at position "
                                 f"{worst}, has {int(sizes[name][worst])} {name})")
         if problems:
             raise MatRISInputError(
-                "structures too large for one batch: " + "; ".join(problems) + ". Raise the budget(s) to at least "
+                "structures too large for one batch: " + "; ".join(problems) + ". Raise the budget to at least "
                 "the largest structure, or filter those structures out of the dataset."
             )
         self._sizes = {name: sizes[name] for name in self.budgets if name != "structures"}
@@ -161,8 +163,9 @@ class BudgetBatchSampler:
             raise MatRISInputError(f"mixture weights must be finite, >= 0 and not all 0, got {w.tolist()}.")
         empty = [d for d in range(w.size) if w[d] > 0 and not (g == d).any()]
         if empty:
-            raise MatRISInputError(f"dataset(s) {empty} have a weight but no structures in this split; give them "
-                                   "data or weight 0.")
+            which = f"dataset {empty[0]} has" if len(empty) == 1 else f"datasets {empty} have"
+            raise MatRISInputError(f"{which} a weight but no structures in this split; give "
+                                   f"{'it' if len(empty) == 1 else 'them'} data or weight 0.")
         if not self.shuffle:
             raise MatRISInputError("a weighted mixture is drawn at random; it needs shuffle=True.")
         self.groups, self.weights = g, w / w.sum()
@@ -218,7 +221,8 @@ class BudgetBatchSampler:
         per_rank = len(batches) // self.world_size
         if per_rank == 0:
             raise MatRISInputError(
-                f"epoch {epoch} packs into only {len(batches)} batch(es), fewer than world_size={self.world_size}; "
+                f"epoch {epoch} packs into only {counted(len(batches), 'batch', 'batches')}, fewer than "
+                f"world_size={self.world_size}; "
                 "lower the budgets, use fewer ranks, or add data."
             )
         mine = batches[self.rank:: self.world_size][:per_rank]

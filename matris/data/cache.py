@@ -57,7 +57,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, counted
 from ..graph.batch import GraphBatch, line_graph
 from ..graph.neighbors import half_neighbor_list
 from ..graph.system import MAX_Z, MIN_DISTANCE, overlap_error
@@ -298,7 +298,7 @@ def _build(samples: Iterable[Sample], total: int | None, cutoff: float, three_bo
         raise MatRISInputError(f"{source_label}: no structures to build graphs of{extra}; check the file.")
     if skipped and not allow_empty:  # a shard's skips are reported once, by the whole build
         warnings.warn(
-            f"{source_label}: skipped {len(skipped)} invalid structure(s) of {n_structures + len(skipped)} "
+            f"{source_label}: skipped {counted(len(skipped), 'invalid structure')} of {n_structures + len(skipped)} "
             f"(skip_invalid=True); first: {skipped[0][1]}",
             stacklevel=3,
         )

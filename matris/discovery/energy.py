@@ -21,7 +21,7 @@ import math
 import warnings
 from typing import Any, Mapping
 
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, counted
 from ..extras import require
 
 
@@ -43,7 +43,7 @@ def mp2020_corrected_energies(entries: Mapping[str, Any], relaxed: Mapping[str, 
     missing = [m for m in relaxed if m not in entries]
     if missing:
         raise MatRISInputError(
-            f"no DFT computed structure entry for {len(missing)} relaxed material(s) ({missing[:3]}…); "
+            f"no DFT computed structure entry for {counted(len(missing), 'relaxed material')} ({missing[:3]}…); "
             "MP2020 corrections "
             "need each material's DFT calculation parameters: give the WBM computed-structure-entries file that "
             "covers these ids"
@@ -120,7 +120,8 @@ class HullReference:
         comp = Composition(composition) if not hasattr(composition, "num_atoms") else composition
         outside = [str(el) for el in comp if str(el) not in self.elements]
         if outside:
-            raise MatRISInputError(f"{comp.formula}: element(s) {', '.join(outside)} are not in the hull entries; "
+            which = f"element {outside[0]} is" if len(outside) == 1 else f"elements {', '.join(outside)} are"
+            raise MatRISInputError(f"{comp.formula}: {which} not in the hull entries; "
                                    "give hull entries of every element of the test set")
         return PDEntry(comp, float(energy))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..atomic import write_text
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, counted
 from .energy import HullReference
 from .metrics import STABILITY_THRESHOLD, TOP_K, DiscoveryMetrics, discovery_metrics
 from .plots import save_discovery_figure
@@ -43,7 +43,9 @@ def evaluate(summary, predictions: Predictions, *, only_predicted: bool = False,
     frame = predictions.frame
     unknown = [m for m in frame.index if m not in summary.index]
     if unknown:
-        raise MatRISInputError(f"{len(unknown)} predicted material(s) are not in the WBM summary ({unknown[:3]}…); "
+        verb = "is" if len(unknown) == 1 else "are"
+        raise MatRISInputError(f"{counted(len(unknown), 'predicted material')} {verb} not in the WBM summary "
+                               f"({unknown[:3]}…); "
                                "the structures and the summary belong to different data sets")
     ids = [m for m in summary.index if m in frame.index] if only_predicted else list(summary.index)
     if not ids:
@@ -132,8 +134,8 @@ def relaxed_geometry(results: MergedResults, summary, dft_relaxed: str | os.Path
     where = {m: k for k, m in enumerate(source.material_ids)}
     missing = [m for m in ids if m not in where]
     if missing:
-        raise MatRISInputError(f"{dft_relaxed} lacks {len(missing)} relaxed material(s) ({missing[:3]}): give the "
-                               "WBM DFT-relaxed structures of the same data set")
+        raise MatRISInputError(f"{dft_relaxed} lacks {counted(len(missing), 'relaxed material')} ({missing[:3]}): "
+                               "give the WBM DFT-relaxed structures of the same data set")
     refs = dict(zip(ids, source.load([where[m] for m in ids])))
     out = geo_opt_metrics({m: results.records[m].structure() for m in ids}, refs, symprec)
     out["subset"] = "unique prototypes relaxed"

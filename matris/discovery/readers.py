@@ -226,7 +226,8 @@ def read_summary(path: str | os.PathLike):
     frame = pd.read_csv(path)
     missing = [c for c in SUMMARY_COLUMNS if c not in frame.columns]
     if missing:
-        raise MatRISInputError(f"{path} lacks the column(s) {', '.join(missing)}; give the WBM summary CSV of "
+        columns = "column" if len(missing) == 1 else "columns"
+        raise MatRISInputError(f"{path} lacks the {columns} {', '.join(missing)}; give the WBM summary CSV of "
                                "matbench-discovery (or a CSV with the columns " + ", ".join(SUMMARY_COLUMNS) + ")")
     frame[ID] = frame[ID].astype(str)
     if frame[ID].duplicated().any():

@@ -72,6 +72,14 @@ def element_symbol(z: int) -> str:
     return _SYMBOLS[z] if 0 < z < len(_SYMBOLS) else f"Z={z}"
 
 
+def atom_element(k: int, z: int) -> str:
+    """``"atom k is Am (Z=95)"``; ``"atom k has Z=0 (ASE's dummy atom X, not an element)"`` and
+    ``"atom k has Z=-1"`` where ``z`` names no element, so no value is said twice."""
+    if 0 < z < len(_SYMBOLS):
+        return f"atom {k} is {_SYMBOLS[z]} (Z={z})"
+    return f"atom {k} has Z={z}" + (" (ASE's dummy atom X, not an element)" if z == 0 else "")
+
+
 @dataclass
 class AtomicSystem:
     """One structure as arrays: the input of graph construction.
@@ -129,7 +137,7 @@ class AtomicSystem:
             k = int(np.flatnonzero(bad)[0])
             z = int(self.atomic_numbers[k])
             raise MatRISInputError(
-                f"{who}: atom {k} is {element_symbol(z)} (Z={z}); MatRIS covers Z = 1 (H) to {MAX_Z} (Pu). "
+                f"{who}: {atom_element(k, z)}; MatRIS covers Z = 1 (H) to {MAX_Z} (Pu). "
                 "Remove or replace that element."
             )
         self.check_finite(index)

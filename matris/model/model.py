@@ -18,7 +18,7 @@ from .. import checkpoint_files as ckpt_io
 from .. import memory
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
-from ..graph.system import MAX_Z, element_symbol
+from ..graph.system import MAX_Z, atom_element, element_symbol
 from ..kernels import choose
 from ..settings import MOVED_TO_OPTIONS, RunOptions
 from ..targets import DEFAULT_TARGETS, normalize_targets
@@ -162,7 +162,7 @@ class MatRIS(nn.Module):
                else f"its atom embedding covers Z = 1..{limit}")
         raise MatRISInputError(
             f"structure {structure} contains {', '.join(bad)} "
-            f"(atom {k} is {element_symbol(int(z[k]))}, Z={int(z[k])}), "
+            f"({atom_element(k, int(z[k]))}), "
             f"which model {self.name} does not cover: {why} (up to {element_symbol(limit)}). Remove those atoms or use "
             "a model that covers them (see 'matris models').")
 

@@ -28,7 +28,7 @@ import torch
 
 from ..atomic import write_json
 from ..errors import MatRISInputError
-from ..rerun import OVERWRITE, notice
+from ..rerun import notice, overwrite, spell
 from ..structures import like_input
 from .inputs import ModelLike, check_positive, prepare, require_periodic
 from .progress import Progress
@@ -198,6 +198,9 @@ def md(
         _set_dynamics_state(dyn, dynamics_state)
     log = [_row_of_frame(f) for f in history]
     if start >= steps and start > 0:  # finished before: read back, not run (and not timed as 0 steps/s)
+        # the trajectory's frame of the last step carries its energy and forces; the restart file has none
+        if history and int(history[-1].info.get("md_step", -1)) == start:
+            atoms.calc = history[-1].calc
         final = snapshot(atoms)
         speed = speed or {}
         return MDResult(structure=like_input(final, structure), atoms=final, steps=start, timestep_fs=float(timestep),
@@ -331,10 +334,12 @@ def _row_of_frame(frame) -> dict:
 def _say_resumed(path: Path, start: int, steps: int) -> None:
     """The rerun rule's one line (:mod:`matris.rerun`): finished, or resumed."""
     if start >= steps:
-        notice(f"md: {path} holds a finished run (step {start}, steps={steps}): returning it as it is, not run "
-               f"again; raise steps to continue it, or pass {OVERWRITE} or another trajectory to start afresh")
+        asked = spell(f"--steps {steps}", f"steps={steps}")
+        notice(f"md: {path} holds a finished run (step {start}, {asked}): returning it as it is, not run "
+               f"again; raise {spell('--steps', 'steps')} to continue it, or pass {overwrite()} or another "
+               f"{spell('--trajectory', 'trajectory')} to start afresh")
     elif start > 0:
-        notice(f"md: resuming the run in {path} at step {start} of {steps} ({OVERWRITE} starts afresh)")
+        notice(f"md: resuming the run in {path} at step {start} of {steps} ({overwrite()} starts afresh)")
 
 
 def _write_restart(path: Path, atoms, step: int, settings: dict, dynamics: dict, speed: dict | None = None) -> None:
@@ -353,14 +358,14 @@ def _read_restart(path: Path, atoms, settings: dict) -> dict:
     if data.get("version") != RESTART_VERSION or data.get("numbers") != atoms.numbers.tolist():
         raise MatRISInputError(
             f"the restart file {path} belongs to another structure; delete it (and its trajectory) or pass "
-            "overwrite=True (--overwrite) to start afresh"
+            f"{overwrite()} to start afresh"
         )
     changed = {k: (data.get(k), v) for k, v in settings.items() if data.get(k) != v}
     if changed:
         what = ", ".join(f"{k} {old!r} → {new!r}" for k, (old, new) in changed.items())
         raise MatRISInputError(
             f"the restart file {path} was written with other settings ({what}); rerun with the original settings, "
-            "or pass overwrite=True (--overwrite) to start afresh"
+            f"or pass {overwrite()} to start afresh"
         )
     return data
 
@@ -369,7 +374,7 @@ def _check_frame(path, frame, atoms):
     if frame.numbers.tolist() != atoms.numbers.tolist() or "md_step" not in frame.info:
         raise MatRISInputError(
             f"the trajectory {path} was not written by an MD run of this structure; choose another trajectory file "
-            "or pass overwrite=True (--overwrite) to overwrite it"
+            f"or pass {overwrite()} to overwrite it"
         )
     return frame
 

@@ -271,7 +271,8 @@ class TrainConfig:
         sections = {f.name: f for f in dataclasses.fields(cls)}
         unknown = [k for k in data if k not in sections]
         if unknown:
-            raise MatRISInputError(f"{source}: unknown section(s) {unknown}{_suggest(unknown[0], sections)}; "
+            what = "section" if len(unknown) == 1 else "sections"
+            raise MatRISInputError(f"{source}: unknown {what} {unknown}{_suggest(unknown[0], sections)}; "
                                    f"valid sections: {sorted(sections)}")
         kwargs = {}
         for name, f in sections.items():

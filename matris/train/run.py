@@ -37,7 +37,7 @@ from .. import memory as memory_policy
 from ..atomic import atomic_path, write_text
 from ..errors import MatRISInputError, MissingExtraError
 from ..model import MatRIS
-from ..rerun import OVERWRITE, notice, remove_outputs
+from ..rerun import notice, overwrite, remove_outputs, spell
 from ._lightning import (
     Callback,
     L,
@@ -209,13 +209,17 @@ def apply_reference_energies(model: MatRIS, config: TrainConfig, data: MatRISDat
     return f"reference energies from {mode}"
 
 
+RESUME_AUTO = "trainer.resume='auto'"
+
+
 def _resume_path(config: TrainConfig, out_dir: Path) -> str | None:
     resume = config.trainer.resume
     if resume == "never":
         if (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
             raise MatRISInputError(
                 f"{out_dir} already holds a run (checkpoints/*.ckpt) and trainer.resume is 'never': continue it with "
-                f"--trainer.resume auto, start afresh there with {OVERWRITE}, or give another --trainer.out_dir")
+                f"{spell('--trainer.resume auto', RESUME_AUTO)}, start afresh there with {overwrite()}, or "
+                f"give another {spell('--trainer.out_dir', 'trainer.out_dir')}")
         return None
     if resume == "auto":
         last = out_dir / "checkpoints" / "last.ckpt"
@@ -294,13 +298,13 @@ def _rerun(config: TrainConfig, out_dir: Path, overwrite: bool) -> tuple[str | N
     finished run's result when there is nothing to train."""
     if overwrite:
         if config.trainer.resume not in ("auto", "never"):
-            raise MatRISInputError(f"{OVERWRITE} starts afresh, but trainer.resume names a checkpoint to continue "
+            raise MatRISInputError(f"{overwrite()} starts afresh, but trainer.resume names a checkpoint to continue "
                                    f"({config.trainer.resume}): drop one of the two")
         # every rank starts afresh; only rank 0 removes files (the others may already be reading the folder)
         if rank_zero_only.rank == 0:
             removed = remove_outputs(run_outputs(out_dir))
             if removed:
-                notice(f"train: {OVERWRITE}: removed the earlier run's {len(removed)} outputs in {out_dir} "
+                notice(f"train: {overwrite()}: removed the earlier run's {len(removed)} outputs in {out_dir} "
                        "(checkpoints, models, logs, metrics; other files are kept); starting afresh")
         return None, None
     resume = _resume_path(config, out_dir)
@@ -312,11 +316,12 @@ def _rerun(config: TrainConfig, out_dir: Path, overwrite: bool) -> tuple[str | N
     if done and own and (out_dir / "last_model.pth.tar").is_file():
         if rank_zero_only.rank == 0:
             notice(f"train: {out_dir} holds a finished run, not trained again: {resume} is {done}; to start afresh, "
-                   f"pass {OVERWRITE} or another --trainer.out_dir")
+                   f"pass {overwrite()} or another {spell('--trainer.out_dir', 'trainer.out_dir')}")
         return resume, _loaded_result(out_dir)
     if rank_zero_only.rank == 0:
         what = f"{done}; nothing left to train, writing the exports" if done else f"at step {step}"
-        notice(f"train: resuming from {resume} ({what}); {OVERWRITE} or another --trainer.out_dir starts afresh")
+        notice(f"train: resuming from {resume} ({what}); {overwrite()} or another "
+               f"{spell('--trainer.out_dir', 'trainer.out_dir')} starts afresh")
     return resume, None
 
 
