@@ -24,7 +24,7 @@ import re
 import warnings
 from pathlib import Path
 
-from .errors import MatRISInputError, MatRISInputWarning
+from .errors import MatRISInputError, MatRISInputWarning, counted
 
 # Containers that are binary by design and that ASE or pymatgen read (ASE's own binary formats
 # are found by name in its format table): sniffing them for text makes no sense.
@@ -318,7 +318,8 @@ def vasp_problem(path: str | os.PathLike) -> str | None:
         return f"line {counts_line + 1} must be the number of atoms of each element (whole numbers)"
     counts = [int(x) for x in lines[counts_line].split()]
     if counts_line == 6 and len(lines[5].split()) != len(counts):
-        return (f"line 6 names {len(lines[5].split())} element(s) but line 7 gives {len(counts)} count(s); "
+        return (f"line 6 names {counted(len(lines[5].split()), 'element')} but line 7 gives "
+                f"{counted(len(counts), 'count')}; "
                 "give one count per element")
     k = counts_line + 1
     if k < len(lines) and lines[k].strip()[:1] in ("s", "S"):
@@ -335,7 +336,7 @@ def vasp_problem(path: str | os.PathLike) -> str | None:
         words = lines[line].split()[:3]  # selective-dynamics flags (T F T) and labels may follow
         if len(words) < 3:
             return (f"it is truncated: line {line + 1}, the position of atom {atom + 1} of {natoms}, has "
-                    f"{len(words)} number(s) instead of 3")
+                    f"{counted(len(words), 'number')} instead of 3")
         if not all(_is_number(w) for w in words):
             return f"line {line + 1}, the position of atom {atom + 1} of {natoms}, is not 3 numbers"
     return None

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MatRISInputError, MatRISInputWarning
+from .errors import MatRISInputError, MatRISInputWarning, counted
 from .graph import AtomicSystem
 
 # Plausibility thresholds (warnings, never errors). Two atoms closer than CONTACT_FACTOR × the
@@ -90,8 +90,8 @@ def implausibilities(system: AtomicSystem, cutoff: float | None = None, index: i
             problems.append(
                 f"{which} ({pair}) are {d[m]:.3f} Å apart, below {limit[m]:.3f} Å ({CONTACT_FACTOR} × the sum of "
                 f"their covalent radii, each capped at {CONTACT_RADIUS_CAP} Å), closer than atoms in any real crystal "
-                f"({int(close.sum())} such pair(s){volume}): the cell or the positions are probably in the wrong "
-                "units or scaled wrong")
+                f"({counted(int(close.sum()), 'such pair')}{volume}): the cell or the positions are probably in the "
+                "wrong units or scaled wrong")
     if cutoff is not None and system.pbc.any() and not len(d) and _isolated(system, cutoff):
         problems.append(
             f"no atom has a neighbour, nor a periodic image of itself, within the model's cutoff of {cutoff:g} Å "
@@ -121,7 +121,8 @@ def occupancy_problem(atoms: Any) -> str | None:
     if not sites:
         return None
     index, _, text = sites[0]
-    return (f"atoms.info['occupancy'] holds partial occupancies ({len(sites)} site(s), e.g. atom {index}: {text}); "
+    return (f"atoms.info['occupancy'] holds partial occupancies ({counted(len(sites), 'site')}, e.g. atom {index}: "
+            f"{text}); "
             f"ASE kept one species per site, so the model sees an ordered structure that is not the one in the file")
 
 

@@ -123,7 +123,7 @@ def test_bad_record_in_a_shard(tmp_path):
     with pytest.raises(MatRISInputError, match=r"broken\.extxyz: structure 6 .*closer than"):
         build_or_load(path, CUTOFF, R3, cache_dir=tmp_path / "c", shard_size=4, workers=2, progress=False)
     assert not [p for p in (tmp_path / "c").iterdir() if p.is_dir()]  # nothing half-built is kept
-    with pytest.warns(UserWarning, match=r"skipped 1 invalid record\(s\) of 9 .*record 6"):
+    with pytest.warns(UserWarning, match=r"skipped 1 invalid record of 9 .*record 6"):
         ds = build_or_load(path, CUTOFF, R3, cache_dir=tmp_path / "c", shard_size=4, skip_invalid=True,
                            progress=False)
     assert len(ds) == 8 and ds.n_skipped == 1 and ds.meta["skipped"]["first"][0]["index"] == 6
@@ -172,7 +172,8 @@ def test_sigkill_and_resume_redoes_only_unfinished_shards(tmp_path):
 
     out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert f"reused {len(kept)}" in out.stdout and f"built {30 - len(kept)} shard{'s' if 30 - len(kept) != 1 else ''}" in out.stdout
+    built = 30 - len(kept)
+    assert f"reused {len(kept)}" in out.stdout and f"built {built} shard{'s' if built != 1 else ''}" in out.stdout
     entry = next(p for p in cache.iterdir() if p.is_dir() and not p.name.startswith("."))
     for k, inode in kept.items():  # finished shards were not rebuilt
         assert os.stat(entry / f"shard-{int(k):05d}" / "positions.npy").st_ino == inode

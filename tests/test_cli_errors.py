@@ -74,7 +74,7 @@ def one_line(capsys, command: str) -> str:
 # ------------------------------------------------------------------------------ structure files
 @pytest.mark.parametrize("name, words", [
     ("bad.bin", ["bad.bin holds binary data", "('.bin') names no structure format", "give a structure file"]),
-    ("POSCAR", ["not a valid VASP POSCAR file", "truncated: line 11, the position of atom 3 of 8, has 2 number(s)",
+    ("POSCAR", ["not a valid VASP POSCAR file", "truncated: line 11, the position of atom 3 of 8, has 2 numbers",
                 "complete or correct the file"]),
     ("CONTCAR", ["declares 8 atoms but the positions end after 2"]),
     ("xx.cif", ["'Xx' is not a chemical element symbol (line 15: 'Xx1 Xx 0 0 0')",

@@ -546,7 +546,7 @@ def test_budget_sampler_ranks_disjoint_equal_counts(world_size):
 def test_budget_sampler_oversize_error():
     a, b, g = sizes()
     a[[5, 17]] = [500, 700]
-    with pytest.raises(MatRISInputError, match=r"2 structure\(s\) exceed max_atoms=300 .*position 17.*700 atoms"
+    with pytest.raises(MatRISInputError, match=r"2 structures exceed max_atoms=300 .*position 17.*700 atoms"
                                                r".*Raise the budget"):
         BudgetBatchSampler(a, b, g, max_atoms=300)
     with pytest.raises(MatRISInputError, match="at least one budget"):

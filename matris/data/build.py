@@ -43,7 +43,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..atomic import write_json
-from ..errors import MatRISInputError
+from ..errors import MatRISInputError, counted
 from .cache import (
     ENTRY_FORMAT,
     LABELS,
@@ -98,7 +98,8 @@ class CachedDataset(MultiPacked):
 
     def __repr__(self) -> str:
         m = self.meta
-        return (f"CachedDataset({len(self)} structures in {len(self.datasets)} shard(s), {m['n_atoms_total']} atoms, "
+        return (f"CachedDataset({counted(len(self), 'structure')} in {counted(len(self.datasets), 'shard')}, "
+                f"{m['n_atoms_total']} atoms, "
                 f"{m['n_bonds_total']} bonds, {m['n_angles_total']} angles, cutoff={self.cutoff}, "
                 f"three_body_cutoff={self.three_body_cutoff}, directory={str(self.directory)!r})")
 
@@ -326,7 +327,7 @@ def _build_entry(src: Path, entry: Path, cutoff: float, three_body_cutoff: float
             else:
                 stale.unlink(missing_ok=True)
         rep.reused = len(manifest["shards"])
-        log.info("resuming the graph cache build of %s: %d shard(s) already done", src, rep.reused)
+        log.info("resuming the graph cache build of %s: %s already done", src, counted(rep.reused, "shard"))
         if shard_size is not None and shard_size != manifest["shard_size"]:
             log.info("resuming with the interrupted build's shard_size=%d (asked: %d)", manifest["shard_size"],
                      shard_size)
@@ -354,7 +355,7 @@ def _build_entry(src: Path, entry: Path, cutoff: float, three_body_cutoff: float
     rep.seconds = time.perf_counter() - t0
     if meta["skipped"]["count"]:
         first = meta["skipped"]["first"][0]
-        warnings.warn(f"{src.name}: skipped {meta['skipped']['count']} invalid record(s) of "
+        warnings.warn(f"{src.name}: skipped {counted(meta['skipped']['count'], 'invalid record')} of "
                       f"{meta['skipped']['count'] + meta['n_structures']} (skip_invalid=True); first: record "
                       f"{first['index']}: {first['error']}", stacklevel=4)
 

@@ -31,7 +31,7 @@ import torch
 from .. import memory
 from ..domain import Subdomain, build_graphs, evaluate
 from ..domain.evaluate import bond_forces_and_virials
-from ..errors import MatRISInputError, is_out_of_memory
+from ..errors import MatRISInputError, counted, is_out_of_memory
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.system import MAX_Z, element_symbol
 from ..kernels import choose
@@ -182,8 +182,8 @@ class LammpsEvaluator:
         types = np.asarray(types, dtype=np.int64)
         if types.size and (types.min() < 1 or types.max() >= len(self.type_to_z)):
             raise MatRISInputError(
-                f"atom type {int(types.max())} has no element: pair_coeff * * maps {len(self.type_to_z) - 1} "
-                "type(s); give one element per atom type")
+                f"atom type {int(types.max())} has no element: pair_coeff * * maps "
+                f"{counted(len(self.type_to_z) - 1, 'type')}; give one element per atom type")
         return self.type_to_z[types]
 
     def _raise_if_out_of_memory(self, exc: BaseException, what: str, advice: str) -> None:

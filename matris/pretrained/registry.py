@@ -106,7 +106,8 @@ class Registry:
         keys = {normalize_name(k) for k in (entry.name, *entry.aliases)}
         clashes = {self._keys[k] for k in keys if k in self._keys}
         if clashes and not replace:
-            raise ValueError(f"model name(s) of {entry.name!r} already registered by {sorted(clashes)}; "
+            names = "a model name" if len(clashes) == 1 else "model names"
+            raise ValueError(f"{names} of {entry.name!r} already registered by {sorted(clashes)}; "
                              "pass replace=True to override")
         for old in clashes:
             self.unregister(old)
