@@ -228,7 +228,7 @@ def test_cli_prints_the_warning_as_one_line(files, capsys):
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("matris predict: warning: ")]
     assert len(lines) == 1 and "Warning:" not in err, err
-    assert "(si_cube.extxyz): atom 0 and a periodic image of itself (Si–Si) are 1.500 Å apart" in lines[0]
+    assert "(si_cube): atom 0 and a periodic image of itself (Si–Si) are 1.500 Å apart" in lines[0]
 
 
 def test_large_volume_change_in_a_relaxation_warns():

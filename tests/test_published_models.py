@@ -381,7 +381,7 @@ def test_efs_model_offers_no_magmoms(efs_file, tmp_path, cache, capsys):
 
     si.write(tmp_path / "si.cif")
     assert main(["predict", str(tmp_path / "si.cif"), "--model", str(efs_file)]) == 0
-    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("si.cif")][0]
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("si ")][0]
     assert row.rstrip().endswith("–")
     assert main(["predict", str(tmp_path / "si.cif"), "--model", str(efs_file), "--json", str(tmp_path / "p.json"),
                  "--quiet"]) == 0

@@ -193,7 +193,7 @@ def test_training_with_missing_labels(emt, tmp_path):
     for p in result.module.model.parameters():
         assert torch.isfinite(p).all()
     cfg["trainer"]["resume"] = "never"  # a finished run is never overwritten silently
-    with pytest.raises(MatRISInputError, match="already holds a run.*--overwrite"):
+    with pytest.raises(MatRISInputError, match="already holds a run.*overwrite=True"):
         fit(TrainConfig.from_dict(cfg))
 
 
@@ -219,7 +219,7 @@ def test_rerun_of_a_finished_run_says_so_and_overwrite_starts_afresh(emt, tmp_pa
     err = capfd.readouterr().err
     assert again.loaded and again.module is None and again.metrics == first.metrics
     assert "holds a finished run" in err and "at step 3, and trainer.max_steps is 2" in err
-    assert "raise --trainer.max_steps above 3" in err and "--overwrite" in err
+    assert "raise trainer.max_steps above 3" in err and "overwrite=True" in err and "--" not in err
     assert again.last_model.read_bytes() == model_bytes and _ckpt_step(ckpt) == 3
 
     cfg["trainer"]["max_steps"] = 4

@@ -37,7 +37,8 @@ from .. import memory as memory_policy
 from ..atomic import atomic_path, write_text
 from ..errors import MatRISInputError, MissingExtraError
 from ..model import MatRIS
-from ..rerun import notice, overwrite, remove_outputs, spell
+from ..rerun import notice, remove_outputs, spell
+from ..rerun import overwrite as overwrite_option
 from ._lightning import (
     Callback,
     L,
@@ -218,7 +219,7 @@ def _resume_path(config: TrainConfig, out_dir: Path) -> str | None:
         if (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
             raise MatRISInputError(
                 f"{out_dir} already holds a run (checkpoints/*.ckpt) and trainer.resume is 'never': continue it with "
-                f"{spell('--trainer.resume auto', RESUME_AUTO)}, start afresh there with {overwrite()}, or "
+                f"{spell('--trainer.resume auto', RESUME_AUTO)}, start afresh there with {overwrite_option()}, or "
                 f"give another {spell('--trainer.out_dir', 'trainer.out_dir')}")
         return None
     if resume == "auto":
@@ -253,11 +254,11 @@ def _finished(config: TrainConfig, step: int, epoch: int) -> str | None:
     """Why a run at ``step``/``epoch`` has nothing left to train under ``config`` (None: it has)."""
     t = config.trainer
     if t.max_steps >= 0 and step >= t.max_steps:
-        return (f"at step {step}, and trainer.max_steps is {t.max_steps}: to train further, raise --trainer.max_steps "
-                f"above {step}")
+        return (f"at step {step}, and trainer.max_steps is {t.max_steps}: to train further, raise "
+                f"{spell('--trainer.max_steps', 'trainer.max_steps')} above {step}")
     if t.max_epochs is not None and t.max_epochs >= 0 and epoch >= t.max_epochs:
         return (f"at epoch {epoch}, and trainer.max_epochs is {t.max_epochs}: to train further, raise "
-                f"--trainer.max_epochs above {epoch}")
+                f"{spell('--trainer.max_epochs', 'trainer.max_epochs')} above {epoch}")
     return None
 
 
@@ -298,13 +299,13 @@ def _rerun(config: TrainConfig, out_dir: Path, overwrite: bool) -> tuple[str | N
     finished run's result when there is nothing to train."""
     if overwrite:
         if config.trainer.resume not in ("auto", "never"):
-            raise MatRISInputError(f"{overwrite()} starts afresh, but trainer.resume names a checkpoint to continue "
-                                   f"({config.trainer.resume}): drop one of the two")
+            raise MatRISInputError(f"{overwrite_option()} starts afresh, but trainer.resume names a checkpoint to "
+                                   f"continue ({config.trainer.resume}): drop one of the two")
         # every rank starts afresh; only rank 0 removes files (the others may already be reading the folder)
         if rank_zero_only.rank == 0:
             removed = remove_outputs(run_outputs(out_dir))
             if removed:
-                notice(f"train: {overwrite()}: removed the earlier run's {len(removed)} outputs in {out_dir} "
+                notice(f"train: {overwrite_option()}: removed the earlier run's {len(removed)} outputs in {out_dir} "
                        "(checkpoints, models, logs, metrics; other files are kept); starting afresh")
         return None, None
     resume = _resume_path(config, out_dir)
@@ -316,11 +317,11 @@ def _rerun(config: TrainConfig, out_dir: Path, overwrite: bool) -> tuple[str | N
     if done and own and (out_dir / "last_model.pth.tar").is_file():
         if rank_zero_only.rank == 0:
             notice(f"train: {out_dir} holds a finished run, not trained again: {resume} is {done}; to start afresh, "
-                   f"pass {overwrite()} or another {spell('--trainer.out_dir', 'trainer.out_dir')}")
+                   f"pass {overwrite_option()} or another {spell('--trainer.out_dir', 'trainer.out_dir')}")
         return resume, _loaded_result(out_dir)
     if rank_zero_only.rank == 0:
         what = f"{done}; nothing left to train, writing the exports" if done else f"at step {step}"
-        notice(f"train: resuming from {resume} ({what}); {overwrite()} or another "
+        notice(f"train: resuming from {resume} ({what}); {overwrite_option()} or another "
                f"{spell('--trainer.out_dir', 'trainer.out_dir')} starts afresh")
     return resume, None
 
