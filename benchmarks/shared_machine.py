@@ -6,9 +6,9 @@
 
 Both processes are the ``matris`` command (``--matris``, default the one beside this Python):
 
-- the load: ``matris finetune --from matris-demo --config finetune`` on 24 rattled 32-atom Cu cells
-  labelled by ASE's EMT, run for as long as the measurement takes (its speed is read from its
-  ``metrics.csv``, one row per step);
+- the load: ``matris finetune --from matris-demo --config finetune`` on 96 rattled 32-atom Cu cells
+  labelled by ASE's EMT, 2 per batch, run for as long as the measurement takes (its speed is read
+  from its ``metrics.csv``, one row per step);
 - the measured run: ``matris md`` of a rattled 8-atom diamond Si cell (NVT Langevin, 1 fs,
   ``--md-steps`` steps, the bundled model), its speed from the ``steps_per_s`` of its summary JSON.
 
@@ -20,6 +20,7 @@ while the training runs, after it has taken ``--settle`` s to reach its steady s
   thread that finishes its share of a parallel loop spins for ~0.1-20 ms before it sleeps);
   this is what ``matris`` ran with before it set a wait policy;
 - ``matris``: no variables; the command's own defaults (docs/performance.md, "A shared machine");
+- ``short spin``: ``GOMP_SPINCOUNT=10000`` (a thread spins 30 times less long before it sleeps);
 - ``one thread``: ``OMP_NUM_THREADS=1`` for both.
 
 The JSON records the commit, the command, the CPU (``lscpu`` model name, widest vector ISA), the core
@@ -34,6 +35,7 @@ import csv
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +48,6 @@ sys.path.insert(0, str(ROOT))
 POLICIES = {
     "libgomp default": {"GOMP_SPINCOUNT": "300000"},
     "matris": {},
-    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "short spin": {"GOMP_SPINCOUNT": "10000"},
     "one thread": {"OMP_NUM_THREADS": "1"},
 }
@@ -60,7 +61,7 @@ def make_inputs(folder: Path) -> dict:
     from ase.io import write
 
     frames = []
-    for k in range(24):
+    for k in range(96):
         a = bulk("Cu", "fcc", 3.6, cubic=True).repeat((2, 2, 2))
         a.rattle(0.05, seed=k)
         a.calc = EMT()
@@ -86,7 +87,7 @@ class Training:
         self.out = folder
         shutil.rmtree(folder, ignore_errors=True)
         cmd = [matris, "finetune", "--from", "matris-demo", "--config", "finetune", "--data.train", str(data),
-               "--data.max_structures", "24", "--trainer.max_steps", "1000000", "--trainer.out_dir", str(folder),
+               "--data.max_structures", "2", "--trainer.max_steps", "1000000", "--trainer.out_dir", str(folder),
                "--trainer.log_every_n_steps", "1", "--trainer.checkpoint_every_n_steps", "1000000",
                "--trainer.progress_bar", "false"]
         self.log = open(folder.with_suffix(".log"), "w")
@@ -153,51 +154,83 @@ def train_alone(matris: str, data: Path, folder: Path, env: dict, settle: float,
     return (s1 - s0) / (t1 - t0)
 
 
+def heavy_call(matris: str, checkpoint: Path, folder: Path, env: dict, repeat: int) -> float:
+    """Seconds of one E+F+S call of the published architecture on Si64 (``matris bench``'s median)."""
+    out = folder / "bench.json"
+    cmd = [matris, "bench", "--model", str(checkpoint), "--sizes", "64", "--repeat", str(repeat), "--md-steps", "0",
+           "--compare", "--json", str(out), "--quiet"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=folder)
+    if done.returncode != 0:
+        raise RuntimeError(f"matris bench failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return float(json.loads(out.read_text())["rows"][0]["efs_s"])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
 def measure(args) -> dict:
+    import torch
+
     from benchmarks.provenance import cpu_description, lscpu_model, provenance
+    from matris import MatRIS, MatRISConfig
 
     matris = args.matris or str(Path(sys.executable).with_name("matris"))
     policies = {k: POLICIES[k] for k in (["libgomp default", "matris"] if args.smoke else args.policies)}
     work = Path(tempfile.mkdtemp(prefix="matris-shared-"))
     inputs = make_inputs(work)
-    meta = provenance(model_name="matris-demo (md), matris-demo fine-tuned on Cu EMT (training)")
+    torch.manual_seed(0)
+    checkpoint = MatRIS(MatRISConfig.published_10m()).save(work / "published-10m-random.pth.tar")
+    meta = provenance(model_name="matris-demo (md, training: fine-tuned on Cu EMT); published 10M architecture, "
+                                 "random weights, seed 0 (the Si64 call)")
     meta.update(lscpu_model=lscpu_model(), cpu=cpu_description(), cores=os.cpu_count(), md_steps=args.md_steps,
-                settle_s=args.settle, matris_command=Path(matris).name, policies=policies)
-    rows = []
+                settle_s=args.settle, train_seconds=args.train_seconds, rounds=args.rounds,
+                matris_command=Path(matris).name, policies=policies)
+    samples = {name: {"md_alone": [], "md_shared": [], "train_alone": [], "train_shared": [], "si64_efs_s": [],
+                      "loadavg_before": []} for name in policies}
     try:
-        for name, policy in policies.items():
-            env = environment(policy)
-            row = {"policy": name, "env": policy, "loadavg_before": os.getloadavg()}
-            run_md(matris, inputs["md"], work, 10, env)  # warm the file caches and the kernels' build
-            row["md_alone"] = run_md(matris, inputs["md"], work, args.md_steps, env)
-            row["train_alone_steps_per_s"] = train_alone(matris, inputs["train"], work / "train", env, args.settle,
-                                                         args.train_seconds)
-            job = Training(matris, inputs["train"], work / "train", env)
-            try:
-                job.wait_started(args.settle)
-                t0, s0 = job.steps()
-                row["md_shared"] = run_md(matris, inputs["md"], work, args.md_steps, env)
-                t1, s1 = job.steps()
-            finally:
-                job.stop()
-            row["train_shared_steps_per_s"] = (s1 - s0) / (t1 - t0)
-            row["md_shared_over_alone"] = row["md_shared"]["steps_per_s"] / row["md_alone"]["steps_per_s"]
-            row["train_shared_over_alone"] = row["train_shared_steps_per_s"] / row["train_alone_steps_per_s"]
-            rows.append(row)
-            print(line(row), flush=True)
+        for name, policy in policies.items():  # warm the file caches and the kernels' build
+            run_md(matris, inputs["md"], work, 10, environment(policy))
+        for r in range(args.rounds):  # interleaved: a slow spell of the machine hits every policy alike
+            for name, policy in policies.items():
+                env, got = environment(policy), samples[name]
+                got["loadavg_before"].append(os.getloadavg()[0])
+                got["md_alone"].append(run_md(matris, inputs["md"], work, args.md_steps, env)["steps_per_s"])
+                got["si64_efs_s"].append(heavy_call(matris, checkpoint, work, env, args.repeat))
+                got["train_alone"].append(train_alone(matris, inputs["train"], work / "train", env, args.settle,
+                                                      args.train_seconds))
+                job = Training(matris, inputs["train"], work / "train", env)
+                try:
+                    job.wait_started(args.settle)
+                    t0, s0 = job.steps()
+                    got["md_shared"].append(run_md(matris, inputs["md"], work, args.md_steps, env)["steps_per_s"])
+                    t1, s1 = job.steps()
+                finally:
+                    job.stop()
+                got["train_shared"].append((s1 - s0) / (t1 - t0))
+                print(f"round {r + 1}: " + line(summary(name, got)), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"meta": meta, "rows": rows}
+    return {"meta": meta, "rows": [summary(name, got) for name, got in samples.items()]}
+
+
+def summary(name: str, got: dict) -> dict:
+    row = {"policy": name, "env": POLICIES[name], "samples": got}
+    for key in ("md_alone", "md_shared", "train_alone", "train_shared", "si64_efs_s"):
+        row[key] = median(got[key])
+    row["md_shared_over_alone"] = row["md_shared"] / row["md_alone"]
+    row["train_shared_over_alone"] = row["train_shared"] / row["train_alone"]
+    return row
 
 
 HEADER = (f"{'policy':16s} {'md alone':>9s} {'md shared':>9s} {'ratio':>6s} {'train alone':>11s} "
-          f"{'train shared':>12s} {'ratio':>6s}   (steps/s)")
+          f"{'train shared':>12s} {'ratio':>6s} {'Si64 E+F+S s':>12s}   (steps/s; medians)")
 
 
 def line(row: dict) -> str:
-    return (f"{row['policy']:16s} {row['md_alone']['steps_per_s']:9.2f} {row['md_shared']['steps_per_s']:9.2f} "
-            f"{row['md_shared_over_alone']:6.2f} {row['train_alone_steps_per_s']:11.2f} "
-            f"{row['train_shared_steps_per_s']:12.2f} {row['train_shared_over_alone']:6.2f}")
+    return (f"{row['policy']:16s} {row['md_alone']:9.2f} {row['md_shared']:9.2f} {row['md_shared_over_alone']:6.2f} "
+            f"{row['train_alone']:11.2f} {row['train_shared']:12.2f} {row['train_shared_over_alone']:6.2f} "
+            f"{row['si64_efs_s']:12.3f}")
 
 
 def table(result: dict) -> str:
@@ -211,13 +244,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=10.0, help="s the training runs before the MD starts")
     p.add_argument("--train-seconds", type=float, default=20.0, help="s the training alone is timed")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    p.add_argument("--repeat", type=int, default=3, help="timed Si64 calls per round (matris bench --repeat)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--smoke", action="store_true", help="60 MD steps, two policies")
     args = p.parse_args(argv)
     if args.smoke:
-        args.md_steps, args.settle, args.train_seconds = 60, 5.0, 10.0
+        args.md_steps, args.settle, args.train_seconds, args.rounds, args.repeat = 60, 5.0, 10.0, 1, 1
     print(HEADER, flush=True)
     result = measure(args)
+    print("\n" + table(result))
     if args.json:
         from matris.atomic import write_json
 

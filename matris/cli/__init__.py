@@ -119,6 +119,9 @@ def unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..threads import set_wait_policy
+
+    set_wait_policy()  # before torch loads its OpenMP runtime: idle threads sleep, not spin (matris.threads)
     from .._conflict import check as check_conflict
     from ..bundled import notices_to_stderr
     from ..errors import CheckpointError, MatRISInputError
