@@ -233,6 +233,24 @@ def line(row: dict) -> str:
             f"{row['si64_efs_s']:12.3f}")
 
 
+def markdown(result: dict) -> str:
+    """The docs' table: one row per policy, medians of the interleaved rounds."""
+    m = result["meta"]
+    rows = ["| policy (both processes) | md alone, steps/s | md beside training | ratio | training alone, steps/s "
+            "| training beside md | ratio | published Si64 E+F+S alone, s |", "|" + "---|" * 8]
+    for r in result["rows"]:
+        env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "none set"
+        rows.append(f"| {r['policy']} ({env}) | {r['md_alone']:.1f} | {r['md_shared']:.2f} "
+                    f"| {r['md_shared_over_alone']:.2f} | {r['train_alone']:.2f} | {r['train_shared']:.2f} "
+                    f"| {r['train_shared_over_alone']:.2f} | {r['si64_efs_s']:.2f} |")
+    rows.append("")
+    rows.append(f"**Machine:** {m.get('lscpu_model')} ({m['cpu']['isa']}), {m['cores']} cores. `matris md` of Si8 "
+                f"({m['md_steps']} NVT steps, matris-demo) and `matris finetune` of matris-demo on 32-atom Cu cells "
+                f"(2 per batch), medians of {m['rounds']} interleaved rounds; the Si64 call is `matris bench` on "
+                "the published 10M architecture (random weights).")
+    return "\n".join(rows)
+
+
 def table(result: dict) -> str:
     return "\n".join([HEADER, *map(line, result["rows"])])
 

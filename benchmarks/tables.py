@@ -801,7 +801,16 @@ def official_api(name: str = "official_api_cpu") -> str:
     return official_table(load(name))
 
 
+def shared_machine(name: str = "shared_machine_cpu") -> str:
+    """``matris md`` beside ``matris train`` on one machine, by thread wait policy
+    (``benchmarks/shared_machine.py``)."""
+    from benchmarks.shared_machine import markdown
+
+    return markdown(load(name))
+
+
 TABLES = {
+    "shared_machine_cpu": shared_machine,
     "official_api_cpu": official_api,
     "system_size_cpu": system_size,
     "lammps_cpu": lammps,
