@@ -32,9 +32,9 @@ def _cases(dtype, seed=0, e=300, b=23, c=32):
     return phi, attn, refine
 
 
-def _run_all(dtype, chunk=64, c=32):
+def _run_all(dtype, chunk=64, c=32, e=300):
     """Values and input gradients of the three chunked kernels (frozen weights: fused backwards)."""
-    (rows, rw, terms, w), (a_rows, wst, m, tgt, src, b), rf = _cases(dtype, c=c)
+    (rows, rw, terms, w), (a_rows, wst, m, tgt, src, b), rf = _cases(dtype, c=c, e=e)
     eps = torch.finfo(dtype).eps
     outs = []
     x = [rows.clone().requires_grad_(True)] + [p.clone().requires_grad_(True) for p, _ in terms]
@@ -78,13 +78,14 @@ def test_agrees_with_the_references(dtype, c, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_results_do_not_depend_on_the_thread_count(dtype):
     """Rows split over threads, scatters split over channels, each GEMM output one FMA chain: the
-    same sums in the same order, bit for bit."""
+    same sums in the same order, bit for bit. 20,000 rows: enough work that every kernel splits it
+    over the 3 threads (a kernel wakes one thread per 4 MFLOP: threads_for in csrc/cpu/common.h)."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = _run_all(dtype, chunk=50)
+        one = _run_all(dtype, chunk=50, e=20_000)
         torch.set_num_threads(3)
-        three = _run_all(dtype, chunk=50)
+        three = _run_all(dtype, chunk=50, e=20_000)
     finally:
         torch.set_num_threads(threads)
     for a, b in zip(one, three, strict=True):

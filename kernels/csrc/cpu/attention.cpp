@@ -220,7 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                            source.data_ptr<i64>(), target.data_ptr<i64>(), e, c, data<scalar_t>(alpha),
                            out_s.data_ptr<scalar_t>(), out_t.data_ptr<scalar_t>(), lse_s.data_ptr<scalar_t>(),
                            lse_t.data_ptr<scalar_t>(), sum_s.data_ptr<scalar_t>(), sum_t.data_ptr<scalar_t>(),
-                           data<scalar_t>(rw), data<scalar_t>(y_new), threads());
+                           data<scalar_t>(rw), data<scalar_t>(y_new), threads_for(e, 2.0 * K * c + 64.0 * c));
         attn_finish(nq, out_s.data_ptr<scalar_t>(), lse_s.data_ptr<scalar_t>(), sum_s.data_ptr<scalar_t>());
         attn_finish(nq, out_t.data_ptr<scalar_t>(), lse_t.data_ptr<scalar_t>(), sum_t.data_ptr<scalar_t>());
     });
@@ -266,7 +266,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_pair_backward(
                            want_messages ? g_m.data_ptr<scalar_t>() : nullptr, data<scalar_t>(wp), K,
                            want_rows ? g_rows.data_ptr<scalar_t>() : nullptr, data<scalar_t>(g_y), data<scalar_t>(rw),
                            data<scalar_t>(ga_all), want_weights && !atom ? g_alpha.data_ptr<scalar_t>() : nullptr,
-                           threads());
+                           threads_for(e, 4.0 * K * c + 96.0 * c));
     });
     return {g_rows, g_m, g_alpha};
 }

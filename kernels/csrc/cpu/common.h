@@ -365,6 +365,17 @@ constexpr i64 kBlock = 24;
 // the thread count of the operators: torch's (torch.set_num_threads)
 static inline int threads() { return std::max(1, at::get_num_threads()); }
 
+// The threads worth waking for `rows` rows of `flops_per_row` each: one per kFlopsPerThread of
+// work (4 MFLOP: ~50 µs on one core, well above the wake-up of a thread that sleeps while it
+// waits), at most threads(). A small structure's loops run on the calling thread alone, which
+// is faster than splitting them and leaves the other cores to whatever else runs on the
+// machine. Every loop gives the same sums for any thread count, so the numbers do not change.
+constexpr double kFlopsPerThread = 4.0e6;
+static inline int threads_for(i64 rows, double flops_per_row) {
+    const double want = static_cast<double>(rows) * flops_per_row / kFlopsPerThread;
+    return static_cast<int>(std::max(1.0, std::min(static_cast<double>(threads()), std::floor(want))));
+}
+
 // a tensor's data, or nullptr for an absent optional one
 template <typename T> static inline T* data(const std::optional<at::Tensor>& t) {
     return t.has_value() && t->defined() && t->numel() ? t->data_ptr<T>() : nullptr;

@@ -282,7 +282,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                           gate_norm.data_ptr<scalar_t>(), data<scalar_t>(nbc), data<scalar_t>(nbg), (int)layer,
                           (scalar_t)eps, pre.data_ptr<scalar_t>(), core.data_ptr<scalar_t>(),
                           gate.data_ptr<scalar_t>(), r_c.data_ptr<scalar_t>(), r_g.data_ptr<scalar_t>(),
-                          out.data_ptr<scalar_t>(), keep_hidden ? hid.data_ptr<scalar_t>() : nullptr, threads());
+                          out.data_ptr<scalar_t>(), keep_hidden ? hid.data_ptr<scalar_t>() : nullptr,
+                          threads_for(n, 2.0 * (has_rows ? rows.size(1) : 0) * two_h + 4.0 * h * d));
     });
     return {out, pre, core, gate, r_c, r_g, hid};
 }
@@ -348,7 +349,7 @@ Tensors gated_phi_backward(const at::Tensor& grad_in, const Opt& row_weight, con
                           gate_norm.data_ptr<scalar_t>(), data<scalar_t>(nbc), data<scalar_t>(nbg), (int)layer, slope.data_ptr<scalar_t>(), n, d, h, wc.data_ptr<scalar_t>(),
                           wg.data_ptr<scalar_t>(), data<scalar_t>(wr), dr, want_rows ? g_rows.data_ptr<scalar_t>() : nullptr,
                           (int)op.size(), op.data(), ip.data(), std::max<int64_t>(1, chunk),
-                          want_weights ? kp.data() : nullptr, threads());
+                          want_weights ? kp.data() : nullptr, threads_for(n, 4.0 * dr * 2 * h + 8.0 * h * d));
     });
     return result;
 }

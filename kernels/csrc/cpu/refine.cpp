@@ -214,7 +214,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> refine_edges(const at
                                    data<scalar_t>(w1p), data<scalar_t>(b1), data<scalar_t>(w2p), data<scalar_t>(b2), hd,
                                    (int)smooth, chunk, agg.data_ptr<scalar_t>(), data<scalar_t>(h),
                                    data<scalar_t>(y_new), edges && keep_hidden ? act.data_ptr<scalar_t>() : nullptr,
-                                   threads());
+                                   threads_for(e, 4.0 * c * std::max<i64>(hd, 1) + 16.0 * c));
     });
     return {agg, y_new, h, act};
 }
@@ -256,7 +256,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> refine_edges_backward
                                    (int)smooth, want_u ? g_u.data_ptr<scalar_t>() : nullptr,
                                    want_q ? g_q.data_ptr<scalar_t>() : nullptr,
                                    want_y && ffn ? g_y.data_ptr<scalar_t>() : nullptr, data<scalar_t>(rw), chunk,
-                                   keep ? g_h.data_ptr<scalar_t>() : nullptr, threads());
+                                   keep ? g_h.data_ptr<scalar_t>() : nullptr,
+                                   threads_for(e, 8.0 * c * std::max<i64>(hd, 1) + 24.0 * c));
     });
     return {g_u, g_q, g_y, g_h};
 }
