@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def provenance(argv: list[str] | None = None, model_name: str | None = None, mod
         "commit": git("rev-parse", "HEAD") or None,
         # result files (benchmarks/results/, written while the run goes on) do not make the code dirty
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")),
-        "command": " ".join(["python", str(script), *map(portable, sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", str(script), *map(portable, sys.argv[1:] if argv is None else argv)]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "python": platform.python_version(),
         "torch": torch.__version__,

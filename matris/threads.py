@@ -6,13 +6,15 @@ its share of a loop keeps its core busy, spinning 300,000 times (0.1 to 20 ms, b
 sleeps, so that the next loop starts without a wake-up. Alone on a machine that costs nothing.
 Beside another process that does the same, each team's spinning threads take the cores the
 other's working threads wait for, and every loop waits a scheduler time slice: an 8-atom
-``matris md`` beside a ``matris train`` on 2 cores ran 12x slower than alone
-(``benchmarks/results/shared_machine_cpu.json``).
+``matris md`` beside a ``matris finetune`` on 2 cores ran tens of times slower than alone, and so
+did the training (``benchmarks/results/shared_machine_cpu.json``).
 
 So the command, before torch is imported, asks its threads to sleep when they wait
 (``OMP_WAIT_POLICY=PASSIVE``), unless the user has set a policy of their own
 (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or Intel OpenMP's ``KMP_BLOCKTIME``): then theirs holds.
-The measured cost and gain are in docs/performance.md ("A shared machine"). A Python script
+Alone, small pieces of work pay for the wake-ups (the bundled model's 8-atom MD and fine-tune 14-24 %,
+the published model nothing measurable); the measured cost and gain are in docs/performance.md
+("A shared machine"), with how to bring the spinning back. A Python script
 chooses its own: ``OMP_WAIT_POLICY=PASSIVE python script.py`` (it must be set before torch is
 imported; the variable is read once, when the OpenMP runtime loads).
 """
