@@ -165,10 +165,6 @@ def heavy_call(matris: str, checkpoint: Path, folder: Path, env: dict, repeat: i
     return float(json.loads(out.read_text())["rows"][0]["efs_s"])
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def measure(args) -> dict:
     import torch
 
@@ -217,7 +213,7 @@ def measure(args) -> dict:
 def summary(name: str, got: dict) -> dict:
     row = {"policy": name, "env": POLICIES[name], "samples": got}
     for key in ("md_alone", "md_shared", "train_alone", "train_shared", "si64_efs_s"):
-        row[key] = median(got[key])
+        row[key] = statistics.median(got[key])
     row["md_shared_over_alone"] = row["md_shared"] / row["md_alone"]
     row["train_shared_over_alone"] = row["train_shared"] / row["train_alone"]
     return row

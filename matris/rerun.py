@@ -40,6 +40,11 @@ def spell(flag: str, python: str) -> str:
     return flag if _COMMAND_LINE.get() else python
 
 
+def config_key(key: str) -> str:
+    """A training-config key as the reader gives it: ``--trainer.out_dir`` or ``trainer.out_dir``."""
+    return spell(f"--{key}", key)
+
+
 def overwrite() -> str:
     """The option that starts a job afresh, as the reader gives it."""
     return spell("--overwrite", "overwrite=True")
@@ -67,4 +72,4 @@ def remove_outputs(paths: Iterable[str | Path]) -> list[Path]:
     return removed
 
 
-__all__ = ["command_line", "notice", "overwrite", "remove_outputs", "spell"]
+__all__ = ["command_line", "config_key", "notice", "overwrite", "remove_outputs", "spell"]

@@ -76,14 +76,23 @@ def format_name(path: Path) -> str | None:
         return None
 
 
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")  # the compressions ASE reads transparently
+
+
+def uncompressed_name(path: str | os.PathLike) -> str:
+    """``path``'s file name without a compression suffix (``mp-149.cif.gz`` → ``mp-149.cif``)."""
+    name = Path(path).name
+    for suffix in COMPRESSED_SUFFIXES:
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def _suffix_format(path: Path) -> str | None:
     """The ASE format that ``path``'s suffix names (``.extxyz`` → extxyz), compression aside."""
     from ase.io.formats import extension2format, ioformats
 
-    name = path.name.lower()
-    for compressed in (".gz", ".bz2", ".xz"):
-        name = name.removesuffix(compressed)
-    ext = Path(name).suffix[1:]
+    ext = Path(uncompressed_name(path).lower()).suffix[1:]
     if not ext:
         return None
     if ext in ioformats:

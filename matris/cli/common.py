@@ -108,10 +108,9 @@ def structure_stem(path: str | os.PathLike) -> str:
     """A structure file's name without its format and compression suffixes: ``cu.extxyz`` → ``cu``,
     ``mp-149.cif.gz`` → ``mp-149``, ``POSCAR`` → ``POSCAR``. Every command labels a structure
     from a file by it (``cu[0]`` for frame 0 of several) and ``relax`` names its files by it."""
-    name = Path(path).name
-    for suffix in (".gz", ".bz2", ".xz"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            name = name[: -len(suffix)]
+    from ..structure_files import uncompressed_name
+
+    name = uncompressed_name(path)
     stem = Path(name).stem
     return stem if stem and not stem.startswith(".") else name
 

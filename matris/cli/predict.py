@@ -60,5 +60,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{pressure} {magmoms}")
     if args.json_path:
         path = write_json(args.json_path, [p.to_dict() for p in preds])
-        print(f"wrote {len(preds)} result{'s' if len(preds) != 1 else ''} to {path}", file=sys.stderr)
+        from ..errors import counted
+
+        print(f"wrote {counted(len(preds), 'result')} to {path}", file=sys.stderr)
     return 0

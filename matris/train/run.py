@@ -37,7 +37,7 @@ from .. import memory as memory_policy
 from ..atomic import atomic_path, write_text
 from ..errors import MatRISInputError, MissingExtraError
 from ..model import MatRIS
-from ..rerun import notice, remove_outputs, spell
+from ..rerun import config_key, notice, remove_outputs, spell
 from ..rerun import overwrite as overwrite_option
 from ._lightning import (
     Callback,
@@ -220,7 +220,7 @@ def _resume_path(config: TrainConfig, out_dir: Path) -> str | None:
             raise MatRISInputError(
                 f"{out_dir} already holds a run (checkpoints/*.ckpt) and trainer.resume is 'never': continue it with "
                 f"{spell('--trainer.resume auto', RESUME_AUTO)}, start afresh there with {overwrite_option()}, or "
-                f"give another {spell('--trainer.out_dir', 'trainer.out_dir')}")
+                f"give another {config_key('trainer.out_dir')}")
         return None
     if resume == "auto":
         last = out_dir / "checkpoints" / "last.ckpt"
@@ -255,10 +255,10 @@ def _finished(config: TrainConfig, step: int, epoch: int) -> str | None:
     t = config.trainer
     if t.max_steps >= 0 and step >= t.max_steps:
         return (f"at step {step}, and trainer.max_steps is {t.max_steps}: to train further, raise "
-                f"{spell('--trainer.max_steps', 'trainer.max_steps')} above {step}")
+                f"{config_key('trainer.max_steps')} above {step}")
     if t.max_epochs is not None and t.max_epochs >= 0 and epoch >= t.max_epochs:
         return (f"at epoch {epoch}, and trainer.max_epochs is {t.max_epochs}: to train further, raise "
-                f"{spell('--trainer.max_epochs', 'trainer.max_epochs')} above {epoch}")
+                f"{config_key('trainer.max_epochs')} above {epoch}")
     return None
 
 
@@ -317,12 +317,12 @@ def _rerun(config: TrainConfig, out_dir: Path, overwrite: bool) -> tuple[str | N
     if done and own and (out_dir / "last_model.pth.tar").is_file():
         if rank_zero_only.rank == 0:
             notice(f"train: {out_dir} holds a finished run, not trained again: {resume} is {done}; to start afresh, "
-                   f"pass {overwrite_option()} or another {spell('--trainer.out_dir', 'trainer.out_dir')}")
+                   f"pass {overwrite_option()} or another {config_key('trainer.out_dir')}")
         return resume, _loaded_result(out_dir)
     if rank_zero_only.rank == 0:
         what = f"{done}; nothing left to train, writing the exports" if done else f"at step {step}"
         notice(f"train: resuming from {resume} ({what}); {overwrite_option()} or another "
-               f"{spell('--trainer.out_dir', 'trainer.out_dir')} starts afresh")
+               f"{config_key('trainer.out_dir')} starts afresh")
     return resume, None
 
 
