@@ -41,7 +41,9 @@ class MatRISCalculator(_Calculator):
         activation_checkpoint: True, recompute activations when memory requires it (the fastest
             memory level that fits); False, keep every activation.
         tf32: TF32 matmuls on CUDA (faster, less exact).
-        dtype, memory_limit, compile: ours (:class:`matris.MatRISCalculator`).
+        dtype: ours (:class:`matris.MatRISCalculator`): float32 or float64.
+        memory_limit: ours: a size such as ``"8 GB"`` the calls must fit in.
+        compile: ours: ``torch.compile`` the model.
         **kwargs: ASE ``Calculator`` keywords; any other keyword is a ``TypeError`` naming the closest.
     """
 

@@ -28,12 +28,22 @@ class MolecularDynamics:
         thermostat: "Nose-Hoover" (ASE ``NPT``; NVT without ``bulk_modulus``), "Berendsen"
             (NVT: ``NVTBerendsen``; NPT: ``NPTBerendsen``) or "Berendsen_inhomogeneous" (NVT:
             ``NVTBerendsen``; NPT: ``Inhomogeneous_NPTBerendsen``); case-insensitive.
-        temperature: K. starting_temperature: K, Maxwell–Boltzmann velocities at it (None: the
-            atoms' own momenta). timestep: fs. pressure: GPa (1 atm by default).
-        taut, taup: coupling times, fs (default 100 and 1000 time steps). bulk_modulus: GPa,
-            needed for NPT.
-        trajectory, logfile, loginterval, append_trajectory: ASE's dynamics outputs.
-        task, device, mode, activation_checkpoint, tf32: for the calculator.
+        temperature: K.
+        starting_temperature: K, Maxwell–Boltzmann velocities at it (None: the atoms' own momenta).
+        timestep: fs.
+        pressure: GPa (1 atm by default).
+        taut: thermostat coupling time, fs (default 100 time steps).
+        taup: barostat coupling time, fs (default 1000 time steps).
+        bulk_modulus: GPa, needed for NPT.
+        trajectory: ASE's dynamics output: the trajectory file (or None).
+        logfile: ASE's dynamics log file (or None).
+        loginterval: steps between trajectory frames and log lines.
+        append_trajectory: append to an existing trajectory instead of replacing it.
+        task: for the calculator ("ef", "efs" or "efsm"; MD needs the forces).
+        device: for the calculator (None: CUDA if available, else the CPU).
+        mode: for the calculator: "fast" (fused kernels) or "torch" (the references).
+        activation_checkpoint: for the calculator (memory level; see its docs).
+        tf32: for the calculator (TF32 matmuls on a GPU).
     """
 
     def __init__(self, atoms: Any, model: str | os.PathLike | MatRIS = "matris_10m_oam", ensemble: str = "nvt",
