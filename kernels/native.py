@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from .. import log
 from ..settings import cache_home, interpreting, native_cache, native_choice
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -138,7 +139,7 @@ def _target() -> tuple[str, list[str], list[str], Path]:
 
 def _say(text: str) -> None:
     """A progress line on stderr (not a warning: nothing is wrong, and filters must not hide it)."""
-    print(f"matris: {text}", file=sys.stderr, flush=True)
+    log.info(text)
 
 
 @contextlib.contextmanager

@@ -34,9 +34,9 @@ def announce_default_model() -> None:
         return
     _notice["shown"] = True
     if _notice["stderr"]:
-        import sys
+        from . import log
 
-        print(f"matris: note: {DEFAULT_MODEL_NOTICE}", file=sys.stderr, flush=True)
+        log.info(f"note: {DEFAULT_MODEL_NOTICE}")
     else:
         import warnings
 

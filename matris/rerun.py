@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import shutil
-import sys
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from . import log
 
 # Whether the messages speak to a user of the ``matris`` command (set by its entry point) or of
 # the Python API: each names the option the way its reader gives it, not both ways at once.
@@ -52,7 +53,7 @@ def overwrite() -> str:
 
 def notice(message: str) -> None:
     """One line on stderr: what a rerun found and what it does about it."""
-    print(f"matris: {message}", file=sys.stderr, flush=True)
+    log.info(message)
 
 
 def remove_outputs(paths: Iterable[str | Path]) -> list[Path]:

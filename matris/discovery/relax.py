@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .. import log
 from ..errors import MatRISInputError
 from ..extras import install_hint
 from .readers import StructureSource, read_structures
@@ -82,8 +83,8 @@ def choose_engine(engine: str, device: torch.device) -> str:
         import importlib.util
 
         if importlib.util.find_spec("torch_sim") is None:
-            print("torch-sim is not installed: relaxing one structure at a time with ASE "
-                  f"({install_hint('sim')} for batched GPU relaxation)", file=sys.stderr)
+            log.info("torch-sim is not installed: relaxing one structure at a time with ASE "
+                     f"({install_hint('sim')} for batched GPU relaxation)")
             return "ase"
         return "torch-sim"
     return engine

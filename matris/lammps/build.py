@@ -24,6 +24,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from .. import log
 from ..errors import MatRISInputError
 
 SOURCES = Path(__file__).resolve().parent / "src"
@@ -132,8 +133,7 @@ def build(force: bool = False, verbose: bool = False, announce: bool = False) ->
         if plugin.is_file() and not force:
             return plugin
         if announce:
-            print("matris: building pair_style matris for LAMMPS (once; 'matris lammps build' does it ahead)",
-                  file=sys.stderr)
+            log.info("building pair_style matris for LAMMPS (once; 'matris lammps build' does it ahead)")
         root = _lammps_dir()
         mpi_include, mpi_lib = _mpich_dirs()
         python, py_include, libpython = _python_config()
@@ -149,7 +149,7 @@ def build(force: bool = False, verbose: bool = False, announce: bool = False) ->
             f"-L{mpi_lib}", "-lmpi", f"-Wl,-rpath,{mpi_lib}",
         ]
         if verbose:
-            print(" ".join(cmd), file=sys.stderr)
+            log.info(" ".join(cmd))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
@@ -165,5 +165,5 @@ def plugin_dir() -> str:
     try:
         return str(build(announce=True).parent)
     except (BuildError, OSError, subprocess.SubprocessError) as exc:
-        print(f"matris: pair_style matris is not available: {exc}", file=sys.stderr)
+        log.logger.warning(f"pair_style matris is not available: {exc}")
         return ""

@@ -13,13 +13,12 @@ import errno
 import hashlib
 import os
 import re
-import sys
 import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import checkpoint_files
+from .. import checkpoint_files, log
 from ..errors import (
     CheckpointError,
     DownloadError,
@@ -249,8 +248,7 @@ def _download_any(urls: tuple[str, ...], path: Path, entry: ModelEntry | None, w
         if k:  # a partial file of another source is not trusted
             part_path(path).unlink(missing_ok=True)
             if not isinstance(failures[-1], UnreachableError):  # no network: the one error at the end says it
-                print(f"matris: downloading {what} from {urls[k - 1]} failed; trying {url}", file=sys.stderr,
-                      flush=True)
+                log.info(f"downloading {what} from {urls[k - 1]} failed; trying {url}")
         try:
             return _download_verified(url, path, entry, what, progress, check, settings)
         except DownloadError as exc:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .. import log
 from ..errors import DownloadError, MatRISInputError
 
 try:  # POSIX; elsewhere downloads run unlocked
@@ -87,7 +88,7 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
 def file_lock(path: str | os.PathLike, waiting_message: str | None = None) -> Iterator[None]:
     """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing, never deleted).
 
-    Blocks while another process holds it, printing ``waiting_message`` to stderr first if
+    Blocks while another process holds it, logging ``waiting_message`` first if
     given. The kernel drops the lock when its holder exits, so a killed download leaves no
     stale lock.
     """
@@ -101,7 +102,7 @@ def file_lock(path: str | os.PathLike, waiting_message: str | None = None) -> It
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if waiting_message:
-                print(waiting_message, file=sys.stderr, flush=True)
+                log.info(waiting_message)
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
