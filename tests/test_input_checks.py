@@ -269,7 +269,7 @@ def test_the_overlap_message_never_reads_as_the_limit(d):
 
 
 def test_every_builder_gives_the_same_overlap_message():
-    from matris.data.cache import _prepare
+    from matris.data.packing import _prepare
     from matris.simulate.inputs import check_structure
 
     system = AtomicSystem([[0, 0, 0], [0.09999, 0, 0]], np.eye(3) * 5, True, [14, 14], "pair")

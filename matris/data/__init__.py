@@ -5,8 +5,8 @@ Units everywhere: energy is the TOTAL energy in eV, forces eV/Å, stress GPa wit
 """
 
 from .batching import BudgetBatchSampler
-from .build import BuildReport, CachedDataset, build_or_load
-from .cache import MultiPacked, PackedDataset, default_cache_dir
+from .build import BuildReport, CachedDataset, build_or_load, default_cache_dir
+from .cache import MultiPacked, PackedDataset
 from .dataset import GraphDataset
 from .labels import Targets
 from .readers import Sample, read_ase, read_ase_db, read_mptrj, read_samples

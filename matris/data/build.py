@@ -32,9 +32,9 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import time
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,25 +44,64 @@ import numpy as np
 
 from ..atomic import write_json
 from ..errors import MatRISInputError, counted
-from .cache import (
-    ENTRY_FORMAT,
-    LABELS,
-    PROGRESS_THRESHOLD,
-    MultiPacked,
-    PackedDataset,
-    _build,
-    _check_cutoffs,
-    _file_lock,
-    _replace_dir,
-    _sha256,
-    cache_entry_name,
-    default_cache_dir,
-)
+from ..settings import cache_home
+from .cache import MultiPacked, PackedDataset
+from .packing import LABELS, PROGRESS_THRESHOLD, _check_cutoffs, _replace_dir
 from .readers import count_samples, iter_samples
 
+ENTRY_FORMAT = 2  # of a cache entry: shards + manifest
 DEFAULT_SHARD_SIZE = 50_000  # structures; ~15 memory maps per shard (Linux allows 65,530 per process)
 
 log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- the entry: place, name, lock
+
+
+def default_cache_dir() -> Path:
+    """``$MATRIS_CACHE/graphs``, else ``$XDG_CACHE_HOME/matris/graphs``, else ``~/.cache/matris/graphs``."""
+    return cache_home("graphs")
+
+
+def cache_entry_name(source_path: str | os.PathLike, cutoff: float, three_body_cutoff: float,
+                     reader_options: dict | None = None, skip_invalid: bool = False,
+                     store_angles: bool = True) -> str:
+    """``<stem>-<hash>``: the hash covers the absolute source path, the cutoffs, the reader
+    options and the cache format version, so any of them changing gives a new entry."""
+    src = Path(source_path).expanduser().resolve()
+    payload = json.dumps(
+        {"source": str(src), "cutoff": float(cutoff), "three_body_cutoff": float(three_body_cutoff),
+         "reader_options": reader_options or {}, "skip_invalid": bool(skip_invalid),
+         "store_angles": bool(store_angles), "format": ENTRY_FORMAT},
+        sort_keys=True, default=repr,
+    )
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", src.stem)[:60] or "data"
+    return f"{stem}-{hashlib.sha256(payload.encode()).hexdigest()[:20]}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock (POSIX ``flock``); without fcntl, concurrent builders race
+    harmlessly: the loser of the final rename discards its copy."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------- the dataset
@@ -150,10 +189,8 @@ def _worker_init(counter: Any) -> None:
 
 
 def _run_shard(job: _ShardJob, counter: Any = None) -> dict:
-    """Build one shard atomically (temporary directory, then rename); its summary for the manifest."""
+    """Build one shard (:meth:`PackedDataset.from_samples`: atomically); its summary for the manifest."""
     counter = counter if counter is not None else _COUNTER
-    final = Path(job.directory)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     if job.samples is not None:
         records: Any = job.samples
     else:
@@ -161,14 +198,11 @@ def _run_shard(job: _ShardJob, counter: Any = None) -> dict:
         records, _ = iter_samples(job.source, start=job.start, stop=job.stop, on_error=on_error,
                                   **job.reader_options)
     n_records = _Counted(records)
-    try:
-        meta = _build(n_records, None, job.cutoff, job.three_body_cutoff, tmp, Path(job.source).name,
-                      job.skip_invalid, False, job.store_angles, {"shard": job.index, "first_record": job.start},
-                      first_index=job.start, allow_empty=True, build_id=f"{job.build_id}-{job.index:05d}",
-                      counter=counter)
-        _replace_dir(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    meta = PackedDataset.from_samples(
+        n_records, job.cutoff, job.three_body_cutoff, job.directory, job.skip_invalid, overwrite=True,
+        store_angles=job.store_angles, source=Path(job.source).name, first_index=job.start, allow_empty=True,
+        build_id=f"{job.build_id}-{job.index:05d}", counter=counter,
+        meta={"shard": job.index, "first_record": job.start}).meta
     return {"index": job.index, "records": n_records.n, "n_structures": meta["n_structures"],
             "n_atoms": meta["n_atoms_total"], "n_bonds": meta["n_bonds_total"], "n_angles": meta["n_angles_total"],
             "has_labels": meta["has_labels"], "skipped": meta["skipped"]}
