@@ -1,5 +1,6 @@
 """Training data: readers and units, the packed graph cache, collation and budget batching."""
 
+import functools
 import json
 import os
 import pickle
@@ -457,13 +458,14 @@ def test_pickle_and_dataloader_workers(packed):
     assert len(pickle.dumps(packed)) < 5000  # the directory and meta only, never array data
     assert_batches_equal(clone.collate([1, 2])[0], packed.collate([1, 2])[0])
 
-    ds = GraphDataset(packed, indices=[9, 8, 7, 6, 5, 4, 3, 2], dtype=torch.float64)
+    ds = GraphDataset(packed, indices=[9, 8, 7, 6, 5, 4, 3, 2])
     assert ds[0] == 9 and len(ds) == 8
     np.testing.assert_array_equal(ds.n_atoms, packed.n_atoms[[9, 8, 7, 6, 5, 4, 3, 2]])
 
     def run(workers):
         sampler = ds.batch_sampler(max_atoms=20, seed=3)
-        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=ds.collate_fn,
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler,
+                                             collate_fn=functools.partial(packed.collate, dtype=torch.float64),
                                              num_workers=workers)
         return list(loader)
 

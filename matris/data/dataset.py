@@ -8,29 +8,27 @@ import numpy as np
 import torch
 
 from ..errors import MatRISInputError
-from ..graph.batch import GraphBatch
 from .batching import BudgetBatchSampler
 from .cache import MultiPacked, PackedDataset
-from .labels import Targets
 
 
 class GraphDataset(torch.utils.data.Dataset):
     """A subset of a :class:`PackedDataset` (or :class:`MultiPacked`) as a torch Dataset.
 
-    Item ``i`` is the global structure index ``indices[i]``; batching happens in
-    :meth:`collate_fn`, which gathers the whole batch from the memory maps at once::
+    Item ``i`` is the global structure index ``indices[i]``; batching happens in the packed
+    dataset's :meth:`~matris.data.PackedDataset.collate`, which gathers the whole batch from
+    the memory maps at once::
 
         ds = GraphDataset(packed, train_indices)
         loader = DataLoader(ds, batch_sampler=ds.batch_sampler(max_atoms=4096, seed=0),
-                            collate_fn=ds.collate_fn, num_workers=4)
+                            collate_fn=packed.collate, num_workers=4)
         for graph, targets in loader: ...
 
     Positions ``0..len(ds)-1`` are what a batch sampler yields; :attr:`n_atoms` etc. are
     given per position, in that order.
     """
 
-    def __init__(self, packed: PackedDataset | MultiPacked, indices: Sequence[int] | np.ndarray | None = None,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(self, packed: PackedDataset | MultiPacked, indices: Sequence[int] | np.ndarray | None = None):
         self.packed = packed
         n = len(packed)
         self.indices = (np.arange(n, dtype=np.int64) if indices is None
@@ -38,7 +36,6 @@ class GraphDataset(torch.utils.data.Dataset):
         if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= n):
             raise MatRISInputError(f"GraphDataset indices must lie in [0, {n}); got {self.indices.min()}.."
                                    f"{self.indices.max()}. Use indices of the packed dataset.")
-        self.dtype = dtype
 
     def __len__(self) -> int:
         return int(self.indices.size)
@@ -58,10 +55,6 @@ class GraphDataset(torch.utils.data.Dataset):
     @property
     def n_angles(self) -> np.ndarray:
         return self.packed.n_angles[self.indices]
-
-    def collate_fn(self, indices: Sequence[int]) -> tuple[GraphBatch, Targets]:
-        """Global structure indices (as ``__getitem__`` returns them) → ``(GraphBatch, Targets)``."""
-        return self.packed.collate(indices, self.dtype)
 
     def batch_sampler(self, **options: Any) -> BudgetBatchSampler:
         """A :class:`BudgetBatchSampler` over this dataset's positions (options: budgets, seed, rank, ...)."""
