@@ -17,10 +17,8 @@ import functools
 
 import torch
 
-from ..settings import interpret_with_device_tiles, interpreting, kernels_override
+from ..settings import BACKENDS, interpret_with_device_tiles, interpreting, kernels_override
 from . import native
-
-BACKENDS = ("auto", "triton", "fused", "torch")
 
 
 @torch.compiler.assume_constant_result

@@ -24,7 +24,7 @@ import torch
 from . import heap
 from .errors import MatRISInputError, MemoryLimitError
 from .kernels import choose
-from .settings import format_size
+from .settings import RECOMPUTE_MODES, format_size
 
 # rows of one chunk recomputed in a block's backward passes (the line-graph steps' per-angle work,
 # the atom graph's Φ): its composed second order keeps ≈ 60 floats per row and feature, so 4096
@@ -40,7 +40,6 @@ DEFAULT_SHARE = 0.6
 # what a training step on forces recomputes in its backward passes (``RunOptions.training_recompute``):
 # nothing (the whole graph kept), each block, or each block and, inside it, everything per angle by
 # row chunks (least memory)
-RECOMPUTE_MODES = ("none", "blocks", "rows")
 # models this deep or deeper recompute by default where their whole graph would not fit
 RECOMPUTE_MIN_BLOCKS = 4
 # the memory model of a training step (:func:`training_bytes`): rows of the block width

@@ -26,6 +26,10 @@ from pathlib import Path
 from .errors import MatRISInputError
 
 ON = ("1", "true", "yes", "on")
+# the kernels a model may run (:func:`matris.kernels.choose`) and what a training step may recompute
+# (:mod:`matris.memory`): here, so that :class:`RunOptions` checks them where they are set
+BACKENDS = ("auto", "triton", "fused", "torch")
+RECOMPUTE_MODES = ("none", "blocks", "rows")
 
 
 def cache_home(*parts: str) -> Path:
@@ -71,18 +75,28 @@ def native_cache() -> str | None:
     return os.environ.get("MATRIS_NATIVE_CACHE") or None
 
 
-def parse_size(value, what: str = "memory_limit") -> int | None:
-    """A memory size → bytes, or None for ``None``/``'auto'``: bytes as an int, or a number of GB
-    (``20``, ``'20'``, ``'20 GB'``, ``'20GiB'``, ``'500 MB'``; GB here are 2³⁰ bytes, as devices
-    report them). ``what`` names the setting in the error."""
+SIZE_UNITS = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20, "kib": 2**10, "kb": 2**10}
+
+
+def parse_size(value, what: str = "memory_limit", any_bytes: bool = False) -> int | None:
+    """A memory size → bytes, or None for ``None``/``'auto'``: a string with its unit (``'20 GB'``,
+    ``'20GiB'``, ``'500 MB'``; GB here are 2³⁰ bytes, as devices report them), or an int of bytes
+    (as :class:`RunOptions` holds them). A bare number is refused, not guessed: ``20`` could be GB or
+    bytes; so is an int under 1 MiB, unless ``any_bytes`` (:class:`RunOptions`, whose ints are bytes by
+    definition). ``what`` names the setting in the error."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 2**20:
-        return value  # bytes already (RunOptions.memory_limit)
+    example = "such as '8 GB' or '500 MB'"
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value >= 2**20 or (any_bytes and value > 0):
+            return value  # bytes (RunOptions.memory_limit)
+        if value <= 0:
+            raise MatRISInputError(f"{what} must be 'auto' or a positive size {example}, got {value!r}")
+        raise MatRISInputError(f"{what} = {value} has no unit (an int is a number of bytes, and {value} bytes is no "
+                               f"budget): give a size with its unit, {example}, e.g. {value!r} GB as '{value} GB'")
     text = str(value).strip().lower().replace(" ", "")
-    units = {"gib": 2**30, "gb": 2**30, "g": 2**30, "mib": 2**20, "mb": 2**20, "m": 2**20}
-    scale = 2**30
-    for unit, size in units.items():
+    scale = None
+    for unit, size in SIZE_UNITS.items():
         if text.endswith(unit):
             text, scale = text[: -len(unit)], size
             break
@@ -90,8 +104,11 @@ def parse_size(value, what: str = "memory_limit") -> int | None:
         amount = float(text)
     except ValueError:
         amount = float("nan")
+    if scale is None and amount > 0:
+        raise MatRISInputError(f"{what} = {value!r} has no unit: give a size with its unit, {example} "
+                               f"(e.g. '{value} GB')")
     if not amount > 0 or amount == float("inf"):
-        raise MatRISInputError(f"{what} must be 'auto' or a positive size such as '8 GB' or '500 MB', got {value!r}")
+        raise MatRISInputError(f"{what} must be 'auto' or a positive size {example}, got {value!r}")
     return int(amount * scale)
 
 
@@ -109,6 +126,9 @@ class RunOptions:
     """How a model runs, not what it computes: every choice gives the same numbers to float
     rounding, except ``tf32``. Set on the model (``model.options``) or per call
     (``model(graph, options=...)``).
+
+    Every option is checked where it is set (a :class:`matris.errors.MatRISInputError` naming the
+    valid forms), sizes are held in bytes.
 
     kernels: ``"auto"`` (Triton on CUDA; on a CPU the C++ kernels, and for training the PyTorch
     references), ``"triton"``, ``"fused"`` or ``"torch"`` (the references); None: ``$MATRIS_KERNELS``,
@@ -134,10 +154,36 @@ class RunOptions:
     chunk_rows: int | None = None
 
     def __post_init__(self):
+        # every option is checked where it is set, not at the first call that reads it
+        if self.kernels is not None and self.kernels not in BACKENDS:
+            raise MatRISInputError(f"RunOptions.kernels must be one of {', '.join(BACKENDS)} or None, got "
+                                   f"{self.kernels!r}")
+        if self.training_recompute is not None and self.training_recompute not in RECOMPUTE_MODES:
+            raise MatRISInputError(f"RunOptions.training_recompute must be one of {', '.join(RECOMPUTE_MODES)} or "
+                                   f"None, got {self.training_recompute!r}")
+        # sizes: bytes, or a string with its unit ('8 GB'), held as bytes
+        for name in ("memory_limit", "training_memory_limit"):
+            object.__setattr__(self, name, parse_size(getattr(self, name), f"RunOptions.{name}", any_bytes=True))
         if self.memory_level not in (None, 0, 1, 2, 3):
             raise ValueError(f"RunOptions.memory_level must be 0, 1, 2, 3 or None, got {self.memory_level!r}")
         if self.chunk_rows is not None and not (isinstance(self.chunk_rows, int) and self.chunk_rows > 0):
             raise ValueError(f"RunOptions.chunk_rows must be a positive int or None, got {self.chunk_rows!r}")
+
+    def __setattr__(self, name, value):
+        # model.options.memory_limit = "8 GB" is checked as the constructor checks it
+        before = self.__dict__.get(name, _UNSET)
+        super().__setattr__(name, value)
+        if name in _CHECKED and hasattr(self, "chunk_rows"):  # after __init__ has set every field
+            try:
+                self.__post_init__()
+            except Exception:
+                object.__setattr__(self, name, before) if before is not _UNSET else None
+                raise
+
+
+_UNSET = object()
+_CHECKED = frozenset({"kernels", "training_recompute", "memory_limit", "training_memory_limit", "memory_level",
+                      "chunk_rows"})
 
 
 # the attributes RunOptions replaced (0.7.0): setting one on a model says where it went

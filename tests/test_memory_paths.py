@@ -6,6 +6,7 @@ import torch
 
 from conftest import FOLDERS, evaluate, load_fixture_model, random_system
 from matris import MemoryLimitError, memory, settings
+from matris.errors import MatRISInputError
 from matris.graph import GraphBatch
 from matris.kernels import native
 
@@ -118,8 +119,8 @@ def test_automatic_level_follows_the_memory_budget(model64):
         assert level >= memory.STREAM_LEVEL
         assert memory.activation_bytes(model64, g, level) <= model64.options.memory_limit
         assert memory.inference_level(model64, g, create_graph=True) == 0  # training keeps its graph
-        model64.options.memory_limit = 1  # stated and unreachable: refused
-        with pytest.raises(MemoryLimitError, match="more than the memory limit of 1 bytes"):
+        model64.options.memory_limit = "1 KB"  # stated and unreachable: refused
+        with pytest.raises(MemoryLimitError, match="more than the memory limit of 1 KB"):
             memory.inference_level(model64, g)
     finally:
         model64.options.memory_limit = None
@@ -142,6 +143,20 @@ def test_run_options_per_call_and_the_switches_they_replaced(model64):
             setattr(model64, old, 1)
     with pytest.raises(ValueError, match="memory_level"):
         RunOptions(memory_level=4)
+
+
+def test_create_graph_is_asked_for_not_taken_from_train_mode(model64):
+    """A model in train() mode (for its dropout) evaluates without the graph of its forces unless the
+    call asks for it: the outputs are detached and no weight gradient is possible."""
+    systems = [random_system(np.random.default_rng(5), n=6)]
+    model64.train()
+    try:
+        out, g = evaluate(model64, systems)
+        assert out.energy.grad_fn is None and out.forces.grad_fn is None
+        kept = model64(g, create_graph=True)
+        assert kept.forces.grad_fn is not None and kept.energy.grad_fn is not None
+    finally:
+        model64.eval()
 
 
 def test_phi_of_one_input_is_bitwise_its_two_linears(model64):
@@ -193,9 +208,33 @@ def test_a_stated_memory_limit_holds_or_refuses_before_the_call(model64):
     assert main(["predict", "--memory-limit", "lots", "x.cif"]) != 0
 
 
+def test_run_options_check_every_option_where_it_is_set():
+    """A bad option fails where it is set (constructor or attribute), naming the valid forms, and
+    leaves the options as they were; sizes are held in bytes."""
+    opts = settings.RunOptions(memory_limit="2 GB", training_memory_limit="500 MB")
+    assert opts.memory_limit == 2 * 2**30 and opts.training_memory_limit == 500 * 2**20
+    for bad, match in ((dict(memory_limit="lots"), "RunOptions.memory_limit must be 'auto'"),
+                       (dict(memory_limit="20"), "RunOptions.memory_limit = '20' has no unit"),
+                       (dict(memory_limit=-5), "RunOptions.memory_limit must be 'auto'"),
+                       (dict(kernels="cuda"), "RunOptions.kernels must be one of auto, triton, fused, torch"),
+                       (dict(training_recompute="all"), "training_recompute must be one of none, blocks, rows")):
+        with pytest.raises(MatRISInputError, match=match):
+            settings.RunOptions(**bad)
+        (name, value), = bad.items()
+        with pytest.raises(MatRISInputError, match=match):
+            setattr(opts, name, value)
+    assert opts == settings.RunOptions(memory_limit=2 * 2**30, training_memory_limit=500 * 2**20)
+    opts.memory_limit = "1 GB"
+    assert opts.memory_limit == 2**30
+
+
 def test_memory_sizes_parse_as_users_write_them():
     gb = 2**30
-    assert settings.parse_size("8 GB") == settings.parse_size("8GiB") == settings.parse_size(8) == 8 * gb
+    assert settings.parse_size("8 GB") == settings.parse_size("8GiB") == settings.parse_size(8 * gb) == 8 * gb
+    # a bare number is refused, not read as GB or bytes: the message says how to write it
+    for bare in (1000, "1000", 8.5):
+        with pytest.raises(MatRISInputError, match=r"memory_limit = .*has no unit.*'8 GB'"):
+            settings.parse_size(bare)
     assert settings.parse_size("500 MB") == 500 * 2**20 and settings.parse_size(3 * gb) == 3 * gb
     assert settings.parse_size(None) is None and settings.parse_size("auto") is None
     assert settings.format_size(3 * gb) == "3 GB" and settings.format_size(int(1.234 * 2**20)) == "1.23 MB"

@@ -23,8 +23,10 @@ GB = 2**30
 
 def test_max_memory_is_auto_or_a_size():
     assert parse_size("auto") is None and parse_size(" Auto ") is None
-    assert parse_size("20 GB") == parse_size("20GiB") == parse_size(20) == 20 * GB
+    assert parse_size("20 GB") == parse_size("20GiB") == parse_size(20 * GB) == 20 * GB
     assert parse_size("512 MB") == 512 * 2**20
+    with pytest.raises(MatRISInputError, match=r"data.max_memory = 20 has no unit"):
+        parse_size(20, "data.max_memory")  # YAML's max_memory: 20 is not guessed as GB
     for bad in ("lots", "-3 GB", "0", "inf"):
         with pytest.raises(ValueError, match="max_memory must be 'auto' or a positive size"):
             parse_size(bad, "data.max_memory")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import checkpoint_files as ckpt_io
-from .. import memory
+from .. import log, memory
 from ..errors import CheckpointError, MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, atom_element, element_symbol
@@ -207,7 +206,7 @@ class MatRIS(nn.Module):
         compute_forces: bool = True,
         compute_stress: bool = True,
         compute_magmoms: bool | None = None,
-        create_graph: bool | None = None,
+        create_graph: bool = False,
         return_node_features: bool = False,
         compute_atomic_energies: bool = False,
         options: RunOptions | None = None,
@@ -216,8 +215,9 @@ class MatRIS(nn.Module):
 
         ``compute_magmoms``: default (None) only when the model was trained on them
         (:attr:`predicts_magmoms`); True computes the head's output anyway (training it).
-        ``create_graph`` keeps the graph of the force computation for training on forces
-        (default: ``self.training``). ``compute_atomic_energies``: also each atom's energy
+        ``create_graph`` keeps the graph of the force computation for a loss on forces (training;
+        default False, whatever ``self.training`` says: a model in ``train()`` mode for its dropout
+        does not pay for the graph unless asked). ``compute_atomic_energies``: also each atom's energy
         ``[N]`` (the readout's per-atom term plus the atom's reference energy; they sum to the
         structure's energy). ``options``: :class:`RunOptions` for this call (default: ``self.options``).
         """
@@ -228,8 +228,6 @@ class MatRIS(nn.Module):
                                      return_node_features, compute_atomic_energies)
             finally:
                 self.options = kept
-        if create_graph is None:
-            create_graph = self.training
         if compute_magmoms is None:
             compute_magmoms = self.predicts_magmoms
         self.check_precision()
@@ -294,9 +292,8 @@ class MatRIS(nn.Module):
             compiled = False
             if not getattr(self, "_eager_notice", False):  # said once
                 self._eager_notice = True
-                print(f"matris: {g.n_atoms.sum().item()} atoms need memory level {level}, which runs eagerly "
-                      "(compiled code keeps every activation); smaller structures use the compiled code",
-                      file=sys.stderr, flush=True)
+                log.info(f"{g.n_atoms.sum().item()} atoms need memory level {level}, which runs eagerly "
+                         "(compiled code keeps every activation); smaller structures use the compiled code")
         # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
         recompute_mode = memory.training_mode(self, create_graph, g, positions.dtype)
@@ -305,8 +302,8 @@ class MatRIS(nn.Module):
             if self._compiled is None:
                 # the first compiled call traces and generates code for tens of seconds to minutes
                 # (CPU): say so rather than look hung
-                print("matris: compiling the model with torch.compile on its first call (tens of seconds to a few "
-                      "minutes; later calls and MD steps reuse it)", file=sys.stderr, flush=True)
+                log.info("compiling the model with torch.compile on its first call (tens of seconds to a few "
+                         "minutes; later calls and MD steps reuse it)")
                 self._compiled = torch.compile(self._energy, **self._compile_options)
             energy_fn = self._compiled
         else:

@@ -22,7 +22,7 @@ Here a block is one autograd node whose backward is itself one differentiable no
 - :class:`_Block`'s backward without a graph (the energy terms of the loss): the block recomputed
   with autograd on the fast kernels, first-order gradients of inputs and parameters.
 
-That is ``model.options.training_recompute = "blocks"`` (:data:`matris.memory.RECOMPUTE_MODES`). With
+That is ``model.options.training_recompute = "blocks"`` (:data:`matris.settings.RECOMPUTE_MODES`). With
 ``"rows"`` the same node nests: inside a block's recomputation with autograd, the widest work of
 the block is such a node too, recomputed :data:`matris.memory.CHUNK_ROWS` rows at a time in its backward passes
 (the gradients of row-wise tensors written at their rows, the others summed over the chunks),
