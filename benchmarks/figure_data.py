@@ -1,7 +1,7 @@
 """The data behind the documentation's physics figures: an equation of state, phonon bands and
 an NVE energy trace, computed with the bundled model ``matris-demo`` on the CPU.
 
-    python benchmarks/figure_data.py --json benchmarks/results/figures_demo_cpu.json
+    python -m benchmarks.figure_data --json benchmarks/results/figures_demo_cpu.json
 
 About two minutes on 2 CPU cores. The site draws its figures from the JSON when it is built
 (``benchmarks/figures.py``, called by ``docs/hooks.py``), so a figure always shows what the
@@ -78,9 +78,9 @@ def md_data(model_path, steps: int, timestep: float) -> dict:
     import torch
     from ase.build import bulk
 
+    from benchmarks.conservation import ConservationMonitor
     from matris import MatRIS
     from matris.simulate import md
-    from matris.simulate.conservation import ConservationMonitor
 
     out = {"structure": "Si64, diamond, a = 5.43 Å", "initial_temperature_K": 300.0, "timestep_fs": timestep,
            "steps": steps, "runs": {}}

@@ -1,13 +1,13 @@
 """NVE energy conservation of diamond Si with the ASE path (``matris.simulate.md``).
 
-    python benchmarks/nve.py                          # the issue's set-up: 64 atoms, float64, 0.5 fs, 1 ps
-    python benchmarks/nve.py --json results/nve_cpu.json --threads 1
+    python -m benchmarks.nve                          # the issue's set-up: 64 atoms, float64, 0.5 fs, 1 ps
+    python -m benchmarks.nve --json results/nve_cpu.json --threads 1
 
 Too long for the test suite on a 2-core CPU (2,000 steps of E+F for 64 atoms), so it runs
 here; tests/test_simulate_physics.py checks the same thing on 8 atoms for 0.1 ps. Reports the
 total-energy drift (meV/atom/ps, linear fit), and the same drift with the energy changes of
 the steps where a pair crossed r_c or r_3 removed (the published architecture's energy
-steps, see matris/simulate/conservation.py), with the number and size of those steps.
+steps, see benchmarks/conservation.py), with the number and size of those steps.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.conservation import ConservationMonitor  # noqa: E402
 from matris import MatRIS  # noqa: E402
 from matris.simulate import md  # noqa: E402
-from matris.simulate.conservation import ConservationMonitor  # noqa: E402
 
 
 def run(repeat=2, lattice=5.43, temperature=300.0, timestep=0.5, steps=2000, dtype="float64", seed=0, device="cpu"):

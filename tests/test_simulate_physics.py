@@ -13,10 +13,10 @@ import pytest
 import torch
 from ase.build import bulk
 
+from benchmarks.conservation import ConservationMonitor
 from conftest import RANDOM_TINY
 from matris import MatRIS
 from matris.simulate import md, relax
-from matris.simulate.conservation import ConservationMonitor
 
 
 @pytest.fixture(scope="module")

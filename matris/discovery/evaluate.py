@@ -89,7 +89,7 @@ def run_metrics(relaxed: str | os.PathLike, out_dir: str | os.PathLike | None = 
     ``elemental_refs`` give the formation-energy references; ``hull_entries`` measure
     formation energies and hull distances on that hull instead. ``dft_relaxed`` (the WBM
     DFT-relaxed structures) adds the geometry metrics over the unique prototypes that were
-    relaxed (:func:`matris.discovery.geometry.geo_opt_metrics`, spglib at ``symprec``):
+    relaxed (:func:`matris.discovery.geometry.geo_opt_metrics`, moyopy at ``symprec``):
     ``geo_opt.json``.
     """
     results = merge_results(relaxed)

@@ -20,7 +20,6 @@ The definitions are the benchmark's, ported from janosh/matbench-discovery at co
 
 from __future__ import annotations
 
-import warnings
 from typing import Mapping
 
 import numpy as np
@@ -47,18 +46,6 @@ def structure_rmsd(pred, ref) -> float:
 
     found = StructureMatcher(stol=1.0, scale=False).get_rms_dist(_structure(pred), _structure(ref))
     return UNMATCHED_RMSD if found is None else float(found[0])
-
-
-def symmetry_dataset(cell: tuple, symprec: float):
-    """spglib's symmetry dataset of ``(lattice, fractional coordinates, numbers)``, or None where
-    spglib finds none (without spglib's deprecation warning about its error handling)."""
-    spglib = require("spglib", "discovery", "symmetry analysis")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            return spglib.get_symmetry_dataset(cell, symprec=symprec)
-        except Exception:  # noqa: BLE001  spglib.error.SpglibError (newer error handling): no symmetry found
-            return None
 
 
 def symmetry(obj, symprec: float = 1e-2) -> tuple[int | None, int | None]:

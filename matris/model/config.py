@@ -105,17 +105,6 @@ class MatRISConfig:
                       three_body_cutoff=4.5, reference_energy="published")
         return cls(**{**values, **overrides})
 
-    @classmethod
-    def published_4m(cls, **overrides: Any) -> "MatRISConfig":
-        """The MatRIS-4M (MatPES) architecture as we infer it: :meth:`published_10m` with 4 blocks
-        (4,294,803 parameters, 4,294,897 with the reference energies).
-
-        No parameter count or config of the 4M checkpoints is published (the official code reads
-        each checkpoint's own config), so this is the 10M family at the depth that gives about
-        4 M parameters; a 4M checkpoint loads with its stored config whatever this says.
-        """
-        return cls.published_10m(**{"num_layers": 4, **overrides})
-
     # ------------------------------------------------------------ the official dict's reading
     def __getitem__(self, key: str) -> Any:
         if key not in self._names():

@@ -1,4 +1,5 @@
-"""Energy conservation in NVE: the drift, separated from the steps MatRIS takes at its cutoffs.
+"""Energy conservation in NVE: the drift, separated from the steps MatRIS takes at its cutoffs
+(the instrument of the NVE tests and of ``benchmarks/nve.py``).
 
 The published MatRIS architecture is not smooth everywhere: its energy steps when a pair of
 atoms crosses the atom-graph cutoff r_c, and energy and forces step when a pair crosses the
@@ -15,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..graph.neighbors import half_neighbor_list
-from ..structures import to_system
+from matris.graph.neighbors import half_neighbor_list
+from matris.structures import to_system
 
 
 @dataclass
