@@ -57,7 +57,12 @@ def test_degenerate_cell(model):
     # the same cell is fine along non-periodic directions
     a.pbc = [True, False, True]
     a.cell = [[4, 0, 0], [0, 0, 0], [0, 0, 4]]
-    assert np.isfinite(model.predict(a).energy)
+    flat = model.predict(a)
+    # a non-periodic direction's cell vector changes nothing: the energy of any other vector there
+    b = a.copy()
+    b.cell = [[4, 0, 0], [0, 7, 0], [0, 0, 4]]
+    assert np.isfinite(flat.energy) and abs(flat.energy - model.predict(b).energy) < 1e-9
+    np.testing.assert_allclose(flat.forces, model.predict(b).forces, atol=1e-9)
 
 
 def test_atoms_too_close(model):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from ase.build import bulk
+from ase.io import read
 from ase.calculators.calculator import PropertyNotImplementedError
 
 from matris import MatRIS, MatRISCalculator, MatRISConfig
@@ -394,15 +395,19 @@ def test_efs_model_runs_relax_md_and_torch_sim(efs_file, tmp_path):
     model = MatRIS.load(efs_file, dtype=torch.float64)
     atoms = bulk("Si", "diamond", a=5.43)
     atoms.rattle(0.02, seed=0)
+    start = MatRISCalculator(model).get_potential_energy(atoms.copy())
     r = relax(atoms, model=model, steps=5, trajectory=tmp_path / "r.extxyz")
-    assert np.isfinite(r.energy)
+    assert np.isfinite(r.energy) and r.energy <= start + 1e-9  # the relaxation went down
     m = md(atoms, model=model, steps=4, loginterval=2, trajectory=tmp_path / "md.traj")
-    assert m is not None
+    assert m.steps == 4 and [row["step"] for row in m.log] == [0, 2, 4]
+    assert np.all(np.isfinite(m.column("total_energy"))) and len(read(tmp_path / "md.traj", ":")) == 3
     pytest.importorskip("torch_sim")
     from matris.simulate import md_batch, relax_batch
 
-    assert np.isfinite(relax_batch([atoms, atoms.copy()], model=model, steps=5)[0].energy)
-    assert md_batch([atoms], model=model, steps=3, ensemble="nve") is not None
+    batch = relax_batch([atoms, atoms.copy()], model=model, steps=5)
+    assert abs(batch[0].energy - batch[1].energy) < 1e-8 and batch[0].energy <= start + 1e-9
+    run = md_batch([atoms], model=model, steps=3, ensemble="nve")
+    assert run.steps == 3 and len(run.atoms) == 1 and np.all(np.isfinite(run.column("total_energy")))
 
 
 def test_targets_of_a_file_that_does_not_say(tmp_path, cache):
