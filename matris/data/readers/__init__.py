@@ -28,6 +28,7 @@ stream yields one BadRecord and ends).
 
 ase, ijson and ase-db-backends are imported inside the readers, so ``matris.data`` imports
 without them; ijson (JSON) and ase-db-backends (ASE-LMDB) come with the ``data`` extra, and a
+reader that needs a missing one says so in one line (:func:`matris.extras.require`).
 
 Modules, one per format: :mod:`.ase_files` (anything ``ase.io`` reads), :mod:`.extxyz`
 (extxyz by byte offsets), :mod:`.ase_db` (ASE sqlite and ASE-LMDB databases),
@@ -36,19 +37,18 @@ share (units, checks, label extraction, building a :class:`Sample`) is in :mod:`
 and :mod:`.dispatch` picks the reader of a file.
 """
 
-from .ase_db import _connect_lmdb, iter_ase_db, iter_ase_lmdb, read_ase_db, read_ase_lmdb
+# the private names re-exported (x as x) are imported from here by the tests
+from .ase_db import _connect_lmdb as _connect_lmdb
+from .ase_db import iter_ase_db, iter_ase_lmdb, read_ase_db, read_ase_lmdb
 from .ase_files import iter_ase, read_ase
 from .common import EV_PER_A3_TO_GPA, KBAR_TO_GPA, STRESS_UNITS, BadRecord, Sample
 from .dispatch import DATA_SUFFIXES, count_samples, expand_data_paths, iter_samples, read_samples
-from .json_streams import _ijson, _json_kind
+from .json_streams import _ijson as _ijson
+from .json_streams import _json_kind as _json_kind
 from .matpes import iter_matpes, read_matpes
 from .mptrj import iter_mptrj, read_mptrj
 
 __all__ = [
-    "EV_PER_A3_TO_GPA",
-    "KBAR_TO_GPA",
-    "STRESS_UNITS",
-    "DATA_SUFFIXES",
     "Sample",
     "BadRecord",
     "read_ase",
@@ -65,8 +65,8 @@ __all__ = [
     "count_samples",
     "read_samples",
     "expand_data_paths",
-    # private, imported by the tests: the extras' probes and the JSON layout detection
-    "_connect_lmdb",
-    "_ijson",
-    "_json_kind",
+    "DATA_SUFFIXES",
+    "EV_PER_A3_TO_GPA",
+    "KBAR_TO_GPA",
+    "STRESS_UNITS",
 ]
