@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from ase.build import bulk
-from ase.io import read
 from ase.calculators.calculator import PropertyNotImplementedError
+from ase.io import read
 
 from matris import MatRIS, MatRISCalculator, MatRISConfig
 from matris import pretrained as pt
