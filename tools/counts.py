@@ -7,8 +7,8 @@ one is over its limit.
 
 - kernel selection: places in ``matris/model``, ``kernels`` and ``matris/domain`` that choose or
   switch kernels: calls of ``choose(...)`` and ``references(...)``, and comparisons of a kernel
-  choice (``kernels == "torch"``, ``block_kernels in (...)``), found in the syntax tree (comments and
-  docstrings do not count);
+  choice (``kernels == ...``, or anything compared with a kernel's name: ``== "torch"``,
+  ``in ("fused", "triton")``), found in the syntax tree (comments and docstrings do not count);
 - lines: physical lines of the Python files there;
 - files from the calculator to the Φ kernel: the distinct files of the package on the call stack at
   the moment ``matris.kernels.gated_phi`` is entered from ``MatRISCalculator.calculate`` (a tiny
@@ -32,6 +32,7 @@ CORE = [ROOT / "matris" / "model", ROOT / "kernels", ROOT / "matris" / "domain"]
 LIMITS = {"kernel_selection": 8, "core_lines": 4600, "files_calculator_to_phi": 5, "longest_file_lines": 700,
           "machine_paths": 0}
 CHOICE_NAMES = {"kernels", "block_kernels"}
+KERNEL_NAMES = {"triton", "fused", "torch", "auto"}
 
 
 def _name(node) -> str | None:
@@ -42,13 +43,22 @@ def _name(node) -> str | None:
     return None
 
 
+def _names_kernels(node: ast.Compare) -> bool:
+    """Whether a comparison tests against a kernel choice's name (``x == "torch"``, ``x in ("fused", ...)``)."""
+    for part in [node.left, *node.comparators]:
+        values = part.elts if isinstance(part, (ast.Tuple, ast.List, ast.Set)) else [part]
+        if any(isinstance(v, ast.Constant) and v.value in KERNEL_NAMES for v in values):
+            return True
+    return False
+
+
 def selection_sites(path: Path) -> list[int]:
     """Line numbers of the kernel choices in ``path`` (see the module docstring)."""
     sites = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Call) and _name(node.func) in ("choose", "references"):
             sites.append(node.lineno)
-        elif isinstance(node, ast.Compare) and _name(node.left) in CHOICE_NAMES:
+        elif isinstance(node, ast.Compare) and (_name(node.left) in CHOICE_NAMES or _names_kernels(node)):
             sites.append(node.lineno)
     return sorted(set(sites))
 
