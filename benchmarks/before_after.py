@@ -1,7 +1,7 @@
 """This commit against an earlier one, side by side in one run: the speed and memory a refactor
 must not lose.
 
-    python benchmarks/before_after.py --before 7b03c3c --json benchmarks/results/before_after.json
+    python -m benchmarks.before_after --before 7b03c3c --json benchmarks/results/before_after.json
 
 Both commits are checked out into temporary git worktrees and imported from there (an editable
 install of this checkout is bypassed in their processes), so each runs its own code, C++ kernels
@@ -31,9 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT, provenance, write_json
 
 # imported first by every child (PYTHONPATH): drop an editable install's finder, so that matris and
 # matris.kernels come from the worktree on sys.path
@@ -99,7 +97,8 @@ def mgo64(trees: dict[str, Path], shim: Path, rounds: int) -> dict[str, list[dic
     for k in range(rounds):
         for name in order if k % 2 == 0 else order[::-1]:
             tree = trees[name]
-            res = subprocess.run([sys.executable, "benchmarks/train_memory.py", "--worker", "mgo64", "rows",
+            # as a module of that tree (its cwd); in older trees without __init__.py, a namespace package
+            res = subprocess.run([sys.executable, "-m", "benchmarks.train_memory", "--worker", "mgo64", "rows",
                                   "--steps", "1", "--warmup", "1"], cwd=tree, env=child_env(tree, shim),
                                  capture_output=True, text=True)
             if res.returncode:
@@ -117,8 +116,6 @@ def main() -> None:
     p.add_argument("--train-rounds", type=int, default=2, help="MgO64 training steps (processes) per commit")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-
-    from benchmarks.provenance import provenance
 
     with tempfile.TemporaryDirectory(prefix="matris-before-after-") as tmp:
         tmp = Path(tmp)
@@ -146,8 +143,6 @@ def main() -> None:
     for label, b, a in rows:
         print(f"{label:44s} {b:10.3f} {a:10.3f} {a / b:12.3f}")
     if args.json:
-        from matris.atomic import write_json
-
         meta = provenance(model_name="MatRIS published 10M architecture (MatRISConfig.published_10m()), random weights")
         write_json(args.json, {"meta": meta, "revisions": revs, "si64_seconds": calls, "mgo64": steps,
                                "table": [{"case": label, "before": b, "after": a, "ratio": a / b}

@@ -1,6 +1,6 @@
 """Graph-cache build rate: structures/s of ``matris.data.build_or_load`` on one core.
 
-    python benchmarks/cache_build.py --json benchmarks/results/cache_build_cpu.json
+    python -m benchmarks.cache_build --json benchmarks/results/cache_build_cpu.json
 
 Writes a synthetic extxyz of rattled 32-atom cells with labels (diamond Si and rock-salt
 MgO, r_c = 6 Å, r_3 = 4 Å as in the training configs), then times a cold build of the
@@ -11,8 +11,6 @@ The JSON records the commit, the command, the machine and the torch version.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,11 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.provenance import provenance  # noqa: E402
-from matris.data import build_or_load  # noqa: E402
+from benchmarks.common import provenance, write_json
+from matris.data import build_or_load
 
 
 def write_dataset(path: Path, n: int, seed: int = 0) -> None:
@@ -67,7 +62,7 @@ def main(argv=None) -> int:
                   f"{len(ds) / seconds:6.0f} structures/s (one core), {size / len(ds) / 1e3:6.1f} kB per structure")
     result = {"meta": {**provenance(argv), "threads": 1}, "rows": rows}
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     return 0
 
 

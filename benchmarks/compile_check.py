@@ -1,9 +1,9 @@
 """model.compile() with a real code generator: graphs compiled over MD-like steps, compile time,
 and compiled-vs-eager agreement in float32 and float64.
 
-    python benchmarks/compile_check.py                        # Inductor, both dtypes
-    python benchmarks/compile_check.py --backend aot_eager --dtypes float64
-    python benchmarks/compile_check.py --json benchmarks/results/compile_check_cpu.json
+    python -m benchmarks.compile_check                        # Inductor, both dtypes
+    python -m benchmarks.compile_check --backend aot_eager --dtypes float64
+    python -m benchmarks.compile_check --json benchmarks/results/compile_check_cpu.json
 
 The model is the small SH fixture checkpoint (tests/fixtures/official-v0.9/small_sh_float64).
 Each step is a rattled diamond-Si cell of 8 to 48 atoms (the numbers of atoms, bonds and
@@ -19,26 +19,44 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from benchmarks.provenance import provenance  # noqa: E402
-from conftest import evaluate, load_fixture_model  # noqa: E402
-from matris.atomic import write_json  # noqa: E402
-from test_compile import rattled_si  # noqa: E402
+from benchmarks.common import ROOT, provenance, write_json
+from matris import GraphBatch, MatRIS
+from matris.structures import to_system
+
+FIXTURE = ROOT / "tests" / "fixtures" / "official-v0.9" / "small_sh_float64" / "checkpoint.pth.tar"
+
+
+def load_fixture_model(dtype: torch.dtype) -> MatRIS:
+    """The small SH fixture checkpoint in ``dtype``."""
+    return MatRIS.from_checkpoint(FIXTURE).to(dtype)
+
+
+def evaluate(model: MatRIS, systems):
+    """The model's output for a list of AtomicSystems, in the model's dtype."""
+    graph = GraphBatch.from_systems(list(systems), model.cutoff, model.three_body_cutoff, dtype=model.dtype)
+    return model(graph)
+
+
+def rattled_si(k: int, rng):
+    """Cells of 8 to 48 atoms (as tests/test_compile.py's): every step changes the numbers of
+    atoms, bonds and angles."""
+    from ase.build import bulk
+
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True).repeat((1 + k % 3, 1 + (k // 3) % 2, 1))
+    atoms.positions += rng.normal(scale=0.1, size=atoms.positions.shape)
+    return to_system(atoms)
 
 
 def run(dtype: torch.dtype, backend: str, steps: int) -> dict:
     import torch._dynamo
 
     torch._dynamo.reset()
-    model = load_fixture_model("small_sh_float64", dtype).compile(fullgraph=True, backend=backend)
-    eager = load_fixture_model("small_sh_float64", dtype)
+    model = load_fixture_model(dtype).compile(fullgraph=True, backend=backend)
+    eager = load_fixture_model(dtype)
     eager.options.kernels = "torch"
     torch._dynamo.utils.counters.clear()
     rng = np.random.default_rng(0)
@@ -46,9 +64,9 @@ def run(dtype: torch.dtype, backend: str, steps: int) -> dict:
     for k in range(steps):
         s = [rattled_si(k, rng)]
         t0 = time.perf_counter()
-        got, _ = evaluate(model, s)
+        got = evaluate(model, s)
         times.append(time.perf_counter() - t0)
-        want, _ = evaluate(eager, s)
+        want = evaluate(eager, s)
         errors.append(max(((getattr(got, q) - getattr(want, q)).abs().max() / getattr(want, q).abs().max()).item()
                           for q in ("energy", "forces", "stress")))
     return {"dtype": str(dtype).removeprefix("torch."), "backend": backend, "steps": steps,

@@ -1,9 +1,9 @@
 """CPU speed of the published architecture against CHGNet and the official MatRIS 1.0.0, side by side.
 
-    python benchmarks/cpu_speed.py                      # Si 8/64/216, MD of Si64, op shares
-    python benchmarks/cpu_speed.py --official /work/official/site --json benchmarks/results/cpu_speed.json
-    python benchmarks/cpu_speed.py --sizes 8 64 --rounds 3 --variants fused torch
-    python benchmarks/cpu_speed.py --markdown benchmarks/results/cpu_speed.json   # the docs' table
+    python -m benchmarks.cpu_speed                      # Si 8/64/216, MD of Si64, op shares
+    python -m benchmarks.cpu_speed --official SITE --json benchmarks/results/cpu_speed.json
+    python -m benchmarks.cpu_speed --sizes 8 64 --rounds 3 --variants fused torch
+    python -m benchmarks.cpu_speed --markdown benchmarks/results/cpu_speed.json   # the docs' table
 
 Model: the published MatRIS-10M architecture (``MatRISConfig.published_10m()``: 10 blocks of width
 128, Fourier three-body basis, LayerNorm, no Linear biases, energy head (256, 128, 128), r_c 6 Å,
@@ -36,7 +36,7 @@ time of ``torch.ops.matris.*`` (each a whole formula: its GEMMs, gathers, scatte
 elementwise steps in one pass). Under it, the GEMM floor against plain MKL: the GEMM FLOPs of one
 Si64 call (counted on the composed reference ops, which run the same products as MKL GEMMs, with
 their time there), this machine's in-cache MKL rate right after, and the least time those GEMMs
-need at that rate.
+need at that rate (``benchmarks.common.gemm_gflops``, the measurement of every benchmark's GEMM rate).
 
 ``--train`` also times one training step (energy, force, stress and magmom loss with
 ``create_graph``, backward) of Si8 (Si64 needs more than 20 GB with the 10M architecture) for
@@ -54,13 +54,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.provenance import cpu_description, provenance  # noqa: E402
-from matris import MatRIS, MatRISCalculator, MatRISConfig, heap  # noqa: E402
-from matris.atomic import write_json  # noqa: E402
-from matris.bench.measure import md_speed  # noqa: E402
-from matris.bench.structures import standard_structure  # noqa: E402
-from matris.kernels import native  # noqa: E402
+from benchmarks.common import ROOT, command_now, cpu_description, gemm_gflops, provenance, write_json
+from matris import MatRIS, MatRISCalculator, MatRISConfig, heap
+from matris.bench.measure import md_speed
+from matris.bench.structures import standard_structure
+from matris.kernels import native
 
 FAMILIES = {
     "GEMM": ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm"),
@@ -159,7 +157,7 @@ def train_steps(rounds: int) -> list[dict]:
     from matris.structures import to_system
     from matris.train import TrainConfig
 
-    tiny = TrainConfig.from_yaml(Path(__file__).resolve().parents[1] / "examples" / "configs" / "tiny.yaml").model
+    tiny = TrainConfig.from_yaml(ROOT / "examples" / "configs" / "tiny.yaml").model
     configs = {"tiny": tiny, "10M": MatRISConfig.published_10m()}
     system = to_system(standard_structure("si", 8).atoms)  # Si64 needs > 20 GB for the 10M config
     out = []
@@ -236,18 +234,7 @@ def gemm_floor(calc, atoms, chgnet_seconds: float | None) -> dict:
     calc.calculate(atoms, ["energy", "forces", "stress"])
     call_seconds = time.perf_counter() - t0
 
-    def rate(m: int, k: int, n: int, reps: int) -> float:
-        x, w, out = torch.randn(m, k), torch.randn(n, k), torch.empty(m, n)
-        for _ in range(3):
-            torch.mm(x, w.T, out=out)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            torch.mm(x, w.T, out=out)
-            ts.append(time.perf_counter() - t0)
-        return 2 * m * k * n / statistics.median(ts) / 1e9
-
-    hot, square = rate(4096, 128, 256, 50), rate(1024, 1024, 1024, 10)
+    hot, square = gemm_gflops(4096, 128, 256, 50), gemm_gflops(1024, 1024, 1024, 10)
     gflop = flops[0] / 1e9
     result = {"gemm_calls": calls[0], "gflop": gflop, "reference_gemm_seconds": seconds[0],
               "reference_gemm_gflops": gflop / seconds[0], "hot_gflops_4096x128x256": hot,
@@ -319,7 +306,8 @@ def markdown(path: str, command: bool = True) -> str:
                      f"{g['call_seconds']:.2f} s.")
     meta = data["meta"]
     how = f"{data['threads']} threads, {data['rounds']} interleaved rounds (medians)."
-    lines.append(f"\n`{meta['command']}` at commit `{(meta['commit'] or '')[:10]}`, {how}" if command else f"\n{how}")
+    run = f"`{command_now(meta['command'])}` at commit `{(meta['commit'] or '')[:10]}`, "
+    lines.append(f"\n{run}{how}" if command else f"\n{how}")
     for k, t in (data.get("compile_seconds") or {}).items():
         lines.append(f"First call of `{k}` (compilation included): {t:.0f} s.")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Data pipeline at OMat24 scale: cache build rate, loader rate, and the margin over a GPU's step rate.
 
-    python benchmarks/data_throughput.py --json benchmarks/results/data_throughput_cpu.json
-    python benchmarks/data_throughput.py --smoke          # a few thousand structures, a minute
+    python -m benchmarks.data_throughput --json benchmarks/results/data_throughput_cpu.json
+    python -m benchmarks.data_throughput --smoke          # a few thousand structures, a minute
 
 1. Writes a synthetic OMat24-like dataset (``matris.data.synthetic.omat_like_atoms``: small
    bulk cells over the periodic table, ~10 atoms each, random labels) as ASE-LMDB files, the
@@ -25,17 +25,13 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.common import ROOT, provenance
 
 H200_TF32_DENSE = 494e12  # FLOP/s, NVIDIA H200 (= H100 SXM) TF32 tensor-core peak without sparsity
 H200_FP32 = 67e12  # FLOP/s, non-tensor FP32 peak
@@ -225,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                        "files": args.files, "batch": args.batch},
               "build": build, "loader": loader, "model_10m": model, "summary": summary}
     if args.json:
-        from matris.atomic import write_json
+        from benchmarks.common import write_json
 
         write_json(args.json, result)
     return 0 if all(math.isfinite(v) for v in summary.values()) else 1

@@ -23,16 +23,9 @@ functions produce and how to read them, not silicon's physics at DFT accuracy.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def _round(values, digits=6) -> list:
@@ -152,10 +145,10 @@ def main(argv=None) -> int:
                   f"span {r['span_meV_per_atom']:.4f} meV/atom, {r['steps_per_s']:.1f} steps/s")
     result["seconds"] = seconds
     if args.json:
-        from benchmarks.provenance import provenance
+        from benchmarks.common import provenance, write_json
 
         result["meta"] = provenance(argv, "matris-demo", DEMO_CHECKPOINT)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0
 

@@ -1,7 +1,7 @@
 """The documentation's figures, drawn from the committed result files like the tables.
 
-    python benchmarks/figures.py OUTDIR            # every figure, as SVG files in OUTDIR
-    python benchmarks/figures.py OUTDIR eos        # one of them
+    python -m benchmarks.figures OUTDIR            # every figure, as SVG files in OUTDIR
+    python -m benchmarks.figures OUTDIR eos        # one of them
 
 When the site is built, ``docs/hooks.py`` draws each figure of :data:`FIGURES` into the site
 (``figures/NAME.svg``) and a page shows it with ``{{ figure("NAME") }}``, captioned with what
@@ -13,14 +13,9 @@ commit the JSON. The SVG output is deterministic (no date, fixed ids).
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import tables  # noqa: E402
+from benchmarks import tables
 
 COLORS = {"matris": "#3949ab", "matris2": "#7986cb", "official": "#e65100", "official2": "#ffb74d",
           "chgnet": "#2e7d32", "grey": "#757575"}
@@ -310,11 +305,17 @@ def draw(name: str) -> bytes:
 
 
 def main(argv=None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        print(__doc__)
-        return 2
-    out, names = Path(args[0]), args[1:] or list(FIGURES)
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("outdir", type=Path, help="folder of the SVG files")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"figures to draw (default: all of {', '.join(FIGURES)})")
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.names) - set(FIGURES))
+    if unknown:
+        p.error(f"unknown figure {', '.join(unknown)}; known: {', '.join(FIGURES)}")
+    out, names = args.outdir, args.names or list(FIGURES)
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         path = out / f"{name}.svg"

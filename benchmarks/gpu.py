@@ -1,8 +1,8 @@
 """GPU check and benchmark of the Triton path against the PyTorch reference path, in one call.
 
-    python benchmarks/gpu.py --quick     # correctness + one E+F+S size, < 3 min (benchmarks/results/gpu-quick.json)
-    python benchmarks/gpu.py             # everything, < 10 min on one H200 (benchmarks/results/gpu.json)
-    TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke      # CPU dry run of every code path (tiny sizes)
+    python -m benchmarks.gpu --quick     # correctness + one E+F+S size, < 3 min (benchmarks/results/gpu-quick.json)
+    python -m benchmarks.gpu             # everything, < 10 min on one H200 (benchmarks/results/gpu.json)
+    TRITON_INTERPRET=1 python -m benchmarks.gpu --smoke      # CPU dry run of every code path (tiny sizes)
 
 A run always reports: the JSON is rewritten (atomically) after every check, each check
 catches its own errors (recorded with the last frame of the traceback), and every section
@@ -42,7 +42,6 @@ import json
 import math
 import re
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -51,11 +50,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig, memory  # noqa: E402
-from matris.kernels import (  # noqa: E402
+from benchmarks.common import ROOT, command, commit, synchronize, write_json
+from matris import AtomicSystem, GraphBatch, MatRIS, MatRISConfig, memory
+from matris.kernels import (
     attention_pair,
     attention_pair_reference,
     gated_phi,
@@ -63,8 +60,8 @@ from matris.kernels import (  # noqa: E402
     refine_edges,
     refine_edges_reference,
 )
-from matris.kernels import basis as B  # noqa: E402
-from matris.kernels.attention import Segments  # noqa: E402
+from matris.kernels import basis as B
+from matris.kernels.attention import Segments
 
 RESULTS: dict = {}
 
@@ -81,11 +78,8 @@ class Report:
         self.path = Path(path) if path else None
 
     def write(self):
-        if self.path is None:
-            return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(RESULTS, indent=1, default=str))
-        tmp.replace(self.path)
+        if self.path is not None:
+            write_json(self.path, RESULTS, default=str)
 
 
 REPORT = Report(None)
@@ -143,11 +137,6 @@ def section(name):
             log(f"   ({time.perf_counter() - t0:.1f} s)")
         return run
     return wrap
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 SMOKE = False  # --smoke: one untimed-quality call per measurement (the interpreter is slow)
@@ -338,7 +327,7 @@ def _sync_free(device, smoke):
     g = graph_of(model, diamond_si(1 if smoke else 2), device, torch.float32)
     g.segments()
     model(g)  # warm-up: kernel compilation and autotuning read the device
-    sync(device)
+    synchronize(device)
     torch.cuda.set_sync_debug_mode("error")
     try:
         out = model(g)
@@ -517,7 +506,7 @@ def _measured_call(model, system, device):
     g = graph_of(model, system, device, torch.float32)
     t1 = time.perf_counter()
     model(g)
-    sync(device)
+    synchronize(device)
     return g, time.perf_counter() - t1
 
 
@@ -576,8 +565,7 @@ def largest(sec, device, smoke, budget_s):
 
 @section("6. training throughput, Lightning pipeline (tiny and 10M configs)")
 def train_throughput(sec, device, smoke):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train_throughput import run as run_training
+    from benchmarks.train_throughput import run as run_training
 
     configs = ["tiny.yaml"] if smoke else ["tiny.yaml", "matris-10m.yaml"]
     def one(name):
@@ -601,9 +589,8 @@ def simulate(sec, device, smoke):
     if missing:
         log(f"   skipped: {', '.join(missing)} not installed (pip install 'matris-mlip[sim]')")
         return {"skipped": f"{', '.join(missing)} not installed"}
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from simulate import print_table
-    from simulate import run as run_simulate
+    from benchmarks.simulate import print_table
+    from benchmarks.simulate import run as run_simulate
 
     runs = [dict(n=4, repeat=1, steps=10)] if smoke else [dict(n=64, repeat=1), dict(n=256, repeat=2, ase=False),
                                                            dict(n=32, repeat=2)]
@@ -647,7 +634,7 @@ def md_on_device(sec, device, smoke):
             pos = pos + dt * vel
             f = forces(pos)
             vel = vel + 0.5 * dt * f / mass
-        sync(device)
+        synchronize(device)
 
     def measure():
         steps = 2 if smoke else 50
@@ -686,12 +673,12 @@ def compiled_variants(sec, device, smoke):
         t0 = time.perf_counter()
         compiled(g)
         compiled_tf32(g)
-        sync(device)
+        synchronize(device)
         out = {"compile_s_both": time.perf_counter() - t0}
         if graphs is not None:
             t0 = time.perf_counter()
             graphs(g)
-            sync(device)
+            synchronize(device)
             out["compile_s_reduce_overhead"] = time.perf_counter() - t0
         return out
 
@@ -777,20 +764,14 @@ def main(argv=None):
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and not args.smoke:
         p.error("no CUDA device: run with --smoke (and TRITON_INTERPRET=1) for a CPU dry run")
-    import subprocess
-
     import triton
 
     budgets = QUICK_BUDGETS if args.quick else FULL_BUDGETS
     BUDGETS.update({k: v * args.budget_scale * (20 if args.smoke else 1) for k, v in budgets.items()})
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
     RESULTS["meta"] = {"torch": torch.__version__, "triton": triton.__version__, "device": str(device),
                        "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                       "smoke": args.smoke, "quick": args.quick, "commit": commit or None,
-                       "command": "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                       "smoke": args.smoke, "quick": args.quick, "commit": commit(),
+                       "command": command(argv),
                        "budgets_s": BUDGETS, "finished": False}
     REPORT.write()
     log(f"matris GPU benchmark: {RESULTS['meta']}")

@@ -1,8 +1,8 @@
 """The κ task's worked small case: lattice thermal conductivity of diamond Si and rocksalt MgO at
 300 K with the bundled model, in float64 and float32, offline, timed per structure.
 
-    python benchmarks/kappa_small.py                                   # table
-    python benchmarks/kappa_small.py --json benchmarks/results/kappa_small_cpu.json
+    python -m benchmarks.kappa_small                                   # table
+    python -m benchmarks.kappa_small --json benchmarks/results/kappa_small_cpu.json
 
 Protocol: :mod:`matris.discovery.kappa` (the benchmark's: symmetry-constrained relaxation,
 0.03 Å displacements, Wigner RTA with isotopes); supercells 2×2×2 of the primitive cell for both
@@ -16,10 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 CASES = {"Si": ("diamond", 5.43), "MgO": ("rocksalt", 4.21)}
 
@@ -66,8 +62,7 @@ def main(argv=None) -> int:
         diffs[case] = (k32 - k64) / k64
         print(f"{case}: float32 − float64 = {100 * diffs[case]:+.4f} % of κ")
     if args.json:
-        from benchmarks.provenance import provenance
-        from matris.atomic import write_json
+        from benchmarks.common import provenance, write_json
 
         meta = provenance(argv, model_name="matris-demo (bundled demonstration model)")
         write_json(args.json, {"meta": meta, "mesh": args.mesh, "supercells": "2x2x2 primitive (fc2 and fc3)",

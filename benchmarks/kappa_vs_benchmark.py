@@ -1,8 +1,8 @@
 """κ from ``matris discovery kappa`` against Matbench Discovery's own κ code, on the same cells and
 model: κ̄ per material from both and κ_SRME/SRD of ours with the benchmark's as the reference.
 
-    python benchmarks/kappa_vs_benchmark.py --benchmark PATH/TO/matbench-discovery
-    python benchmarks/kappa_vs_benchmark.py --benchmark PATH --json benchmarks/results/kappa_vs_benchmark.json
+    python -m benchmarks.kappa_vs_benchmark --benchmark PATH/TO/matbench-discovery
+    python -m benchmarks.kappa_vs_benchmark --benchmark PATH --json benchmarks/results/kappa_vs_benchmark.json
 
 PATH is a checkout of janosh/matbench-discovery (not a dependency; the comparison was made at
 commit 2c7f9fc42d018711dc2f5df573d225ea6d2d17b2). The benchmark's side runs its
@@ -32,20 +32,20 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import load_module
 
 CASES = {"Si": ("diamond", 5.43), "MgO": ("rocksalt", 4.21), "NaCl": ("rocksalt", 5.64)}
 
 
 def load_benchmark(path: Path):
-    """The benchmark's κ pipeline and metric modules from the checkout at ``path``."""
-    sys.path.insert(0, str(path))
+    """The benchmark's κ pipeline and metric modules from the checkout at ``path`` (its package
+    ``matbench_discovery``, imported from there, not from an installed one)."""
     # metrics/phonons.py imports matbench_discovery.data, which loads the WBM summary at import
     # time (a download); the two helpers it takes from there only write model files
     stub = types.ModuleType("matbench_discovery.data")
     stub.file_ref_name = stub.make_file_ref = lambda *a, **k: None
     sys.modules["matbench_discovery.data"] = stub
+    load_module("matbench_discovery", path / "matbench_discovery")
     import yaml
     from matbench_discovery.metrics import phonons as metrics
     from matbench_discovery.phonons import pipeline
@@ -156,8 +156,7 @@ def main(argv=None) -> int:
     if args.json:
         import phono3py
 
-        from benchmarks.provenance import provenance
-        from matris.atomic import write_json
+        from benchmarks.common import provenance, write_json
 
         meta = provenance(argv, model_name=f"matris-demo (bundled demonstration model), {args.dtype}")
         write_json(args.json, {"meta": meta, "benchmark_commit": "2c7f9fc42d018711dc2f5df573d225ea6d2d17b2",

@@ -1,8 +1,8 @@
 """CPU checks of the Triton kernels: run them in the interpreter and compile them for GPUs.
 
-    python benchmarks/kernels.py --check
-    TRITON_INTERPRET=1 python benchmarks/kernels.py --memory   # what the Φ fusions save
-    python benchmarks/kernels.py --resources                   # registers and spills on sm_90
+    python -m benchmarks.kernels --check
+    TRITON_INTERPRET=1 python -m benchmarks.kernels --memory   # what the Φ fusions save
+    python -m benchmarks.kernels --resources                   # registers and spills on sm_90
 
 1. Under ``TRITON_INTERPRET=1`` the basis kernels run on CPU tensors and are compared with
    their PyTorch references: forward, backward (the fused first-order kernels) and second
@@ -34,6 +34,8 @@ import os
 import subprocess
 import sys
 import traceback
+
+from benchmarks.common import ROOT, write_json
 
 FAILURES: list[str] = []
 # every check's outcome, for --json (tests read these, not the printed text)
@@ -316,8 +318,8 @@ def start_phase(flag, interpret, log, results):
     if interpret:
         env["TRITON_INTERPRET"] = "1"
         env["MATRIS_INTERPRET_TILES"] = "gpu"  # the device's tiles: many programs, partial sums
-    return subprocess.Popen([sys.executable, __file__, flag, "--json", str(results)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.kernels", flag, "--json", str(results)], env=env,
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
 def run_phases():
@@ -352,29 +354,20 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="with --check, --memory or --resources: write the results here")
     args = p.parse_args(argv)
     if args.check:
-        import json
-        from pathlib import Path
-
         codes, checks = run_phases()
         if args.json:
-            Path(args.json).write_text(json.dumps({"exit_codes": codes, "checks": checks}, indent=1))
+            write_json(args.json, {"exit_codes": codes, "checks": checks})
         print("all kernel checks passed" if not any(codes) else "kernel checks FAILED")
         return 1 if any(codes) else 0
     try:
         if args.resources:
-            import json
-            from pathlib import Path
-
             rows = resources_report()
             if args.json:
-                Path(args.json).write_text(json.dumps(rows, indent=1))
+                write_json(args.json, rows)
         elif args.memory:
-            import json
-            from pathlib import Path
-
             report = memory_report(args.rows)
             if args.json:
-                Path(args.json).write_text(json.dumps(report, indent=1))
+                write_json(args.json, report)
         elif args.interpret_checks:
             interpret_checks()
         elif args.compile_checks:
@@ -386,10 +379,7 @@ def main(argv=None):
         traceback.print_exc()
         FAILURES.append("exception")
     if args.json and (args.interpret_checks or args.compile_checks):
-        import json
-        from pathlib import Path
-
-        Path(args.json).write_text(json.dumps(RESULTS))
+        write_json(args.json, RESULTS, indent=None)
     print(f"{len(FAILURES)} failed" if FAILURES else "passed")
     return 1 if FAILURES else 0
 

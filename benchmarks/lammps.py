@@ -1,9 +1,9 @@
 """pair_style matris in LAMMPS: how the model's work divides among MPI ranks, and NVE energy conservation.
 
-    python benchmarks/lammps.py --json benchmarks/results/lammps_cpu.json
-    python benchmarks/lammps.py --sizes 2000 --ranks 1 2 --steps 3 --no-nve
-    python benchmarks/lammps.py --device cuda --sizes 8000 64000 --ranks 1 2 4   # on a GPU node
-    python benchmarks/lammps.py --nve-only --json out.json
+    python -m benchmarks.lammps --json benchmarks/results/lammps_cpu.json
+    python -m benchmarks.lammps --sizes 2000 --ranks 1 2 --steps 3 --no-nve
+    python -m benchmarks.lammps --device cuda --sizes 8000 64000 --ranks 1 2 4   # on a GPU node
+    python -m benchmarks.lammps --nve-only --json out.json
 
 Scaling (``mode domain``, :mod:`matris.domain`): diamond Si supercells (cubic 8-atom cells
 repeated, velocities at 300 K), the bundled model (``matris export lammps matris-demo``) in
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT
+
 BIN = Path(sys.executable).parent
 
 
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    from benchmarks.provenance import provenance
+    from benchmarks.common import provenance, write_json
     from matris.bundled import DEMO_CHECKPOINT
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
         if args.nve or args.nve_only:
             result["nve"] = nve(model, dict(env, OMP_NUM_THREADS=str(os.cpu_count() or 1)))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     return 0
 
 

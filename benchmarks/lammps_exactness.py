@@ -1,6 +1,6 @@
 """pair_style matris (mode domain) on 1, 2, 4 and 8 MPI ranks against the ASE calculator, float64.
 
-    python benchmarks/lammps_exactness.py --json benchmarks/results/lammps_exactness.json
+    python -m benchmarks.lammps_exactness --json benchmarks/results/lammps_exactness.json
 
 The cell of ``tests/test_lammps.py``'s rank test: rocksalt NaCl (a = 5.5 Å) 2×2×1 conventional
 cells, sheared into a triclinic cell, rattled 0.05 Å; the bundled model; on 8 ranks LAMMPS cuts it
@@ -14,7 +14,6 @@ attention's of block 1) on 2 ranks: what the exchanges are for.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -23,8 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 NKTV2P = 1.6021765e6  # LAMMPS metal: bar·Å³/eV
 
@@ -63,7 +60,7 @@ def main(argv=None) -> int:
 
     from ase.build import bulk
 
-    from benchmarks.provenance import provenance
+    from benchmarks.common import provenance, write_json
     from matris import MatRIS, MatRISCalculator
     from matris.bundled import DEMO_CHECKPOINT
 
@@ -99,7 +96,7 @@ def main(argv=None) -> int:
                   f"virial {row['virial_rel']:.1e} (relative)", flush=True)
     result = {"meta": provenance(argv, "matris-demo", DEMO_CHECKPOINT), "atoms": len(atoms), "rows": rows}
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     return 0
 
 

@@ -2,8 +2,8 @@
 from a checkout of janosh/matbench-discovery: the ten active models with the highest combined
 performance score, and every MatRIS model, with their parameter counts.
 
-    python benchmarks/leaderboard_rows.py --benchmark PATH/TO/matbench-discovery
-    python benchmarks/leaderboard_rows.py --benchmark PATH --out matris/assets/leaderboard.json
+    python -m benchmarks.leaderboard_rows --benchmark PATH/TO/matbench-discovery
+    python -m benchmarks.leaderboard_rows --benchmark PATH --out matris/assets/leaderboard.json
 
 The metrics are those the leaderboard's CPS reads (site/src/lib/models.svelte.ts
 ``update_models_cps``): ``metrics.discovery.unique_prototypes.F1``,
@@ -21,8 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import write_json
 
 
 def _get(d, *keys):
@@ -83,12 +82,11 @@ def main(argv=None) -> int:
                       "MatRIS models (F1 of the unique prototypes, metrics.phonons.kappa_103.κ_SRME, "
                       "metrics.geo_opt.symprec=1e-2.rmsd, model_params)",
             "commit": commit, "rows": rows(args.benchmark, args.top)}
-    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
     if args.out:
-        Path(args.out).write_text(text)
+        write_json(args.out, data, ensure_ascii=False)
         print(f"wrote {args.out} ({len(data['rows'])} rows)")
     else:
-        print(text)
+        print(json.dumps(data, indent=1, ensure_ascii=False))
     return 0
 
 

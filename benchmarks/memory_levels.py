@@ -1,6 +1,6 @@
 """Peak memory of one energy + forces + stress call at each memory-saving level (CPU).
 
-    python benchmarks/memory_levels.py --json benchmarks/results/memory_levels_cpu.json
+    python -m benchmarks.memory_levels --json benchmarks/results/memory_levels_cpu.json
 
 The "Large systems and memory" table of the docs (docs/memory.md) comes from this script. It builds the
 1,000-atom bcc Fe cell of ``benchmarks/speed.py`` (rattled by 0.02 Å), a random-weight model
@@ -25,14 +25,11 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT, peak_rss_bytes, provenance, rss_bytes, timed, write_json
 
 GIB = 2**30
-
 
 
 def _estimate(model, graph, level: int) -> float:
@@ -40,14 +37,6 @@ def _estimate(model, graph, level: int) -> float:
     from matris import memory
 
     return memory.activation_bytes(model, graph, level) / 1e9
-
-def _rss_kib() -> int:
-    """Current resident memory of this process, KiB (Linux /proc)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status (this script needs Linux)")
-
 
 def _model_and_graph(blocks: int, atoms: int):
     import numpy as np
@@ -74,20 +63,16 @@ def _model_and_graph(blocks: int, atoms: int):
 
 def child(level: int, blocks: int, atoms: int) -> dict:
     """One E+F+S call at ``level`` in this (fresh) process; prints and returns the row."""
-    import resource
-
     model, graph = _model_and_graph(blocks, atoms)
     model.options.memory_level = level
-    before = _rss_kib()
-    t0 = time.perf_counter()
-    out = model(graph, compute_forces=True, compute_stress=True)
-    seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    before = rss_bytes()
+    out, seconds = timed(model, graph, compute_forces=True, compute_stress=True)
+    peak = peak_rss_bytes()
     assert out.forces is not None and bool(out.energy.isfinite().all())
     return {"level": level, "blocks": blocks, "atoms": atoms, "bonds": int(graph.num_bonds),
             "angles": int(graph.num_angles),
             "estimate_GB": _estimate(model, graph, level),
-            "measured_peak_GB": (peak - before) * 1024 / 1e9, "rss_before_GB": before * 1024 / 1e9,
+            "measured_peak_GB": (peak - before) / 1e9, "rss_before_GB": before / 1e9,
             "seconds": seconds}
 
 
@@ -118,8 +103,8 @@ def main(argv=None) -> dict:
             if level == 0 and not args.measure_level0:
                 row = estimate(level, blocks, args.atoms)
             else:
-                run = subprocess.run([sys.executable, __file__, "--child", str(level), str(blocks), str(args.atoms)],
-                                     capture_output=True, text=True)
+                run = subprocess.run([sys.executable, "-m", "benchmarks.memory_levels", "--child", str(level),
+                                      str(blocks), str(args.atoms)], capture_output=True, text=True, cwd=ROOT)
                 if run.returncode:
                     raise SystemExit(f"level {level}, {blocks} blocks failed:\n{run.stderr[-3000:]}")
                 row = json.loads(run.stdout.strip().splitlines()[-1])
@@ -136,9 +121,6 @@ def main(argv=None) -> dict:
             print(f"level {level}: each further block adds {per_block[level]:.2f} GB (measured)")
     result = {"rows": rows, "per_further_block_GB": per_block}
     if args.json:
-        from benchmarks.provenance import provenance
-        from matris.atomic import write_json
-
         result["provenance"] = provenance(argv,
                                           model_name="random weights, examples/configs/matris-10m.yaml architecture")
         write_json(args.json, result)

@@ -13,19 +13,13 @@ steps, see benchmarks/conservation.py), with the number and size of those steps.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.conservation import ConservationMonitor  # noqa: E402
-from matris import MatRIS  # noqa: E402
-from matris.simulate import md  # noqa: E402
+from benchmarks.conservation import ConservationMonitor
+from matris import MatRIS
+from matris.simulate import md
 
 
 def run(repeat=2, lattice=5.43, temperature=300.0, timestep=0.5, steps=2000, dtype="float64", seed=0, device="cpu"):
@@ -67,11 +61,11 @@ def main(argv=None):
     print(f"  cutoff crossings        {r['crossings']} steps, sum {r['crossing_energy']:+.4f} meV/atom, "
           f"largest {r['max_crossing_jump']:.4f} meV/atom")
     if args.json:
-        from benchmarks.provenance import provenance
+        from benchmarks.common import provenance, write_json
         from matris.bundled import DEMO_CHECKPOINT
 
         r["meta"] = provenance(argv, "matris-demo", DEMO_CHECKPOINT)
-        Path(args.json).write_text(json.dumps(r, indent=1))
+        write_json(args.json, r)
     return 0
 
 

@@ -1,33 +1,33 @@
 """The official MatRIS 1.0.0 implementation in a process of its own, for side-by-side checks.
 
-    python benchmarks/official.py --check                     # parity + timing self-check
-    python benchmarks/official.py --check --threads 2 --repeat 3
-    python benchmarks/official.py --check --site /path/to/official/site --python /path/to/python
+    python -m benchmarks.official --check --site SITE        # parity + timing self-check
+    python -m benchmarks.official --check --threads 2 --repeat 3   # SITE from $MATRIS_OFFICIAL_SITE
+    python -m benchmarks.official --check --site SITE --python OTHER/bin/python
 
 From a benchmark::
 
     from benchmarks.official import OfficialWorker, save_official_checkpoint
 
-    save_official_checkpoint(model, "/tmp/model.pth.tar")      # our MatRIS -> published layout
-    with OfficialWorker() as official:                          # a persistent subprocess
-        info = official.load("/tmp/model.pth.tar", mode="torch", activation_checkpoint=False,
-                             dtype="float32", threads=2)
+    path = save_official_checkpoint(model, folder / "model.pth.tar")   # our MatRIS -> published layout
+    with OfficialWorker(site=SITE) as official:                         # a persistent subprocess
+        info = official.load(path, mode="torch", activation_checkpoint=False, dtype="float32", threads=2)
         result = official.evaluate(atoms)          # or extxyz=..., or positions/cell/numbers
         result["energy"], result["forces"], result["stress"], result["seconds"]
 
-The official package (``pip download matris==1.0.0 --no-deps`` and unzip the wheel, e.g. into
-``/work/official/site``; ``$MATRIS_OFFICIAL_SITE`` or ``site=`` say where) declares Python >= 3.12,
+The official package (``pip download matris==1.0.0 --no-deps`` and unzip the wheel into a folder
+SITE; ``site=``, ``--site SITE`` or ``$MATRIS_OFFICIAL_SITE`` say where) declares Python >= 3.12,
 ``nvalchemi-toolkit-ops`` and ``ninja``, but runs unchanged on Python 3.11 and torch 2.13 on CPU:
 nothing in it needs 3.12 syntax, and ``nvalchemi-toolkit-ops`` (Warp neighbour lists) and ``ninja``
 (``load_inline`` of its CUDA operators) are only reached on the CUDA ``mode="fast"`` path. Nothing
 is installed or stubbed for it.
 
-The worker is this file run as ``__main__`` (``--worker``) with ``PYTHONPATH`` set to the official
-site only and its working directory there; it drops its own folder from ``sys.path`` and the
-editable-install finder of our package from ``sys.meta_path``, then checks that ``matris`` is the
-official one. Requests and replies are one JSON line each on the worker's stdin/stdout; everything
-the official code prints goes to stderr (the prints while loading, e.g. ``MatRIS initialized with N
-parameters``, come back as ``info["log"]``).
+The worker is this module run as ``python -m benchmarks.official --worker`` from the checkout's
+root with ``PYTHONPATH`` set to the official site only; once ``benchmarks.common`` is imported it
+drops the checkout from ``sys.path`` and the editable-install finder of our package from
+``sys.meta_path``, then checks that ``matris`` is the official one. Requests and replies follow the
+worker protocol of ``benchmarks/common.py`` (one JSON line each way; everything the official code
+prints goes to stderr; the prints while loading, e.g. ``MatRIS initialized with N parameters``,
+come back as ``info["log"]``).
 
 What matters when comparing speeds with the official code on CPU:
 
@@ -57,18 +57,29 @@ What matters when comparing speeds with the official code on CPU:
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SITE = os.environ.get("MATRIS_OFFICIAL_SITE", "/work/official/site")
-HERE = Path(__file__).resolve()
-ROOT = HERE.parents[1]
+from benchmarks.common import HERE, ROOT, Worker, WorkerError, serve, worker_env, write_json
 
+SITE_VARIABLE = "MATRIS_OFFICIAL_SITE"
+OfficialWorkerError = WorkerError  # the worker answered a request with an error, or died
+
+
+def official_site(site: str | os.PathLike | None = None) -> Path:
+    """The folder holding the unpacked official ``matris`` package: ``site`` (``--site SITE``), else
+    ``$MATRIS_OFFICIAL_SITE``; neither, or a folder without it, is an error that says so."""
+    site = site or os.environ.get(SITE_VARIABLE)
+    if not site:
+        raise SystemExit(f"where is the official MatRIS 1.0.0? pass --site SITE or set ${SITE_VARIABLE} (the "
+                         "folder of its unpacked wheel: pip download matris==1.0.0 --no-deps, then unzip)")
+    site = Path(site).resolve()
+    if not (site / "matris" / "model" / "model.py").is_file():
+        raise FileNotFoundError(f"no official matris package under {site}")
+    return site
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -87,51 +98,21 @@ def atoms_request(atoms: Any) -> dict[str, Any]:
             "numbers": [int(z) for z in atoms.numbers], "pbc": [bool(p) for p in atoms.pbc]}
 
 
-class OfficialWorkerError(RuntimeError):
-    """The worker answered a request with an error, or died."""
-
-
-class OfficialWorker:
+class OfficialWorker(Worker):
     """A persistent subprocess running the official MatRIS code (see the module docstring).
 
     ``python``: the interpreter (it needs torch, ase and pymatgen); ``site``: the folder holding
-    the official ``matris`` package; ``stderr``: where the worker's stderr goes (default: ours).
-    Use as a context manager, or call :meth:`close`.
+    the official ``matris`` package (default ``$MATRIS_OFFICIAL_SITE``); ``stderr``: where the
+    worker's stderr goes (default: ours). Use as a context manager, or call :meth:`close`;
+    :meth:`request` sends any request, errors raise :class:`OfficialWorkerError`.
     """
 
-    def __init__(self, python: str = sys.executable, site: str | os.PathLike = DEFAULT_SITE,
+    def __init__(self, python: str = sys.executable, site: str | os.PathLike | None = None,
                  stderr: Any = None):
-        site = Path(site).resolve()
-        if not (site / "matris" / "model" / "model.py").is_file():
-            raise FileNotFoundError(f"no official matris package under {site}")
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["PYTHONPATH"] = str(site)
-        env["PYTHONUNBUFFERED"] = "1"
-        self.site = site
-        self.proc = subprocess.Popen(
-            [python, str(HERE), "--worker", "--site", str(site)], cwd=str(site), env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
-        )
-        self.hello = self._read()  # versions; proves the official package imported
-
-    # -- protocol
-    def _read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            raise OfficialWorkerError(f"official worker exited (code {code}) without answering; see its stderr")
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise OfficialWorkerError(reply.get("error", "unknown error"))
-        return reply
-
-    def request(self, cmd: str, **args: Any) -> dict[str, Any]:
-        """Send one request and return its reply (a dict); errors raise :class:`OfficialWorkerError`."""
-        if self.proc.poll() is not None:
-            raise OfficialWorkerError(f"official worker has exited (code {self.proc.returncode})")
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
+        self.site = official_site(site)
+        # from the checkout's root (benchmarks.common is imported from there), the site first after it
+        super().__init__([python, "-m", "benchmarks.official", "--worker", "--site", self.site], name="official",
+                         stderr=stderr, cwd=ROOT, env=worker_env(PYTHONPATH=str(self.site)))
 
     # -- requests
     def load(self, checkpoint: str | os.PathLike, mode: str = "torch", activation_checkpoint: bool = False,
@@ -180,34 +161,13 @@ class OfficialWorker:
         out["stress"] = np.asarray(out["stress"], dtype=float)
         return out
 
-    def close(self) -> None:
-        """Ask the worker to quit, and wait for it (killed after 30 s)."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-
-    def __enter__(self) -> "OfficialWorker":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 # ----------------------------------------------------------------------------- worker side
 def _isolate_official(site: str) -> None:
     """Make ``import matris`` find only the official package under ``site``."""
-    here = str(HERE.parent)
-    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) not in (here, str(ROOT))]
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) not in (str(HERE), str(ROOT))]
     if site not in sys.path:
-        sys.path.insert(0, site)
+        raise ImportError(f"{site} is not on sys.path: start the worker with PYTHONPATH={site} (OfficialWorker does)")
     # our editable install maps matris (and matris.kernels) through a meta-path finder
     sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")
                         and "__editable__" not in getattr(f, "__name__", "")]
@@ -335,7 +295,7 @@ class _Worker:
             stress = full_3x3_to_voigt_6_stress(stress)
         return {"energy": float(results["energy"]), "forces": np.asarray(results["forces"], dtype=float).tolist(),
                 "stress": stress.tolist(), "seconds": seconds, "graph_seconds": self.graph_seconds,
-                "natoms": len(atoms), "peak_rss_gb": _peak_rss_gb()}
+                "natoms": len(atoms)}
 
 
 def _set_keep_heap(keep: bool) -> bool:
@@ -358,51 +318,17 @@ def _set_keep_heap(keep: bool) -> bool:
     return False
 
 
-def _peak_rss_gb() -> float | None:
-    """This process's peak resident memory (VmHWM), GB; ``None`` where /proc does not say."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024**2
-    except OSError:
-        pass
-    return None
+def worker_main(site: str) -> int:
+    """Serve the official calculator's requests (``load``, ``configure``, ``evaluate``, ``hello``)
+    by the worker protocol of ``benchmarks/common.py``; every answer carries ``peak_rss_gb``."""
+    worker = _Worker()
 
-
-def worker_main(site: str) -> None:
-    """Serve JSON-line requests on stdin; replies go to the original stdout, prints to stderr."""
-    import traceback
-
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything else written to stdout (Python or C) lands on stderr
-    sys.stdout = sys.stderr
-
-    def reply(obj: dict[str, Any]) -> None:
-        protocol.write(json.dumps(obj) + "\n")
-        protocol.flush()
-
-    try:
+    def start() -> dict[str, Any]:
         _isolate_official(site)
-        worker = _Worker()
-        reply({"ok": True, **worker.hello()})
-    except Exception:  # noqa: BLE001 - reported to the parent
-        reply({"ok": False, "error": traceback.format_exc()})
-        return
-    handlers = {"load": worker.load, "configure": worker.configure, "evaluate": worker.evaluate,
-                "hello": worker.hello}
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            cmd = req.pop("cmd")
-            if cmd == "quit":
-                reply({"ok": True})
-                return
-            reply({"ok": True, **handlers[cmd](**req)})
-        except Exception:  # noqa: BLE001 - reported to the parent
-            reply({"ok": False, "error": traceback.format_exc()})
+        return worker.hello()
+
+    return serve(start, {"load": worker.load, "configure": worker.configure, "evaluate": worker.evaluate,
+                         "hello": worker.hello})
 
 
 # ----------------------------------------------------------------------------- self-check
@@ -416,7 +342,6 @@ def check(python: str, site: str, threads: int, repeat: int, keep_heap: bool = F
     from ase.calculators.calculator import all_changes
     from ase.units import GPa
 
-    sys.path.insert(0, str(ROOT))
     from matris import MatRIS, MatRISCalculator, MatRISConfig
 
     torch.set_num_threads(threads)
@@ -502,13 +427,14 @@ def check(python: str, site: str, threads: int, repeat: int, keep_heap: bool = F
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="parity and timing of ours against the official code")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--site", default=DEFAULT_SITE, help="folder holding the official matris package")
+    p.add_argument("--site", default=None,
+                   help="folder holding the official matris package (default: $MATRIS_OFFICIAL_SITE)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the official worker")
     p.add_argument("--threads", type=int, default=None, help="torch threads in both processes (default: torch's)")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per variant")
@@ -517,16 +443,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default=None, help="write the check's numbers to this JSON file")
     args = p.parse_args(argv)
     if args.worker:
-        worker_main(str(Path(args.site).resolve()))
-    elif args.check:
+        return worker_main(str(Path(args.site).resolve()))
+    if args.check:
         import torch
 
-        result = check(args.python, args.site, args.threads or torch.get_num_threads(), args.repeat, args.keep_heap)
+        result = check(args.python, official_site(args.site), args.threads or torch.get_num_threads(), args.repeat,
+                       args.keep_heap)
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+            write_json(args.json, result)
     else:
         p.print_help()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

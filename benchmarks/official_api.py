@@ -1,16 +1,19 @@
 """The official MatRIS 1.0.0 package against ours, through each official public entry point.
 
-    python benchmarks/official_api.py --json benchmarks/results/official_api_cpu.json
-    python benchmarks/official_api.py --smoke                 # small model, Si8, one round (~1-2 min)
-    python benchmarks/official_api.py --official-python /work/peers/official/bin/python \\
-        --ours-python /work/peers/ours/bin/python --rounds 3 --relax-steps 5 --md-steps 5
+    python -m benchmarks.official_api --envs DIR --json benchmarks/results/official_api_cpu.json
+    python -m benchmarks.official_api --smoke          # small model, Si8, one round (~1-2 min); $MATRIS_PEERS_ENVS
+    python -m benchmarks.official_api --official-python OFFICIAL/bin/python --ours-python OURS/bin/python \\
+        --rounds 3 --relax-steps 5 --md-steps 5
 
 Each side runs the same worker (``benchmarks/official_api_worker.py``, written only against the
-official public API) in its own environment and process: the official package from
-``--official-python`` (default ``/work/peers/official/bin/python``: PyPI ``matris==1.0.0``) and ours
-from ``--ours-python`` (default ``/work/peers/ours/bin/python``: the wheel of this checkout installed
+official public API) in its own environment and process, through the worker protocol of
+``benchmarks/common.py`` (the one ``benchmarks/peers.py`` runs its models with): the official
+package from ``--official-python`` (default: the ``official`` environment of ``benchmarks/peers.py``,
+``DIR/official/bin/python`` under ``--envs DIR`` or ``$MATRIS_PEERS_ENVS``: PyPI ``matris==1.0.0``)
+and ours from ``--ours-python`` (default ``DIR/ours/bin/python``: the wheel of this checkout installed
 in a fresh venv, ``pip install "matris_mlip-*.whl[sim,discovery]"``; rebuild it with
-``--force-reinstall --no-deps`` after a change, the version number does not move). Both load the same
+``--force-reinstall --no-deps`` after a change, the version number does not move;
+``python -m benchmarks.peers --setup official ours`` makes both). Both load the same
 checkpoint file, made by the official worker with the official constructor (random weights, fixed
 seed, a 94-element reference energy as the official ``MatRIS.from_dict`` rebuilds it) and saved the
 official way, ``torch.save({"config": model.config, "state_dict": model.state_dict()}, path)``.
@@ -50,26 +53,21 @@ official side still runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-
-WORKER = HERE / "official_api_worker.py"
-DEFAULT_OFFICIAL = "/work/peers/official/bin/python"
-DEFAULT_OURS = "/work/peers/ours/bin/python"
-GPA = 160.21766208  # eV/Å^3 -> GPa
+from benchmarks.common import HERE, ROOT, Worker, env_python, envs_folder, summarize, write_json
 
 # The published MatRIS-10M architecture, in the official constructor's keywords.
-from benchmarks.peer_models.official import CONFIG as CONFIG_10M  # noqa: E402
+from benchmarks.peer_models.official import CONFIG as CONFIG_10M
+
+WORKER = HERE / "official_api_worker.py"
+GPA = 160.21766208  # eV/Å^3 -> GPa
 
 CONFIG_SMALL = {**CONFIG_10M, "num_layers": 2, "node_feat_dim": 32, "edge_feat_dim": 32,
                 "three_body_feat_dim": 32, "mlp_hidden_dims": [32, 32]}
@@ -130,66 +128,29 @@ def structures(smoke: bool, si216: bool) -> dict:
 
 
 # ----------------------------------------------------------------------------- workers
-class WorkerError(RuntimeError):
-    pass
+def start_side(name: str, python: str, threads: int, log, max_rss_gb: float) -> Worker:
+    """One environment's worker (persistent, isolated from this checkout), with a resident-memory guard."""
+    return Worker([python, "-I", WORKER, "--threads", threads], name=name, stderr=log, max_rss_gb=max_rss_gb)
 
 
-class Side:
-    """One environment's worker process (persistent), with a resident-memory guard."""
+def error_text(exc: Exception) -> str:
+    """What a result records of a failure: the worker's traceback where it sent one (its last line
+    is the error), else the message."""
+    return getattr(exc, "traceback", None) or str(exc)
 
-    def __init__(self, name: str, python: str, threads: int, log, max_rss_gb: float):
-        self.name, self.python, self.threads, self.log, self.max_rss_gb = name, python, threads, log, max_rss_gb
-        self.killed = None
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        env.update(PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1")
-        # the worker must not see this checkout: run it from /tmp, by path
-        self.proc = subprocess.Popen([python, str(WORKER), "--threads", str(threads)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, cwd="/tmp", env=env)
-        threading.Thread(target=self._watch, daemon=True).start()
-        self.hello = self._read()
 
-    def _watch(self) -> None:
-        status = Path(f"/proc/{self.proc.pid}/status")
-        while self.proc.poll() is None:
-            try:
-                for line in status.read_text().splitlines():
-                    if line.startswith("VmRSS:") and int(line.split()[1]) / 2**20 > self.max_rss_gb:
-                        self.killed = f"stopped past {self.max_rss_gb:g} GB resident (--max-rss-gb)"
-                        self.proc.kill()
-            except OSError:
-                return
-            time.sleep(0.2)
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            raise WorkerError(f"{self.name}: the worker exited (code {code}){'; ' + self.killed if self.killed else ''}"
-                              "; see the log")
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise WorkerError(reply.get("error", "unknown error"))
-        return reply
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def request(self, cmd: str, **req) -> dict:
-        if not self.alive():
-            raise WorkerError(f"{self.name}: the worker has exited{'; ' + self.killed if self.killed else ''}")
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **req}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.alive():
-            try:
-                self.proc.stdin.write('{"cmd": "quit"}\n')
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+def side_python(given: str | None, envs: str | None, env: str, option: str) -> str:
+    """``given`` (``--official-python`` / ``--ours-python``), else ``DIR/<env>/bin/python`` of the
+    peers' environments (``--envs DIR`` or ``$MATRIS_PEERS_ENVS``)."""
+    if given:
+        return given
+    try:
+        folder = envs_folder(envs)
+    except SystemExit:
+        raise SystemExit(f"which Python runs the {env} side? pass {option} PYTHON, or --envs DIR or set "
+                         f"$MATRIS_PEERS_ENVS (DIR/{env}/bin/python; python -m benchmarks.peers --setup {env} "
+                         "makes it)") from None
+    return str(env_python(folder, env))
 
 
 # ----------------------------------------------------------------------------- machine facts
@@ -268,19 +229,13 @@ def portable_hello(hello: dict, portable) -> dict:
     return out
 
 
-def summarize(samples: list[float]) -> dict:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples),
-            "samples": samples}
-
-
 def timing_key(case: str) -> str:
     return "seconds_per_step" if case == "md" else "seconds"
 
 
 # ----------------------------------------------------------------------------- the run
 def run(args) -> dict:
-    from benchmarks.peers import gemm_rate
-    from benchmarks.provenance import cpu_description, lscpu_model, portable, provenance
+    from benchmarks.common import cpu_description, gemm_rate, lscpu_model, portable, provenance
     from matris.pretrained.cache import sha256_file
 
     log = open(args.log, "a") if args.log else subprocess.DEVNULL
@@ -302,7 +257,7 @@ def run(args) -> dict:
     result: dict = {"meta": meta, "sides": {}, "cases": {}, "errors": {}}
 
     print(f"official: {args.official_python}\nours:     {args.ours_python}", flush=True)
-    official = Side("official", args.official_python, args.threads, log, args.max_rss_gb)
+    official = start_side("official", args.official_python, args.threads, log, args.max_rss_gb)
     result["sides"]["official"] = portable_hello(official.hello, portable)
     if not str(official.hello["matris_dist"]).startswith("matris ") or str(ROOT) in official.hello["matris_file"]:
         print(f"warning: the official side imported {official.hello['matris_dist']} from "
@@ -311,12 +266,12 @@ def run(args) -> dict:
     meta.update(checkpoint=ckpt.name, checkpoint_sha256=sha256_file(ckpt), checkpoint_params=made["params"])
     print(f"checkpoint {ckpt} ({made['params']:,} parameters, official constructor, seed {args.seed})", flush=True)
     try:
-        ours = Side("ours", args.ours_python, args.threads, log, args.max_rss_gb)
+        ours = start_side("ours", args.ours_python, args.threads, log, args.max_rss_gb)
         result["sides"]["ours"] = portable_hello(ours.hello, portable)
     except Exception as exc:  # noqa: BLE001 - our side may not be ready
         ours = None
-        result["errors"]["ours:start"] = str(exc)
-        print(f"OUR SIDE FAILED TO START:\n{exc}", flush=True)
+        result["errors"]["ours:start"] = error_text(exc)
+        print(f"OUR SIDE FAILED TO START:\n{error_text(exc)}", flush=True)
     for name, side in (("official", official), ("ours", ours)):
         if side:
             h = side.hello
@@ -358,8 +313,8 @@ def run(args) -> dict:
                 print(f"  setup {label:28s} {name:8s} load {s['load_seconds']:.2f} s, warm-up "
                       f"{s['warmup_seconds']:.2f} s, {s['params']:,} params", flush=True)
             except Exception as exc:  # noqa: BLE001
-                entry.setdefault("errors", {})[name] = str(exc)
-                print(f"  {label}: {name} FAILED in setup:\n{exc}", flush=True)
+                entry.setdefault("errors", {})[name] = error_text(exc)
+                print(f"  {label}: {name} FAILED in setup:\n{error_text(exc)}", flush=True)
 
     for r in range(args.rounds):
         order = ["official", "ours"] if r % 2 == 0 else ["ours", "official"]
@@ -374,8 +329,8 @@ def run(args) -> dict:
                 try:
                     out = side.request("run", case=case, mode=mode, **req)
                 except Exception as exc:  # noqa: BLE001
-                    entry.setdefault("errors", {})[name] = str(exc)
-                    print(f"  {label}: {name} FAILED:\n{exc}", flush=True)
+                    entry.setdefault("errors", {})[name] = error_text(exc)
+                    print(f"  {label}: {name} FAILED:\n{error_text(exc)}", flush=True)
                     continue
                 outs[name] = out
                 entry.setdefault("seconds", {}).setdefault(name, []).append(out[timing_key(case)])
@@ -388,8 +343,8 @@ def run(args) -> dict:
     for name, side in sides.items():
         if side is not None:
             side.close()
-            if side.killed:
-                result["errors"][f"{name}:memory"] = side.killed
+            if side.stopped:
+                result["errors"][f"{name}:memory"] = side.stopped
     for entry in result["cases"].values():
         secs = entry.get("seconds", {})
         entry["timing"] = {name: summarize(v) for name, v in secs.items()}
@@ -455,8 +410,12 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--official-python", default=DEFAULT_OFFICIAL)
-    p.add_argument("--ours-python", default=DEFAULT_OURS)
+    p.add_argument("--official-python", default=None, metavar="PYTHON",
+                   help="the official matris==1.0.0 environment's interpreter (default: DIR/official/bin/python)")
+    p.add_argument("--ours-python", default=None, metavar="PYTHON",
+                   help="the environment of this checkout's wheel (default: DIR/ours/bin/python)")
+    p.add_argument("--envs", default=None, metavar="DIR",
+                   help="the peers' environments (benchmarks/peers.py), default $MATRIS_PEERS_ENVS")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--relax-steps", type=int, default=5)
@@ -467,12 +426,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--si216", action="store_true", help="also the calculator on Si216 (official: ~20 GB resident)")
     p.add_argument("--seed", type=int, default=0, help="the official constructor's torch seed")
-    p.add_argument("--checkpoint-dir", default=os.environ.get("MATRIS_OFFICIAL_API_CKPT", "/tmp/matris_official_api"))
+    p.add_argument("--checkpoint-dir", default=os.environ.get("MATRIS_OFFICIAL_API_CKPT") or
+                   str(Path(tempfile.gettempdir()) / "matris_official_api"),
+                   help="where the shared checkpoint is written (default $MATRIS_OFFICIAL_API_CKPT, else "
+                        "matris_official_api in the temporary folder)")
     p.add_argument("--max-rss-gb", type=float, default=18.0, help="stop a worker past this resident memory")
     p.add_argument("--log", help="append both workers' stderr here (default: discarded)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--smoke", action="store_true", help="small model (2 blocks of 32), Si8, one round, 3 steps")
     args = p.parse_args(argv)
+    args.official_python = side_python(args.official_python, args.envs, "official", "--official-python")
+    args.ours_python = side_python(args.ours_python, args.envs, "ours", "--ours-python")
     if args.smoke:
         args.rounds, args.relax_steps, args.md_steps = 1, 3, 3
     result = run(args)
@@ -486,11 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, err in e.get("errors", {}).items():
             print(f"\n--- {label} ({name}):\n{err}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, path)
+        write_json(args.json, result)
         print(f"\nwrote {args.json}")
     return 0
 

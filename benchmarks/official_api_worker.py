@@ -1,15 +1,18 @@
 """One side of ``benchmarks/official_api.py``: the official MatRIS public API, in one environment.
 
-    PYTHON official_api_worker.py --threads 2        # JSON requests on stdin, one per line
+    PYTHON -I benchmarks/official_api_worker.py --threads 2     # JSON requests on stdin, one per line
 
 This file is written only against the public API of the official MatRIS 1.0.0 package (its README
 and tests): ``matris.applications.base.MatRISCalculator``, ``matris.applications.relax.StructOptimizer``,
 ``matris.applications.MolecularDynamics``, ``matris.applications.torchsim.MatRISTorchSimModel``,
 ``matris.model.MatRIS`` (``MatRIS.load``, ``model.graph_converter``, ``model([graphs], task, mode)``).
 The same file runs unchanged in the official environment and in ours (``import matris`` is whichever
-package that environment has); it imports nothing from this repository.
+package that environment has); of this repository it loads only ``benchmarks/common.py`` (the
+standard library only), by its file location, for the worker protocol: one JSON object a line each
+way, everything else on stderr. ``-I`` (isolated mode) keeps this folder off ``sys.path`` (it holds
+modules named like packages: ``tables.py`` would shadow PyTables, which torch-sim imports).
 
-Requests (one JSON object a line; one JSON answer a line on stdout, everything else on stderr):
+Requests:
 
 - ``{"cmd": "hello"}``: versions and where ``matris`` was imported from;
 - ``{"cmd": "make_checkpoint", "config": {...}, "seed": 0, "path": P, "reference_elements": 94}``:
@@ -29,34 +32,23 @@ get the same floats); MD requests carry the initial ``momenta``.
 
 from __future__ import annotations
 
-import os
+import argparse
+import importlib.util
 import sys
-
-# This folder (benchmarks/) holds modules named like packages (tables.py shadows PyTables, which
-# torch-sim imports) and sits in this checkout: drop it from the path before anything is imported.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (_HERE, os.path.dirname(_HERE))]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import resource  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
+import time
+from pathlib import Path
 
 
-def rss_gb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return float("nan")
+def _common():
+    """``benchmarks/common.py`` by its location (the checkout is not importable here)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_common", Path(__file__).with_name("common.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+common = _common()
 
 
 def to_atoms(s: dict):
@@ -249,43 +241,15 @@ class Worker:
                 "m": [tolist(m) for m in out["m"]], "keys": sorted(out)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # whatever the packages print (Python or C) goes to stderr
-    sys.stdout = sys.stderr
-
-    def reply(obj: dict) -> None:
-        protocol.write(json.dumps(obj) + "\n")
-        protocol.flush()
-
-    try:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        worker = Worker(args.threads)
-        reply({"ok": True, **worker.hello()})
-    except Exception:  # noqa: BLE001 - reported to the parent
-        reply({"ok": False, "error": traceback.format_exc()})
-        return
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            cmd = req.pop("cmd")
-            if cmd == "quit":
-                reply({"ok": True})
-                return
-            out = getattr(worker, cmd)(**req)
-            reply({"ok": True, **out, "rss_gb": rss_gb(), "peak_rss_gb": peak_rss_gb()})
-        except Exception:  # noqa: BLE001 - reported to the parent
-            reply({"ok": False, "error": traceback.format_exc()})
+    args = p.parse_args(argv)
+    common.set_threads(args.threads)
+    worker = Worker(args.threads)
+    return common.serve(worker.hello, {"hello": worker.hello, "make_checkpoint": worker.make_checkpoint,
+                                       "setup": worker.setup, "run": worker.run})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Make the official-1.0 parity fixture of the published architecture (tests/fixtures/official-v1.0/).
 
-    python benchmarks/official_fixture.py [--site /work/official/site]
+    python -m benchmarks.official_fixture --site SITE     # or SITE from $MATRIS_OFFICIAL_SITE
 
 A small model of the published family (``MatRISConfig.published_10m`` at 2 blocks of width 32,
 energy head (64, 32, 32); random weights, seed 0, LayerNorm affine parts perturbed) is saved in
@@ -16,16 +16,13 @@ inputs (see ``benchmarks/official.py``), so the numbers are the official formula
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.official import DEFAULT_SITE, OfficialWorker, save_official_checkpoint  # noqa: E402
+from benchmarks.common import ROOT, write_json
+from benchmarks.official import OfficialWorker, save_official_checkpoint
 
 FOLDER = ROOT / "tests" / "fixtures" / "official-v1.0" / "small_published_float64"
 CONFIG = dict(num_layers=2, node_feat_dim=32, edge_feat_dim=32, three_body_feat_dim=32, mlp_hidden_dims=(64, 32, 32))
@@ -59,7 +56,8 @@ def main(argv=None) -> int:
     from matris import MatRIS, MatRISConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--site", default=DEFAULT_SITE, help="the unpacked official MatRIS 1.0.0 wheel")
+    p.add_argument("--site", default=None,
+                   help="the unpacked official MatRIS 1.0.0 wheel (default: $MATRIS_OFFICIAL_SITE)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     model = MatRIS(MatRISConfig.published_10m(**CONFIG))
@@ -71,7 +69,7 @@ def main(argv=None) -> int:
     checkpoint = save_official_checkpoint(model, FOLDER / "checkpoint.pth.tar")
     write(FOLDER / "structures.extxyz", structures())
     atoms = read(FOLDER / "structures.extxyz", ":")
-    out = {"command": "python benchmarks/official_fixture.py", "dtype": "float64",
+    out = {"command": "python -m benchmarks.official_fixture", "dtype": "float64",
            "config": MatRISConfig.published_10m(**CONFIG).to_dict(), "structures": []}
     with OfficialWorker(site=args.site) as official:
         info = official.load(checkpoint, mode="torch", activation_checkpoint=False, dtype="float64", threads=2)
@@ -81,7 +79,7 @@ def main(argv=None) -> int:
             out["structures"].append({"formula": a.get_chemical_formula(), "energy_eV": float(r["energy"]),
                                       "forces_eV_per_A": np.asarray(r["forces"]).tolist(),
                                       "stress_eV_per_A3": np.asarray(r["stress"]).tolist()})
-    (FOLDER / "reference.json").write_text(json.dumps(out, indent=1))
+    write_json(FOLDER / "reference.json", out)
     print(f"wrote {FOLDER.relative_to(ROOT)} ({len(atoms)} structures, official {out['official']['version']})")
     return 0
 

@@ -1,7 +1,7 @@
 """Parity with the reference implementation: the error of every fixture structure, as a table.
 
-    python benchmarks/parity.py [--json out.json]
-    python benchmarks/parity.py --json benchmarks/results/parity.json > benchmarks/results/parity.log
+    python -m benchmarks.parity [--json out.json]
+    python -m benchmarks.parity --json benchmarks/results/parity.json > benchmarks/results/parity.log
 
 For each folder of tests/fixtures/official-v0.9 (the v0.9 checkpoints and the reference
 implementation's outputs), evaluates every structure alone in the folder's dtype and
@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 from ase.io import read
 
+from benchmarks.common import ROOT
 from matris import GraphBatch, MatRIS
 from matris.structures import to_system
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 FIXTURES = ROOT / "tests" / "fixtures" / "official-v0.9"
 
 
@@ -55,10 +52,10 @@ def main(argv=None):
                   f"{row['stress']:9.1e} {row['magmoms']:9.1e} {'%d/%d' % row['edges']:>11s} "
                   f"{'%d/%d' % row['angles']:>11s}")
     if args.json:
-        from benchmarks.provenance import provenance
+        from benchmarks.common import provenance, write_json
 
         meta = provenance(argv, "the fixture checkpoints of tests/fixtures/official-v0.9")
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        write_json(args.json, {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

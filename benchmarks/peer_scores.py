@@ -1,6 +1,6 @@
 """The accuracy beside the speed: Matbench Discovery's scores of the models `benchmarks/peers.py` times.
 
-    python benchmarks/peer_scores.py MATBENCH_DISCOVERY_GIT [--commit REV] [--json benchmarks/results/peer_scores.json]
+    python -m benchmarks.peer_scores MATBENCH_DISCOVERY_GIT [--commit REV] [--json benchmarks/results/peer_scores.json]
 
 Reads each model's file (``models/**/<model>.yml``) of a clone of janosh/matbench-discovery at one
 commit (``git show``: a bare clone will do) and writes, per model, the leaderboard's F1 on unique
@@ -13,13 +13,10 @@ the leaderboard's MD task where the file has one.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT, write_json
 
 # the models of benchmarks/peers.py and their neighbours on the leaderboard
 FILES = ["matris/matris-10m-oam", "matris/matris-10m-mp", "matris/matris-v050-mptrj", "chgnet/chgnet-0.3.0",
@@ -67,16 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     commit = _git(args.repo, "rev-parse", args.commit).strip()
     rows = [row(args.repo, commit, name) for name in FILES]
-    result = {"meta": {"command": "python benchmarks/peer_scores.py MATBENCH_DISCOVERY_GIT --commit " + commit[:10],
+    result = {"meta": {"command": "python -m benchmarks.peer_scores MATBENCH_DISCOVERY_GIT --commit " + commit[:10],
                        "source": f"janosh/matbench-discovery@{commit}", "commit_of_source": commit,
                        "fields": "models/**/*.yml: model_name, model_params, metrics.discovery.unique_prototypes.F1, "
                                  "metrics.phonons.kappa_103.κ_SRME, metrics.geo_opt[\"symprec=1e-2\"].rmsd, "
                                  "metrics.md.run_time_sec / hardware / n_systems (the leaderboard's MD task)"},
               "rows": rows}
-    from matris.atomic import atomic_path
-
-    with atomic_path(args.json, suffix=".tmp") as tmp:
-        Path(tmp).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    write_json(args.json, result, ensure_ascii=False)
     for r in rows:
         cps = f"{r['CPS']:.3f}" if r["CPS"] is not None else "—"
         print(f"{r['model']:<22} CPS {cps}  F1 {r['F1']}  κ_SRME {r['kappa_SRME']}  RMSD {r['RMSD']}")

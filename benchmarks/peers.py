@@ -1,14 +1,15 @@
 """Speed and memory of MatRIS-10M against the universal potentials users would pick instead.
 
-    python benchmarks/peers.py --setup all                  # one environment per model under --envs
-    python benchmarks/peers.py --json benchmarks/results/peers_cpu.json
-    python benchmarks/peers.py --models ours chgnet mace --sizes 64 --rounds 3
-    python benchmarks/peers.py --smoke                       # Si8, ours only, one round (CI's check)
-    python benchmarks/peers.py --markdown benchmarks/results/peers_cpu.json   # the docs' table
+    python -m benchmarks.peers --setup all --envs DIR     # one environment per model under DIR
+    python -m benchmarks.peers --json benchmarks/results/peers_cpu.json   # $MATRIS_PEERS_ENVS set
+    python -m benchmarks.peers --models ours chgnet mace --structures si64 --rounds 3
+    python -m benchmarks.peers --smoke                     # Si8, ours only, one round (CI's check)
+    python -m benchmarks.peers --markdown benchmarks/results/peers_cpu.json   # the docs' table
 
 Every model runs through its own ASE calculator, as a user's script calls it, in a process of its
-own (``benchmarks/peer_worker.py``) started from its own environment (``--envs DIR``, default
-``/work/peers``: ``DIR/<env>/bin/python``), because the peers' pins conflict (MACE needs e3nn 0.4.4,
+own (``benchmarks/peer_worker.py``, the worker protocol of ``benchmarks/common.py``) started from
+its own environment (``--envs DIR`` or ``$MATRIS_PEERS_ENVS``: ``DIR/<env>/bin/python``), because
+the peers' pins conflict (MACE needs e3nn 0.4.4,
 SevenNet a newer one; the official MatRIS declares Python >= 3.12; GRACE is TensorFlow). Each
 environment is made by ``--setup`` from its builder module's ``REQUIREMENTS``
 (``benchmarks/peer_models/<module>.py``: what the model is, where its weights come from, its
@@ -35,7 +36,8 @@ and one MD step of each model, the order rotated per round), after one untimed c
 gives medians over rounds and the spread (min–max). Ratios are of medians from the same rounds.
 The JSON records the CPU model, its widest vector instruction set, and this machine's measured
 float32 GEMM rate (PyTorch ``mm``, 2 threads) beside the ratios, and the profile of our Si64 call
-(op families' self time, the GEMM floor: ``benchmarks/cpu_speed.py``'s measurements).
+(op families' self time, the GEMM floor: ``benchmarks/cpu_speed.py``'s measurements). Adding a
+model: docs/developing/peer-models.md.
 """
 
 from __future__ import annotations
@@ -44,19 +46,24 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-
-DEFAULT_ENVS = Path(os.environ.get("MATRIS_PEERS_ENVS", "/work/peers"))
+from benchmarks.common import (
+    HERE,
+    ROOT,
+    Worker,
+    WorkerError,
+    env_python,
+    envs_folder,
+    gemm_rate,
+    provenance,
+    summarize,
+    worker_env,
+    write_json,
+)
 
 # key → (builder module, environment, build options)
 MODELS = {
@@ -107,10 +114,6 @@ def _perovskite(n: int):
 
 
 # ----------------------------------------------------------------------------- environments
-def python_of(envs: Path, env: str) -> Path:
-    return envs / env / "bin" / "python"
-
-
 def module_meta(module: str) -> dict:
     """The builder module's declarations (read without importing it: its package is not ours)."""
     import ast
@@ -152,7 +155,7 @@ def setup(envs: Path, names: list[str]) -> None:
         target = envs / env
         print(f"[{env}] {base} -m venv {target}")
         subprocess.run([str(base), "-m", "venv", str(target)], check=True)
-        pip = [str(python_of(envs, env)), "-m", "pip", "install"]
+        pip = [str(env_python(envs, env)), "-m", "pip", "install"]
         for req in meta.get("REQUIREMENTS", []):
             if "{wheel}" in req:
                 req = req.replace("{wheel}", str(build_wheel()))
@@ -171,137 +174,34 @@ def build_wheel() -> Path:
 
 
 # ----------------------------------------------------------------------------- workers
-class PeerError(RuntimeError):
-    pass
-
-
-def _watch(proc: subprocess.Popen, limit_gb: float, state: dict) -> None:
-    """Stop ``proc`` once its resident memory passes ``limit_gb`` (the machine must stay usable)."""
-    status = Path(f"/proc/{proc.pid}/status")
-    while proc.poll() is None:
-        try:
-            for line in status.read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) / 2**20
-                    state["max_seen_gb"] = max(state.get("max_seen_gb", 0.0), rss)
-                    if rss > limit_gb:
-                        state["killed"] = True
-                        proc.kill()
-        except OSError:
-            return
-        time.sleep(0.1)
-
-
-def worker_command(envs: Path, key: str, threads: int, dtype: str, extra: list[str] = ()) -> list[str]:
+def start_worker(envs: Path, key: str, threads: int, dtype: str, log, timeout_s: float | None = None,
+                 max_rss_gb: float | None = None) -> Worker:
+    """A worker process of model ``key`` in its environment (``benchmarks/peer_worker.py``, isolated
+    from this checkout); its hello reports the built model."""
     module, env, options = MODELS[key]
-    python = python_of(envs, env)
+    python = env_python(envs, env)
     if not python.exists():
-        raise PeerError(f"its environment {python.parent.parent} is not set up "
-                        f"(python benchmarks/peers.py --setup {env})")
-    return [str(python), str(HERE / "peer_worker.py"), "--module", module, "--dtype", dtype,
-            "--threads", str(threads), "--options", json.dumps(options), *extra]
-
-
-def _env() -> dict:
-    # the worker sees neither our checkout nor the caller's PYTHONPATH
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
-    return env
+        raise WorkerError(f"its environment {python.parent.parent} is not set up "
+                          f"(python -m benchmarks.peers --setup {env})")
+    cmd = [python, "-I", HERE / "peer_worker.py", "--module", module, "--dtype", dtype, "--threads", threads,
+           "--options", json.dumps(options)]
+    return Worker(cmd, name=key, stderr=log, env=worker_env(TF_CPP_MIN_LOG_LEVEL="2"), timeout_s=timeout_s,
+                  max_rss_gb=max_rss_gb)
 
 
 def oneshot(envs: Path, key: str, st: dict, threads: int, dtype: str, limit_gb: float, timeout: float,
             log) -> dict:
-    """Peak memory of one E+F+S call of ``key`` on ``st`` in a fresh process."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(st, f)
+    """Peak memory of one E+F+S call of ``key`` on ``st`` in a fresh process: its hello (the model
+    built; ``base_rss_gb`` its resident memory then) and one ``efs`` answer."""
+    worker = start_worker(envs, key, threads, dtype, log, timeout_s=timeout, max_rss_gb=limit_gb)
     try:
-        cmd = worker_command(envs, key, threads, dtype, ["--oneshot", "--structure", f.name])
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=tempfile.gettempdir(),
-                                env=_env())
-        state: dict = {}
-        watcher = threading.Thread(target=_watch, args=(proc, limit_gb, state), daemon=True)
-        watcher.start()
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return {"ok": False, "error": f"no answer within {timeout:.0f} s"}
-        watcher.join()
-        if state.get("killed"):
-            return {"ok": False, "error": f"stopped at {state['max_seen_gb']:.1f} GB resident (limit "
-                                          f"{limit_gb:g} GB, --max-rss-gb)", "over_limit": True}
-        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        if not lines:
-            return {"ok": False, "error": f"the worker exited with code {proc.returncode} without an answer"}
-        return json.loads(lines[-1])
+        one = worker.request("efs", structure=st, seed=0)
     finally:
-        os.unlink(f.name)
-
-
-class Worker:
-    """A persistent worker process (one model) answering requests."""
-
-    def __init__(self, envs: Path, key: str, threads: int, dtype: str, log):
-        self.key = key
-        self.proc = subprocess.Popen(worker_command(envs, key, threads, dtype), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
-                                     cwd=tempfile.gettempdir(), env=_env())
-        self.hello = self._read()
-
-    def _read(self) -> dict:
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise PeerError(f"{self.key}: the worker exited (code {self.proc.wait()}); see the log")
-            if line.startswith("{"):
-                reply = json.loads(line)
-                if not reply.get("ok"):
-                    raise PeerError(f"{self.key}: {reply.get('error')}")
-                return reply
-
-    def request(self, **req) -> dict:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        worker.close()
+    return {**worker.hello, **one, "base_rss_gb": worker.hello["rss_gb"]}
 
 
 # ----------------------------------------------------------------------------- measurements
-def gemm_rate(threads: int) -> dict:
-    """This machine's float32 GEMM rate (GFLOP/s) in PyTorch's ``mm`` on ``threads`` threads: a 1,024³
-    product and the MatRIS-shaped 4,096 × 128 → 256, medians of repeated calls with warm operands."""
-    import torch
-
-    torch.set_num_threads(threads)
-
-    def rate(m, k, n, reps):
-        x, w, out = torch.randn(m, k), torch.randn(n, k), torch.empty(m, n)
-        for _ in range(3):
-            torch.mm(x, w.T, out=out)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            torch.mm(x, w.T, out=out)
-            ts.append(time.perf_counter() - t0)
-        return 2 * m * k * n / statistics.median(ts) / 1e9
-
-    return {"gflops_1024cubed": rate(1024, 1024, 1024, 10), "gflops_4096x128x256": rate(4096, 128, 256, 50),
-            "threads": threads}
-
-
-def summarize(samples: list[float]) -> dict:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples),
-            "samples": samples}
-
-
 def our_profile(threads: int) -> dict:
     """Where our Si64 E+F+S call's time goes: op families' self time and the GEMM floor."""
     import torch
@@ -326,9 +226,7 @@ def scores() -> dict:
 
 
 def run(args) -> dict:
-    from benchmarks.provenance import provenance
-
-    envs = Path(args.envs)
+    envs = envs_folder(args.envs)
     log = open(args.log, "a") if args.log else subprocess.DEVNULL
     structures = [structure(k) for k in args.structures]
     result = {"meta": {**provenance(), "dtype": args.dtype, "threads": args.threads, "rounds": args.rounds,
@@ -350,8 +248,8 @@ def run(args) -> dict:
         for st in structures:
             try:
                 one = oneshot(envs, key, st, args.threads, args.dtype, args.max_rss_gb, args.timeout, log)
-            except PeerError as exc:
-                one = {"ok": False, "error": str(exc)}
+            except WorkerError as exc:
+                one = {"ok": False, "error": str(exc), "traceback": exc.traceback}
             entry = {}
             if one.get("ok"):
                 for k in ("params", "weights", "note", "python", "build_seconds"):
@@ -363,7 +261,7 @@ def run(args) -> dict:
             else:
                 entry = {"error": one.get("error")}
                 print(f"  {st['key']}: {one.get('error')}", flush=True)
-                if "traceback" in one and log is not subprocess.DEVNULL:
+                if one.get("traceback") and log is not subprocess.DEVNULL:
                     log.write(one["traceback"])
             row["structures"][st["key"]] = entry
         if not any("error" not in e for e in row["structures"].values()):
@@ -397,10 +295,10 @@ def _time_group(envs: Path, keys: list[str], st: dict, args, result: dict, log) 
     workers = {}
     for k in keys:
         try:
-            workers[k] = Worker(envs, k, args.threads, args.dtype, log)
-            workers[k].request(cmd="efs", structure=st, seed=10_000)  # untimed: first-call costs
-            workers[k].request(cmd="md", structure=st, key=st["key"])
-        except PeerError as exc:
+            workers[k] = start_worker(envs, k, args.threads, args.dtype, log)
+            workers[k].request("efs", structure=st, seed=10_000)  # untimed: first-call costs
+            workers[k].request("md", structure=st, key=st["key"])
+        except WorkerError as exc:
             result["models"][k]["structures"][st["key"]]["error"] = str(exc)
             workers.pop(k, None)
     efs = {k: [] for k in workers}
@@ -410,9 +308,9 @@ def _time_group(envs: Path, keys: list[str], st: dict, args, result: dict, log) 
             order = list(workers)
             order = order[r % len(order):] + order[: r % len(order)]
             for k in order:
-                efs[k].append(workers[k].request(cmd="efs", structure=st, seed=r)["seconds"])
-                md[k].append(workers[k].request(cmd="md", structure=st, key=st["key"])["seconds"])
-    except PeerError as exc:
+                efs[k].append(workers[k].request("efs", structure=st, seed=r)["seconds"])
+                md[k].append(workers[k].request("md", structure=st, key=st["key"])["seconds"])
+    except WorkerError as exc:
         print(f"  {exc}", flush=True)
     finally:
         for w in workers.values():
@@ -501,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--envs", default=str(DEFAULT_ENVS), help="folder of the models' environments")
+    p.add_argument("--envs", default=None, metavar="DIR",
+                   help="folder of the models' environments, DIR/<env>/bin/python (default: $MATRIS_PEERS_ENVS)")
     p.add_argument("--max-rss-gb", type=float, default=18.0, help="stop a worker past this resident memory")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a fresh-process memory run may take")
     p.add_argument("--log", help="append the workers' stderr here (default: discarded)")
@@ -515,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(args.markdown))
         return 0
     if args.setup:
-        setup(Path(args.envs), args.setup)
+        setup(envs_folder(args.envs), args.setup)
         return 0
     if args.smoke:
         args.models, args.structures, args.rounds, args.no_profile = args.models or ["ours"], ["si8"], 1, True
@@ -525,10 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         result["profile_si64"] = our_profile(args.threads)
     result["ratios_ours_over_peer"] = ratios(result)
     if args.json:
-        from matris.atomic import atomic_path
-
-        with atomic_path(args.json, suffix=".tmp") as tmp:
-            Path(tmp).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0
 

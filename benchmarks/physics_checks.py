@@ -1,6 +1,6 @@
 """The NVT and relaxation figures of the docs' "Simulations" page, with the bundled model.
 
-    python benchmarks/physics_checks.py --json benchmarks/results/physics_checks_cpu.json
+    python -m benchmarks.physics_checks --json benchmarks/results/physics_checks_cpu.json
 
 The same set-ups as tests/test_simulate_physics.py (which bound them; this script records
 the measured values with the commit and the model's sha256):
@@ -15,13 +15,10 @@ the measured values with the commit and the model's sha256):
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 def nvt(model) -> dict:
     from ase.build import bulk
@@ -66,8 +63,7 @@ def main(argv=None) -> dict:
     print(f"relaxation, strained Si8: energy −{rx['energy_drop_eV']:.3f} eV in {rx['steps']} steps, "
           f"fmax {rx['fmax_eV_A']:.3f} eV/Å, stress×V/N {rx['stress_times_volume_per_atom_eV']:.4f} eV")
     if args.json:
-        from benchmarks.provenance import provenance
-        from matris.atomic import write_json
+        from benchmarks.common import provenance, write_json
         from matris.pretrained.cache import resolve
 
         out["provenance"] = provenance(argv, model_name=args.model, model_path=resolve(args.model))

@@ -1,8 +1,8 @@
 """Two ``matris`` processes on one machine: an MD run beside a training run, as users run them.
 
-    python benchmarks/shared_machine.py --json benchmarks/results/shared_machine_cpu.json
-    python benchmarks/shared_machine.py --smoke            # fewer steps, one policy pair (~2 min)
-    python benchmarks/shared_machine.py --matris /path/to/venv/bin/matris   # the wheel's command
+    python -m benchmarks.shared_machine --json benchmarks/results/shared_machine_cpu.json
+    python -m benchmarks.shared_machine --smoke            # fewer steps, one policy pair (~2 min)
+    python -m benchmarks.shared_machine --matris /path/to/venv/bin/matris   # the wheel's command
 
 Both processes are the ``matris`` command (``--matris``, default the one beside this Python):
 
@@ -41,9 +41,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 POLICIES = {
     "libgomp default": {"GOMP_SPINCOUNT": "300000"},
@@ -168,7 +165,7 @@ def heavy_call(matris: str, checkpoint: Path, folder: Path, env: dict, repeat: i
 def measure(args) -> dict:
     import torch
 
-    from benchmarks.provenance import cpu_description, lscpu_model, provenance
+    from benchmarks.common import cpu_description, lscpu_model, provenance
     from matris import MatRIS, MatRISConfig
 
     matris = args.matris or str(Path(sys.executable).with_name("matris"))
@@ -269,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args)
     print("\n" + table(result))
     if args.json:
-        from matris.atomic import write_json
+        from benchmarks.common import write_json
 
         write_json(args.json, result)
         print(f"wrote {args.json}")

@@ -1,7 +1,7 @@
 """Batched relaxation with torch-sim against the one-by-one ASE loop: structures/s.
 
-    python benchmarks/simulate.py                                  # CPU, 16 × Si8, float32
-    python benchmarks/simulate.py --device cuda --structures 256 --repeat 2 --json sim.json
+    python -m benchmarks.simulate                                  # CPU, 16 × Si8, float32
+    python -m benchmarks.simulate --device cuda --structures 256 --repeat 2 --json sim.json
 
 Both paths relax the same structures with the same protocol (FIRE, Fréchet cell filter,
 fmax 0.05 eV/Å, at most 500 steps): ``matris.simulate.relax`` one structure after another
@@ -16,18 +16,13 @@ Needs ase and torch-sim-atomistic (pip install 'matris-mlip[sim]').
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from matris import MatRIS  # noqa: E402
+from benchmarks.common import synchronize
+from matris import MatRIS
 
 
 def structures(n: int, repeat: int = 1, seed: int = 0):
@@ -41,11 +36,6 @@ def structures(n: int, repeat: int = 1, seed: int = 0):
     return out
 
 
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def run(n=16, repeat=1, device="cpu", dtype="float32", fmax=0.05, steps=500, max_atoms=None, ase=True):
     from matris.simulate import relax, relax_batch
 
@@ -53,10 +43,10 @@ def run(n=16, repeat=1, device="cpu", dtype="float32", fmax=0.05, steps=500, max
     items = structures(n, repeat)
     rows = {}
     relax_batch(structures(2, repeat, seed=100), model=model, steps=3)  # warm-up
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     batched = relax_batch(items, fmax=fmax, steps=steps, model=model, max_atoms=max_atoms)
-    sync(device)
+    synchronize(device)
     tb = time.perf_counter() - t0
     rows["torch-sim batch"] = {"s": tb, "structures_per_s": n / tb, "converged": sum(r.converged for r in batched),
                                "mean_steps": None}
@@ -64,7 +54,7 @@ def run(n=16, repeat=1, device="cpu", dtype="float32", fmax=0.05, steps=500, max
         relax(structures(1, repeat, seed=100)[0], model=model, steps=3)  # warm-up
         t0 = time.perf_counter()
         single = [relax(s, fmax=fmax, steps=steps, model=model) for s in items]
-        sync(device)
+        synchronize(device)
         ta = time.perf_counter() - t0
         rows["ASE one by one"] = {"s": ta, "structures_per_s": n / ta, "converged": sum(r.converged for r in single),
                                   "mean_steps": float(np.mean([r.steps for r in single]))}
@@ -110,11 +100,11 @@ def main(argv=None):
             ase=not args.no_ase)
     print_table(r)
     if args.json:
-        from benchmarks.provenance import provenance
+        from benchmarks.common import provenance, write_json
         from matris.bundled import DEMO_CHECKPOINT
 
         r["meta"] = provenance(argv, "matris-demo", DEMO_CHECKPOINT)
-        Path(args.json).write_text(json.dumps(r, indent=1))
+        write_json(args.json, r)
     return 0
 
 

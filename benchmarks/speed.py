@@ -1,8 +1,8 @@
 """Energy+forces+stress time per call of the published-size MatRIS, with graph construction beside it.
 
-    python benchmarks/speed.py                  # Si 8/64/216/512 atoms and 1,000-atom bcc Fe
-    python benchmarks/speed.py --json out.json  # also write the numbers
-    python benchmarks/speed.py --sizes 8 64 --no-fe --repeat 5
+    python -m benchmarks.speed                  # Si 8/64/216/512 atoms and 1,000-atom bcc Fe
+    python -m benchmarks.speed --json out.json  # also write the numbers
+    python -m benchmarks.speed --sizes 8 64 --no-fe --repeat 5
 
 The model is the 10-block, width-128 architecture of MatRIS-10M (r_c 6 Å, r_3 4.5 Å) with
 random weights (speed does not depend on their values). Times are medians over --repeat
@@ -26,9 +26,9 @@ import sys
 import numpy as np
 import torch
 
+from benchmarks.common import peak_rss_gb, write_json
 from matris import GraphBatch, MatRIS, MatRISConfig, memory
-from matris.atomic import write_json
-from matris.bench.measure import median_time, peak_rss_gb
+from matris.bench.measure import median_time
 from matris.bench.structures import standard_structure
 from matris.structures import to_system
 

@@ -1,7 +1,7 @@
 """How the published architecture's memory grows with the system: one energy + forces + stress
 call of the MatRIS-10M architecture on diamond Si cells of growing size, on the CPU.
 
-    python benchmarks/system_size.py --json benchmarks/results/system_size_cpu.json
+    python -m benchmarks.system_size --json benchmarks/results/system_size_cpu.json
 
 Model: ``MatRISConfig.published_10m()`` (the architecture of matris-10m-oam, -mp and -omat:
 10 blocks of width 128, r_c 6 Å, r_3 4.5 Å) with random weights, float32, through the ASE
@@ -10,7 +10,7 @@ architecture and the graph, not on the weights. Structures: the standard rattled
 cells of ``matris bench`` (``matris.bench.standard_structure``).
 
 Each (size, memory level) runs in a fresh process, so its peak memory is its own: the
-process's peak resident set size (``ru_maxrss``), which includes Python, torch and the model
+process's peak resident set size (``VmHWM``), which includes Python, torch and the model
 (what a user's process needs), and that peak above the process's base (its peak after the warm-up
 call, before this one), per angle. Per size it runs the memory level the model picks by itself on
 this machine (``auto``) and each level asked for (default 0–3; see docs/memory.md); a fixed level
@@ -34,23 +34,13 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS"))
+from benchmarks.common import ROOT, peak_rss_bytes, rss_bytes, timed
 
 
 def graph_child(atoms_count: int) -> dict:
     """The neighbour list and line graph of one Si cell in this (fresh) process: the peak memory
     of building them above the process's start, and what the graph holds."""
-    import resource
-
     from matris import MatRISConfig
     from matris.bench import standard_structure
     from matris.graph import GraphBatch
@@ -58,14 +48,12 @@ def graph_child(atoms_count: int) -> dict:
 
     c = MatRISConfig.published_10m()
     system = to_system(standard_structure("si", atoms_count).atoms)
-    start = _rss_bytes()
-    t0 = time.perf_counter()
-    graph = GraphBatch.from_systems([system], c.pairwise_cutoff, c.three_body_cutoff)
-    seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = rss_bytes()
+    graph, seconds = timed(GraphBatch.from_systems, [system], c.pairwise_cutoff, c.three_body_cutoff)
+    peak = peak_rss_bytes()
     return {"atoms": atoms_count, "bonds": int(graph.num_bonds), "angles": int(graph.num_angles),
             "requested_level": "graph", "build_s": seconds, "peak_above_start_GB": (peak - start) / 1e9,
-            "held_GB": (_rss_bytes() - start) / 1e9}
+            "held_GB": (rss_bytes() - start) / 1e9}
 
 
 def angles_per_atom() -> dict[str, float]:
@@ -95,8 +83,6 @@ PROPERTIES = {"efs": ["energy", "forces", "stress"], "ef": ["energy", "forces"],
 def child(atoms_count: int, level: str, threads: int | None, properties: str = "efs") -> dict:
     """One timed call in this (fresh) process: E+F+S (``efs``) or E+F through the calculator, or the
     energy alone (``e``) through ``MatRIS.__call__`` without forces (the calculator computes forces)."""
-    import resource
-
     import torch
 
     if level == "graph":
@@ -119,7 +105,7 @@ def child(atoms_count: int, level: str, threads: int | None, properties: str = "
     if properties == "e":  # and the energy alone's
         model(GraphBatch.from_systems([to_system(warm)], model.cutoff, model.three_body_cutoff),
               compute_forces=False, compute_stress=False)
-    base_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = peak_rss_bytes()
     atoms = standard_structure("si", atoms_count).atoms
     c = model.config
     graph = GraphBatch.from_systems([to_system(atoms)], c.pairwise_cutoff, c.three_body_cutoff)
@@ -131,11 +117,11 @@ def child(atoms_count: int, level: str, threads: int | None, properties: str = "
     else:
         calc.calculate(atoms, PROPERTIES[properties])
     seconds = time.perf_counter() - t0
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_bytes()
     return {"atoms": len(atoms), "bonds": int(graph.num_bonds), "angles": int(graph.num_angles),
-            "requested_level": level, "level": int(chosen), "efs_s": seconds, "peak_rss_GB": peak_kib * 1024 / 1e9,
-            "base_rss_GB": base_kib * 1024 / 1e9, "properties": properties,
-            "bytes_per_angle": (peak_kib - base_kib) * 1024 / max(int(graph.num_angles), 1),
+            "requested_level": level, "level": int(chosen), "efs_s": seconds, "peak_rss_GB": peak / 1e9,
+            "base_rss_GB": base / 1e9, "properties": properties,
+            "bytes_per_angle": (peak - base) / max(int(graph.num_angles), 1),
             "threads": torch.get_num_threads()}
 
 
@@ -206,7 +192,7 @@ def main(argv=None) -> int:
             rows.append({"atoms": n, "requested_level": level, "skipped": why})
             print(f"Si{n:<5} level {level}: skipped ({why})", flush=True)
             continue
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), level]
+        cmd = [sys.executable, "-m", "benchmarks.system_size", "--child", str(n), level]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         cmd += ["--properties", args.properties]
@@ -240,7 +226,7 @@ def main(argv=None) -> int:
     if args.json:
         import torch
 
-        from benchmarks.provenance import provenance
+        from benchmarks.common import provenance, write_json
         from matris import MatRIS, MatRISConfig
 
         result["parameters"] = sum(q.numel() for q in MatRIS(MatRISConfig.published_10m()).parameters())
@@ -249,7 +235,7 @@ def main(argv=None) -> int:
         result["meta"] = provenance(argv, "MatRIS published 10M architecture (MatRISConfig.published_10m()), "
                                           "random weights")
         result["meta"]["torch_threads"] = torch.get_num_threads() if not args.threads else args.threads
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0
 

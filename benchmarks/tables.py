@@ -1,8 +1,8 @@
 """Markdown tables from the committed result files, so no measured number is ever retyped.
 
-    python benchmarks/tables.py                     # every table, as the documentation shows them
-    python benchmarks/tables.py simulate_cpu        # one of them
-    python benchmarks/tables.py cpu_speed/official  # one view of a result file (VIEWS)
+    python -m benchmarks.tables                     # every table, as the documentation shows them
+    python -m benchmarks.tables simulate_cpu        # one of them
+    python -m benchmarks.tables cpu_speed/official  # one view of a result file (VIEWS)
 
 The documentation site's performance page (and every other page that quotes a measurement)
 is generated from these functions at build time by ``docs/hooks.py``: a page writes
@@ -14,11 +14,11 @@ the build (``mkdocs build --strict`` runs in the test suite).
 from __future__ import annotations
 
 import json
-import sys
 from functools import lru_cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT, command_now
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 # results kept outside benchmarks/results: name → path relative to the repository root
@@ -98,7 +98,7 @@ def provenance(name: str, history: bool = False) -> str:
     path = result_path(name).relative_to(ROOT)
     parts = [f"Source: `{path}`"]
     if meta.get("command"):
-        parts.append(f"command `{meta['command']}`")
+        parts.append(f"command `{command_now(meta['command'])}`")
     if history and meta.get("commit"):
         dirty = " (uncommitted changes)" if meta.get("dirty") else ""
         parts.append(f"commit `{meta['commit'][:10]}`{dirty}")
@@ -856,7 +856,13 @@ def table(name: str, view: str | None = None, source: bool = True, history: bool
 
 
 def main(argv=None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or (list(TABLES) + [f"{n}/{v}" for n, v in VIEWS])
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="result names (simulate_cpu) or views (cpu_speed/official); default: every table")
+    names = p.parse_args(argv).names or (list(TABLES) + [f"{n}/{v}" for n, v in VIEWS])
     for name in names:
         base, _, view = name.partition("/")
         print(f"## {name}\n\n{table(base, view or None)}\n")
@@ -864,6 +870,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     raise SystemExit(main())

@@ -1,17 +1,17 @@
 """Peak memory and time of a training step of the published architecture, and the memory model.
 
-    python benchmarks/train_memory.py                          # the default cases, JSON to stdout's table
-    python benchmarks/train_memory.py --json benchmarks/results/train_memory.json
-    python benchmarks/train_memory.py --cases mgo16 emt16 --modes rows blocks none
-    python benchmarks/train_memory.py --cases mgo64 --modes rows --breakdown    # where the step's time goes
-    python benchmarks/train_memory.py --cases mgo64 --layers 2    # every mode side by side, where ten
+    python -m benchmarks.train_memory                          # the default cases, JSON to stdout's table
+    python -m benchmarks.train_memory --json benchmarks/results/train_memory.json
+    python -m benchmarks.train_memory --cases mgo16 emt16 --modes rows blocks none
+    python -m benchmarks.train_memory --cases mgo64 --modes rows --breakdown    # where the step's time goes
+    python -m benchmarks.train_memory --cases mgo64 --layers 2    # every mode side by side, where ten
                                                                   # blocks' whole graph would not fit
 
 A step is what ``matris train`` does per batch: energy, forces and stress with ``create_graph``, a
 loss on all three (the magnetic moments' head is off: fine-tuning data rarely has them), the
 backward, an AdamW step. Model: the published MatRIS-10M architecture
 (``MatRISConfig.published_10m()``, random weights), float32. Each (case, mode) runs in a fresh
-process, so its peak is its own: on CPU the peak resident set size (``ru_maxrss``), on CUDA
+process, so its peak is its own: on CPU the peak resident set size (``VmHWM``), on CUDA
 ``torch.cuda.max_memory_allocated`` (plus the process's RSS). ``--warmup`` untimed steps (2: the
 second step of a process still pays for first-touch memory on a CPU), then ``--steps`` timed ones
 (median); "× none" is a row's step time over the ``none`` row's of the same batch, measured in the
@@ -50,8 +50,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT, peak_rss_bytes, provenance, write_json
 
 CASES = ("mgo8", "mgo16", "mgo64", "emt2", "emt16")
 MODES = ("none", "blocks", "blocks-composed", "rows", "rows-composed")
@@ -124,8 +123,6 @@ class _Breakdown:
 
 def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, breakdown: bool = False) -> dict:
     """One (case, mode) in this process: the model, the batch, the steps and the peaks."""
-    import resource
-
     import torch
 
     from matris import GraphBatch, memory
@@ -140,7 +137,7 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, break
     systems = [to_system(a) for a in structures(case)]
     g = GraphBatch.from_systems(systems, model.cutoff, model.three_body_cutoff).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = peak_rss_bytes()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
 
@@ -163,7 +160,7 @@ def worker(case: str, mode: str, steps: int, device: str, warmup: int = 2, break
             times.append(time.perf_counter() - t0)
     if parts is not None:
         parts.close()
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak_rss = peak_rss_bytes()
     n_atoms, n_bonds, n_angles = int(g.n_atoms.sum()), g.num_bonds, g.num_angles
     predicted = memory.training_fixed_bytes(model, ema=False) + int(memory.training_bytes(model, n_atoms, n_bonds,
                                                                                            n_angles))
@@ -334,10 +331,11 @@ def main(argv=None) -> int:
                 env = dict(os.environ)
                 if mode.endswith("-composed"):
                     env["MATRIS_KERNELS"] = "torch"
-                proc = subprocess.run([sys.executable, __file__, "--worker", case, mode, "--steps", str(args.steps),
+                proc = subprocess.run([sys.executable, "-m", "benchmarks.train_memory", "--worker", case, mode,
+                                       "--steps", str(args.steps),
                                        "--warmup", str(args.warmup), "--device", args.device,
                                        "--layers", str(args.layers), *(["--breakdown"] if args.breakdown else [])],
-                                      capture_output=True, text=True, env=env)
+                                      capture_output=True, text=True, env=env, cwd=ROOT)
                 found = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
                 if proc.returncode != 0 or not found:
                     killed = proc.returncode in (-9, 137)
@@ -357,9 +355,6 @@ def main(argv=None) -> int:
     print("\nwhat the memory model implies for GPUs (float32, AdamW + EMA, MgO-like cells):")
     print(gpu_table(sizes))
     if args.json:
-        from benchmarks.provenance import provenance
-        from matris.atomic import write_json
-
         meta = provenance(argv, model_name="MatRIS published 10M architecture (MatRISConfig.published_10m()), "
                                            "random weights" + ("" if args.layers == 10 else
                                                                f", {args.layers} interaction blocks instead of 10"))

@@ -1,8 +1,8 @@
 """Training throughput of the Lightning pipeline: structures/s and atoms/s.
 
-    python benchmarks/train_throughput.py                       # tiny config on CPU
-    python benchmarks/train_throughput.py --device cuda --config examples/configs/matris-10m.yaml
-    python benchmarks/train_throughput.py --json results/train_cpu.json
+    python -m benchmarks.train_throughput                       # tiny config on CPU
+    python -m benchmarks.train_throughput --device cuda --config examples/configs/matris-10m.yaml
+    python -m benchmarks.train_throughput --json results/train_cpu.json
 
 Runs the real pipeline (packed graph cache, budget batches, MatRISModule with the force,
 stress and magmom loss, AdamW, EMA) through ``lightning.Trainer`` on synthetic structures
@@ -14,26 +14,22 @@ step spent in forward + double backward, the rest is data, optimizer, EMA and Li
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import lightning as L  # noqa: E402
-
-from matris.data import PackedDataset, Sample  # noqa: E402
-from matris.graph import AtomicSystem  # noqa: E402
-from matris.train import TrainConfig  # noqa: E402
-from matris.train.datamodule import Collate, Subset, _Positions  # noqa: E402
-from matris.train.module import MatRISModule  # noqa: E402
-from matris.train.run import build_model  # noqa: E402
+from benchmarks.common import ROOT, write_json
+from matris.data import PackedDataset, Sample
+from matris.graph import AtomicSystem
+from matris.train import TrainConfig
+from matris.train.datamodule import Collate, Subset, _Positions
+from matris.train.module import MatRISModule
+from matris.train.run import build_model
 
 FCC = np.array([[0, 0, 0], [0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0]])
 
@@ -155,8 +151,7 @@ def main(argv=None) -> int:
           f"{r['mean_angles']:10.0f} {r['ms_per_step']:8.1f} {r['structures_per_s']:9.2f} {r['atoms_per_s']:9.1f} "
           f"{100 * r['model_share']:5.0f}%")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(r, indent=1))
+        write_json(args.json, r)
     return 0
 
 

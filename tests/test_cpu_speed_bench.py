@@ -2,18 +2,13 @@
 operators; the GEMM floor counts the reference path's MKL GEMMs and puts the model's backend
 back), and one round of the whole benchmark."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from benchmarks.cpu_speed import gemm_floor, op_shares
 from matris import MatRIS, MatRISCalculator, MatRISConfig
 from matris.bench import standard_structure
 from matris.kernels import native
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.cpu_speed import gemm_floor, op_shares  # noqa: E402
 
 
 def test_profile_and_gemm_floor_count_the_gemms():

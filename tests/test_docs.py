@@ -378,8 +378,6 @@ def test_site_builds_strict(tmp_path):
     assert "<math" in (site / "training" / "index.html").read_text()  # formulas became MathML
     assert "MatRISCalculator" in (site / "api" / "calculator" / "index.html").read_text()
     # the figures: drawn into the site and shown where the pages place them
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from benchmarks.figures import FIGURES
 
     shown: dict[str, set] = {}
@@ -405,8 +403,6 @@ def test_site_builds_strict(tmp_path):
 def test_figures_are_deterministic():
     """The same result files give the same SVG bytes (no dates, fixed ids): rebuilding the site
     changes no figure."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from benchmarks import figures
 
     assert figures.draw("eos") == figures.draw("eos")

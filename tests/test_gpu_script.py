@@ -1,7 +1,6 @@
-"""benchmarks/gpu.py always reports: the JSON after every check, errors per check with the
+"""python -m benchmarks.gpu always reports: the JSON after every check, errors per check with the
 last traceback frame, time budgets per section; and its CPU dry run (--smoke --quick)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,11 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def gpu(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_script", ROOT / "benchmarks" / "gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    import benchmarks.gpu as module
+
     monkeypatch.setattr(module, "REPORT", module.Report(tmp_path / "gpu.json"))
-    module.RESULTS.clear()
+    monkeypatch.setattr(module, "RESULTS", {})
     return module
 
 
@@ -60,16 +58,41 @@ def test_an_error_outside_the_checks_keeps_the_section(gpu, tmp_path):
     assert saved["one"] == {"ok": True} and saved["error"].startswith("RuntimeError") and "seconds" in saved
 
 
+NO_ASE = """
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("ase", "pymatgen"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Absent())
+"""
+
+
+def test_runs_as_a_module_without_ase_or_pymatgen(tmp_path):
+    """python -m benchmarks.gpu from the repository's root, where ase and pymatgen are not
+    installed (a bare GPU machine): the script and what it imports at start need neither."""
+    (tmp_path / "sitecustomize.py").write_text(NO_ASE)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    code = "import benchmarks.gpu\ntry:\n    import ase\nexcept ImportError:\n    print('no ase')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and "no ase" in res.stdout, res.stderr[-3000:]
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--help"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and "--quick" in res.stdout, res.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_cpu_dry_run_of_the_quick_run(tmp_path):
-    """TRITON_INTERPRET=1 python benchmarks/gpu.py --smoke --quick: correctness and E+F+S in the
+    """TRITON_INTERPRET=1 python -m benchmarks.gpu --smoke --quick: correctness and E+F+S in the
     interpreter; every check passes and the JSON records the commit and the command."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "MATRIS_KERNELS"}
     env["TRITON_INTERPRET"] = "1"
     out = tmp_path / "smoke.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--quick",
-                          "--json", str(out)], capture_output=True, text=True, env=env, timeout=1500)
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--smoke", "--quick", "--json", str(out)],
+                         capture_output=True, text=True, env=env, timeout=1500, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     data = json.loads(out.read_text())
     assert data["meta"]["finished"] and data["meta"]["failed"] == [] and data["meta"]["quick"]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import peers
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture()
@@ -25,8 +26,6 @@ def envs(tmp_path):
 
 
 def test_smoke_run_writes_rows_and_reasons(envs, tmp_path, monkeypatch):
-    from benchmarks import peers
-
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # stripped for the workers: ours comes from the install
     out = tmp_path / "peers.json"
     assert peers.main(["--smoke", "--models", "ours", "chgnet", "--envs", str(envs), "--json", str(out),
@@ -45,8 +44,55 @@ def test_smoke_run_writes_rows_and_reasons(envs, tmp_path, monkeypatch):
 
 
 def test_structures_are_the_documented_cells():
-    from benchmarks import peers
-
     st = peers.structure("srtio3_135")
     assert st["n_atoms"] == 135 and st["formula"] == "O81Sr27Ti27"
     assert peers.structure("si64")["n_atoms"] == 64
+
+
+def test_without_environments_the_error_names_the_option(monkeypatch):
+    monkeypatch.delenv("MATRIS_PEERS_ENVS", raising=False)
+    with pytest.raises(SystemExit, match=r"--envs DIR or set \$MATRIS_PEERS_ENVS"):
+        peers.main(["--smoke"])
+
+
+WORKER = '''
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("benchmarks_common", sys.argv[1])
+common = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = common
+spec.loader.exec_module(common)
+ready = lambda: print("a package's print: stderr, not the protocol's channel") or {"ready": True}
+sys.exit(common.serve(ready, {"add": lambda a, b: {"sum": a + b},
+                                                "fail": lambda: 1 / 0, "sleep": lambda s: time.sleep(s) or {}}))
+'''
+
+
+def test_the_worker_protocol_answers_errors_and_stops_a_worker(tmp_path):
+    """benchmarks/common.py's two sides, in an isolated interpreter (as the peers' workers run):
+    the hello, an answer with the worker's memory, an error with its traceback, and the guard
+    that stops a worker past its time."""
+    from benchmarks.common import HERE, Worker, WorkerError
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    with Worker([sys.executable, "-I", script, HERE / "common.py"], name="toy") as worker:
+        assert worker.hello["ready"] and worker.hello["rss_gb"] > 0
+        answer = worker.request("add", a=2, b=3)
+        assert answer["sum"] == 5 and answer["peak_rss_gb"] >= answer["rss_gb"] > 0
+        with pytest.raises(WorkerError, match="toy: ZeroDivisionError") as failed:
+            worker.request("fail")
+        assert "1 / 0" in failed.value.traceback
+        with pytest.raises(WorkerError, match="unknown request 'nope'"):
+            worker.request("nope")
+    slow = Worker([sys.executable, "-I", script, HERE / "common.py"], name="slow", timeout_s=1)
+    with pytest.raises(WorkerError, match="no answer within 1 s"):
+        slow.request("sleep", s=30)
+    slow.close()
+
+
+def test_recorded_commands_read_as_they_run_now():
+    from benchmarks.common import command_now
+
+    assert command_now("python benchmarks/cpu_speed.py --official /opt/x/site --json benchmarks/results/a.json") \
+        == "python -m benchmarks.cpu_speed --official site --json benchmarks/results/a.json"
+    assert command_now("matris bench --sizes 8") == "matris bench --sizes 8"

@@ -366,8 +366,7 @@ def test_cli_finetune_from_bundled_model(emt, tmp_path):
 
 
 def test_train_throughput_benchmark_runs():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train_throughput import run
+    from benchmarks.train_throughput import run
 
     r = run(ROOT / "examples" / "configs" / "tiny.yaml", "cpu", steps=2, warmup=1, n_structures=8, atoms=(4, 8),
             batch=4, precision="32")

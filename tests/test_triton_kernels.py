@@ -39,11 +39,11 @@ def run_tests(tmp_path: Path, args: list[str], **env) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_kernel_checks_pass(tmp_path):
-    """benchmarks/kernels.py --check: the basis kernels vs their references (forward, backward,
+    """python -m benchmarks.kernels --check: the basis kernels vs their references (forward, backward,
     second order, gradcheck) in the interpreter, and every kernel compiled for sm_80 and sm_90."""
     out = tmp_path / "checks.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--check", "--json", str(out)],
-                         capture_output=True, text=True, env=_env(), timeout=1200)
+    res = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--check", "--json", str(out)],
+                         capture_output=True, text=True, env=_env(), timeout=1200, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     result = json.loads(out.read_text())
     checks = result["checks"]
@@ -83,9 +83,9 @@ def test_phi_fusions_write_and_save_less(tmp_path):
     reference's edge-sized bytes and saves < 1/1.4 of its activations for the backward (counted, not
     timed)."""
     out = tmp_path / "memory.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--memory", "--rows", "512",
+    res = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--memory", "--rows", "512",
                           "--json", str(out)], capture_output=True, text=True, env=_env(TRITON_INTERPRET="1"),
-                         timeout=600)
+                         timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     report = json.loads(out.read_text())
     ref, fused = report["reference"], report["fused"]
