@@ -21,9 +21,14 @@ def test_profile_and_gemm_floor_count_the_gemms():
     assert shares["families"]["GEMM"]["ms"] > 0
     if native.library() is not None:
         assert shares["families"]["fused operators"]["ms"] > 0  # the matris::* operators, by their names
+    # a backend other than the default and other than the reference ops gemm_floor switches to, so
+    # that "put back" cannot pass by a reset to the default
+    calc.model.options.kernels = "auto"
     floor = gemm_floor(calc, atoms, chgnet_seconds=0.1)
-    assert floor["gflop"] > 0 and floor["gemm_calls"] > 0 and floor["floor_ratio_vs_chgnet"] > 0
-    assert floor["call_seconds"] > 0 and calc.model.options.kernels is None  # the backend is put back
+    assert floor["gflop"] > 0 and floor["gemm_calls"] > 0 and floor["call_seconds"] > 0
+    assert floor["floor_seconds"] == pytest.approx(floor["gflop"] / floor["hot_gflops_4096x128x256"])
+    assert floor["floor_ratio_vs_chgnet"] == pytest.approx(floor["floor_seconds"] / 0.1)
+    assert calc.model.options.kernels == "auto"  # the backend is put back
 
 
 @pytest.mark.slow
