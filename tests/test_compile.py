@@ -3,8 +3,8 @@ the same numbers as eager, and the Triton kernels as custom ops (torch.library).
 
 Compilation is slow on this CPU, so these tests use the ``aot_eager`` backend (Dynamo capture and
 AOTAutograd's joint forward/backward graph, without code generation): recompilations and graph
-breaks are decided there, not by the code generator. ``benchmarks/cpu_speed.py --variants
-compiled`` and ``benchmarks/gpu.py`` measure the Inductor backend.
+breaks are decided there, not by the code generator. ``python -m benchmarks.cpu_speed --variants
+compiled`` and ``python -m benchmarks.gpu`` measure the Inductor backend.
 """
 
 import os

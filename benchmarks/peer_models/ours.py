@@ -4,12 +4,12 @@ with random weights (the published MatRIS-10M-OAM weights download at run time; 
 not depend on the values), through :class:`matris.MatRISCalculator` with its default kernels (the C++
 operators on a CPU, Triton on CUDA) and the automatic memory level. ``compile=True``: the
 calculator's ``compile=True`` (Inductor; its compile time is spent in the untimed first calls).
-Run from the built wheel installed in its own environment (``benchmarks/peers.py --setup ours``)."""
+Run from the built wheel installed in its own environment (``python -m benchmarks.peers --setup ours``)."""
 
 NAME = "MatRIS-10M (ours)"
 PACKAGE = "matris (this repository's wheel)"
 PYTHON = "3.11"
-REQUIREMENTS = ["torch==2.13.0", "{wheel}"]  # {wheel}: the wheel benchmarks/peers.py --setup builds
+REQUIREMENTS = ["torch==2.13.0", "{wheel}"]  # {wheel}: the wheel python -m benchmarks.peers --setup builds
 PUBLISHED_PARAMS = 10_443_505  # MatRIS-10M-OAM, models/matris/matris-10m-oam.yml (model_params)
 LEADERBOARD_MODEL = "MatRIS-10M-OAM"
 
