@@ -220,15 +220,23 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
     return tensors * rows * _itemsize(model, dtype)
 
 
+# Energies alone: level 0's forward is the faster below this many angles, the streamed forward above
+# (the published architecture on the CPU, float32: 1.4x faster at Si8, even at Si32, 1.2x slower at Si96
+# and 1.5x at Si216; benchmarks/results/energy_only_levels_cpu.json)
+STREAMED_FORWARD_ANGLES = 32_768
+
+
 def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph: bool = False,
                     kernels: str | None = None, backward: bool = True) -> int:
     """The memory-saving level (0–3, :data:`INFERENCE_ORDER`) a call of ``model`` on ``graph`` uses:
     ``model.options.memory_level`` where set; else the fastest whose activations
     (:func:`activation_bytes`) fit ``options.memory_limit`` bytes (default :func:`default_budget`),
     :data:`LOWEST_LEVEL` where none does. Training (``create_graph``) keeps everything (0); a call
-    without a backward pass (``backward`` False or autograd off: energies alone) streams its forward
-    (:data:`STREAM_LEVEL`: it keeps nothing, 3.5 times less memory than level 0's forward and as fast
-    or faster, measured on Si64–Si512), unless the model is compiled (level 0, the compiled code)."""
+    without a backward pass (``backward`` False or autograd off: energies alone) takes the fastest
+    that fits too: below :data:`STREAMED_FORWARD_ANGLES` angles level 0's forward (it keeps nothing
+    for a backward, but a whole block's angle work at once), else the streamed forward
+    (:data:`STREAM_LEVEL`: 3.5 times less memory, and faster on large cells, whose chunks stay in
+    cache); a compiled model takes level 0 (the compiled code)."""
     if create_graph:
         return 0
     backward = backward and torch.is_grad_enabled()
@@ -238,7 +246,11 @@ def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph
     budget = opts.memory_limit if opts.memory_limit is not None else default_budget(model.device)
     if kernels is None:
         kernels = choose(model.device, opts.kernels, create_graph)
-    order = INFERENCE_ORDER if backward else ((0,) if model.compiled else (STREAM_LEVEL,))
+    if not backward:  # energies alone: the faster forward first (measured), then the one that keeps less
+        small = graph.num_angles < STREAMED_FORWARD_ANGLES
+        order = (0,) if model.compiled else ((0, STREAM_LEVEL) if small else (STREAM_LEVEL,))
+    else:
+        order = INFERENCE_ORDER
     for level in order:
         need = activation_bytes(model, graph, level, dtype, kernels, backward)
         if need <= budget:

@@ -145,6 +145,27 @@ def test_run_options_per_call_and_the_switches_they_replaced(model64):
         RunOptions(memory_level=4)
 
 
+def test_energies_alone_take_the_fastest_forward_that_fits(model64, monkeypatch):
+    """Without a backward pass: level 0's forward for a small cell, the streamed forward for a large
+    one (or where level 0 does not fit); both give the same energy."""
+    systems = [random_system(np.random.default_rng(3), n=6)]
+    _, g = evaluate(model64, systems)
+    assert memory.inference_level(model64, g, backward=False) == 0
+    model64.options.memory_limit = memory.activation_bytes(model64, g, memory.STREAM_LEVEL, backward=False)
+    try:  # level 0's forward does not fit: streamed
+        assert memory.inference_level(model64, g, backward=False) == memory.STREAM_LEVEL
+    finally:
+        model64.options.memory_limit = None
+    monkeypatch.setattr(memory, "STREAMED_FORWARD_ANGLES", g.num_angles)  # as many angles as a large cell
+    assert memory.inference_level(model64, g, backward=False) == memory.STREAM_LEVEL
+    with torch.no_grad():
+        streamed = model64(g, compute_forces=False, compute_stress=False).energy
+    monkeypatch.undo()
+    with torch.no_grad():
+        whole = model64(g, compute_forces=False, compute_stress=False).energy
+    torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-12)
+
+
 def test_create_graph_is_asked_for_not_taken_from_train_mode(model64):
     """A model in train() mode (for its dropout) evaluates without the graph of its forces unless the
     call asks for it: the outputs are detached and no weight gradient is possible."""
