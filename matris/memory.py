@@ -221,9 +221,9 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
 
 
 # Energies alone: level 0's forward is the faster below this many angles, the streamed forward above
-# (the published architecture on the CPU, float32: 1.4x faster at Si8, even at Si32, 1.2x slower at Si96
-# and 1.5x at Si216; benchmarks/results/energy_only_levels_cpu.json)
-STREAMED_FORWARD_ANGLES = 32_768
+# (the published architecture on an Intel Xeon CPU, float32: level 0 1.3x faster at Si8, even at
+# Si32-Si128, the streamed forward 1.4x faster at Si216; benchmarks/results/energy_only_levels_cpu.json)
+STREAMED_FORWARD_ANGLES = 65_536
 
 
 def inference_level(model, graph, dtype: torch.dtype | None = None, create_graph: bool = False,
