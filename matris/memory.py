@@ -221,8 +221,9 @@ def activation_bytes(model, graph, level: int = 0, dtype: torch.dtype | None = N
 
 
 # Energies alone: level 0's forward is the faster below this many angles, the streamed forward above
-# (the published architecture on an Intel Xeon CPU, float32: level 0 1.3x faster at Si8, even at
-# Si32-Si128, the streamed forward 1.4x faster at Si216; benchmarks/results/energy_only_levels_cpu.json)
+# (the published architecture on an Intel Xeon CPU, float32: level 0 1.4x faster at Si8, the two within
+# 20 % of each other at Si32-Si128, where the crossover lies, the streamed forward 1.5x faster at Si216;
+# benchmarks/results/energy_only_levels_cpu.json)
 STREAMED_FORWARD_ANGLES = 65_536
 
 
