@@ -104,11 +104,11 @@ def parse_size(value, what: str = "memory_limit", any_bytes: bool = False) -> in
         amount = float(text)
     except ValueError:
         amount = float("nan")
-    if scale is None and amount > 0:
-        raise MatRISInputError(f"{what} = {value!r} has no unit: give a size with its unit, {example} "
-                               f"(e.g. '{value} GB')")
     if not amount > 0 or amount == float("inf"):
         raise MatRISInputError(f"{what} must be 'auto' or a positive size {example}, got {value!r}")
+    if scale is None:
+        raise MatRISInputError(f"{what} = {value!r} has no unit: give a size with its unit, {example} "
+                               f"(e.g. '{value} GB')")
     return int(amount * scale)
 
 

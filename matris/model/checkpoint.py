@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 import torch
 
@@ -18,16 +18,13 @@ from ..targets import DEFAULT_TARGETS, normalize_targets
 from .config import MatRISConfig
 from .readout import ReferenceEnergy
 
-if TYPE_CHECKING:
-    from .model import MatRIS
-
 
 class CheckpointIO:
     """The loading and saving methods of :class:`matris.MatRIS` (a mixin: ``cls`` is the model class)."""
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                        targets: str | None = None, default_targets: str | None = None) -> "MatRIS":
+                        targets: str | None = None, default_targets: str | None = None) -> Self:
         """Load a checkpoint file in any layout the official loader reads (see
         :func:`matris.checkpoint_files.read`): plain ``{"config", "state_dict"}``, nested
         ``{"model": {...}}``, the legacy reference key, any reference width.
@@ -54,7 +51,7 @@ class CheckpointIO:
     def load(cls, model: str | os.PathLike | None = None, device: str | torch.device | None = "auto",
              dtype: str | torch.dtype = torch.float32, *, targets: str | None = None,
              progress: bool | None = None, download: Any = None, model_name: str | os.PathLike | None = None
-             ) -> "MatRIS":
+             ) -> Self:
         """A model by name, URL or checkpoint path; ``None`` is the bundled demo model.
 
         Names are those of :mod:`matris.pretrained` (``matris models`` lists them, official
@@ -91,7 +88,7 @@ class CheckpointIO:
         return net.to(device=device, dtype=dtype)
 
     @classmethod
-    def from_state(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], source: str = "state") -> "MatRIS":
+    def from_state(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], source: str = "state") -> Self:
         """Build a model from a checkpoint's ``config`` dict and ``state_dict`` (strict match).
 
         Reference energies are built at the width of ``reference_energy.fc.weight`` when the
@@ -125,7 +122,7 @@ class CheckpointIO:
         return model.eval()
 
     @classmethod
-    def from_dict(cls, dct: Mapping[str, Any]) -> "MatRIS":
+    def from_dict(cls, dct: Mapping[str, Any]) -> Self:
         """A model from a loaded checkpoint dict (the official ``MatRIS.from_dict``): ``{"config",
         "state_dict"}``, nested under ``"model"`` or not, the legacy reference key included."""
         contents = ckpt_io.unpack(dict(dct), "checkpoint dict")
