@@ -257,7 +257,6 @@ def memory_report(rows=2048, width=128):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from matris.kernels import references
     from matris.model.attention import GatedMLP
 
     class EdgeWrites(TorchDispatchMode):
@@ -293,8 +292,8 @@ def memory_report(rows=2048, width=128):
             return t
 
         writes = EdgeWrites()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), writes, references(not fused):
-            out = phi.forward_terms(terms)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), writes:
+            out = phi.forward_terms(terms, fused=fused)
         params = sum(p.numel() * p.element_size() for p in phi.parameters())
         inputs = sum(t.numel() * t.element_size() for t in (a, h, e))
         kept = sum(saved.values())

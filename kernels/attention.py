@@ -24,7 +24,6 @@ from .backend import (
     LIB,
     operators_run,
     recompute_backward,
-    references,
     register_triton,
     tile,
     triton_available,
@@ -184,14 +183,14 @@ def merge_softmax(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Ten
 
 
 def attention_pair_lse(rows, weight, row_index, messages, target, source, num_segments: int,
-                       res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                       res_weight: torch.Tensor | None = None, *, fused: bool = True) -> tuple[torch.Tensor, ...]:
     """:func:`attention_pair` that also returns each segment's log-sum-exp of the logits,
     differentiable: ``(T, S, y' or None, lse_t, lse_s)`` (lse ``[n, C]``, 0 for an empty segment).
     Two partial softmaxes of one segment (split across MPI ranks, :mod:`matris.domain`) combine
     exactly as ``Σ_k T_k·exp(lse_k − L)``, ``L = log Σ_k exp(lse_k)``. The operator (its backward
-    folds ∂L/∂lse in: ``∂L/∂α += p·∂L/∂lse``) where it runs (:func:`.backend.operators_run`), else
-    the reference."""
-    if messages.shape[0] and operators_run(messages, target, source, row_index, rows, weight, res_weight):
+    folds ∂L/∂lse in: ``∂L/∂α += p·∂L/∂lse``) where asked for (``fused``) and it has a kernel
+    (:func:`.backend.operators_run`), else the reference."""
+    if fused and messages.shape[0] and operators_run(messages, target, source, row_index, rows, weight, res_weight):
         out_t, out_s, y_new, _, lse_s, lse_t = torch.ops.matris.attention_pair(
             rows, weight, row_index, messages, target, source, num_segments, res_weight, [])
         return out_t, out_s, (y_new if res_weight is not None else None), lse_t, lse_s
@@ -205,7 +204,8 @@ def attention_pair_lse(rows, weight, row_index, messages, target, source, num_se
 
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
                    res_weight: torch.Tensor | None = None,
-                   segments: "tuple[Segments, Segments] | None" = None) -> tuple[torch.Tensor, ...]:
+                   segments: "tuple[Segments, Segments] | None" = None, *, fused: bool = True
+                   ) -> tuple[torch.Tensor, ...]:
     """:func:`attention_pair_reference` as the operator ``matris::attention_pair`` (C++ kernel in
     ``csrc/cpu/attention.cpp``; where it cannot run, e.g. no compiler, the reference).
 
@@ -219,13 +219,13 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
     ``res_weight`` (line graph only): also the residual update y' of the reference, computed in
     the same pass over the rows (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
     ``segments`` (by target, by source): the CSR order the CUDA kernel walks (made once per graph;
-    without it that kernel sorts the indices; the CPU kernel does not need it). Inside
-    :func:`.backend.references`: the reference (the call's choice, e.g. training on a CPU).
+    without it that kernel sorts the indices; the CPU kernel does not need it). ``fused`` False: the
+    reference (the call's choice, e.g. training on a CPU).
     """
     n_edges = messages.shape[0]
     if res_weight is not None and row_index is not None:
         raise ValueError("attention_pair: res_weight is for the line-graph form (row_index None)")
-    if n_edges == 0 or not operators_run(messages, target, source, row_index, rows, weight, res_weight):
+    if not fused or n_edges == 0 or not operators_run(messages, target, source, row_index, rows, weight, res_weight):
         # not asked for, or no kernel here (no compiler, not float32/float64 tensors): the reference
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
     # the graph's CSR order for the CUDA kernel (which sorts the indices itself without it)
@@ -291,8 +291,7 @@ def _attention_backward(ctx, g_t, g_s, g_y, _g_alpha=None, g_lse_s=None, g_lse_t
         def ref_all(r, w, msg, *rw):
             if not with_lse:
                 return attention_pair_reference(r, w, row_index, msg, target, source, ctx.n, *rw)
-            with references():
-                t, s_, y, lt, ls = attention_pair_lse(r, w, row_index, msg, target, source, ctx.n, *rw)
+            t, s_, y, lt, ls = attention_pair_lse(r, w, row_index, msg, target, source, ctx.n, *rw, fused=False)
             return (t, s_, *((y,) if ctx.res else ()), lt, ls)
 
         w = weight if weight is not None else rows.new_zeros(0)

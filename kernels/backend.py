@@ -4,7 +4,8 @@ The fused formulas are operators (``torch.ops.matris.*``) with a CUDA kernel in 
 kernel in C++ (:mod:`.native`); a call runs the kernel of its tensors' device. ``"triton"``: the
 model on CUDA (the operators and the Triton bases, with the graph's CSR segments). ``"fused"``: the
 same operators on a CPU (their C++ kernels). ``"torch"``: the composed PyTorch reference.
-``"auto"`` (default) picks ``"triton"`` on CUDA and ``"fused"`` elsewhere (:func:`choose`). Override per
+``"auto"`` (default) picks ``"triton"`` on CUDA and ``"fused"`` elsewhere (:func:`choose`, once per model
+call; the choice travels as a :class:`Kernels` to every operator, as its ``fused`` argument). Override per
 model with ``model.options.kernels`` (:class:`matris.RunOptions`, or per call), or for the whole process
 with the environment variable ``MATRIS_KERNELS``. Under ``TRITON_INTERPRET=1`` the Triton kernels also serve
 CPU tensors (slow; the CPU checks of the GPU code).
@@ -12,8 +13,8 @@ CPU tensors (slow; the CPU checks of the GPU code).
 
 from __future__ import annotations
 
-import contextlib
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -112,28 +113,44 @@ def register_triton(name: str, kernel) -> None:
         LIB.impl(name, kernel, "CPU")
 
 
-# per process, not per thread: autograd runs CUDA backwards (and recomputations) on threads of its own
-_REFERENCES = [False]
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels of one model call, chosen once (:func:`choose`) and handed down to every operator:
+    ``name`` ``"triton"``, ``"fused"`` or ``"torch"``; :attr:`fused`: the operators run their kernels
+    where they have one for the tensors (``"torch"``: their PyTorch references). ``atom_segments``,
+    ``line_segments``: the CSR order (by target, by source) the CUDA kernels walk, made once per graph
+    (Triton only)."""
+
+    name: str = "torch"
+    atom_segments: tuple | None = None
+    line_segments: tuple | None = None
+
+    @property
+    def fused(self) -> bool:
+        return self.name != "torch"
+
+    @property
+    def triton(self) -> bool:
+        return self.name == "triton"
 
 
-@contextlib.contextmanager
-def references(on: bool = True):
-    """Inside (``on``), every operator runs its PyTorch reference: :func:`choose`'s ``"torch"``,
-    applied by the model around its embeddings and block steps and by each recomputation."""
-    before = _REFERENCES[0]
-    _REFERENCES[0] = on
-    try:
-        yield
-    finally:
-        _REFERENCES[0] = before
+def dispatch(device: torch.device, backend: str | None = None, create_graph: bool = False
+             ) -> "tuple[Kernels, Kernels]":
+    """The kernels of one model call, chosen once: those of its passes (:func:`choose`), and those
+    of the passes that keep no graph of their backward (the fast ones, which training's
+    recomputations run where no weight gradient is wanted)."""
+    fast = Kernels(choose(device, backend))
+    # off Triton, a call that keeps the graph of its forces runs the references (as choose says)
+    return (REFERENCES if create_graph and not fast.triton else fast), fast
+
+
+REFERENCES = Kernels("torch")
 
 
 def operators_run(*tensors: torch.Tensor) -> bool:
-    """Whether the operators run their kernels for these tensors (not inside :func:`references`): CUDA
+    """Whether the operators have kernels for these tensors: CUDA
     tensors with triton; CPU tensors with the C++ library loaded (or under ``TRITON_INTERPRET=1``, the
     Triton kernels); every floating tensor float32 or float64 (one dtype), the others int64 indices."""
-    if _REFERENCES[0]:
-        return False
     given = [t for t in tensors if t is not None]
     floats = [t for t in given if t.is_floating_point()]
     if not floats:

@@ -270,24 +270,24 @@ torch.library.register_autograd("matris::fourier", _fourier_backward, setup_cont
 torch.library.register_autograd("matris::spherical", _sh_backward, setup_context=_sh_setup)
 
 
-def bessel(r, frequencies, cutoff: float, p: int):
-    """``[B]`` → ``[B, K]`` Bessel × envelope: the operator where it runs
-    (:func:`.backend.operators_run`), else :func:`bessel_basis`."""
-    if not (r.shape[0] and operators_run(r)):
+def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
+    """``[B]`` → ``[B, K]`` Bessel × envelope: the operator where asked for (``fused``) and it has a
+    kernel (:func:`.backend.operators_run`), else :func:`bessel_basis`."""
+    if not (fused and r.shape[0] and operators_run(r)):
         return bessel_basis(r, frequencies, cutoff, p)
     return torch.ops.matris.bessel(r, frequencies.to(r.dtype), float(cutoff), int(p))
 
 
-def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT):
+def fourier(theta, frequencies, constant: float = FOURIER_CONSTANT, fused: bool = True):
     """``[A]`` → ``[A, 2m+1]`` Fourier angle basis (as :func:`bessel`; reference :func:`fourier_basis`)."""
-    if not (theta.shape[0] and operators_run(theta)):
+    if not (fused and theta.shape[0] and operators_run(theta)):
         return fourier_basis(theta, frequencies, constant)
     return torch.ops.matris.fourier(theta, frequencies.to(theta.dtype), float(constant))
 
 
-def spherical(theta, rho, factor, max_l: int, max_n: int):
+def spherical(theta, rho, factor, max_l: int, max_n: int, fused: bool = True):
     """``[A]``, ``[A]`` → ``[A, max_l·max_n]`` SH angle basis (as :func:`bessel`; reference :func:`sh_basis`)."""
-    if not (theta.shape[0] and operators_run(theta, rho)):
+    if not (fused and theta.shape[0] and operators_run(theta, rho)):
         return sh_basis(theta, rho, factor.to(theta.dtype), max_l, max_n)
     return torch.ops.matris.spherical(theta, rho, factor.to(theta.dtype), int(max_l), int(max_n))
 

@@ -102,18 +102,18 @@ NORMS = ("rms", "layer")
 
 def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
               eps: float, chunk: int | None = None, *, norm: str = "rms", core_norm_bias=None,
-              gate_norm_bias=None, act: str = "silu", dropout=None) -> torch.Tensor:
+              gate_norm_bias=None, act: str = "silu", dropout=None, fused: bool = True) -> torch.Tensor:
     """Φ (same arguments as :func:`gated_phi_reference`; ``chunk``: rows per chunk of the
     backward's scatter, default sized to the cache). At least one term or ``rows`` must be given.
     Runs the operator ``matris::gated_phi`` (:mod:`.native`) where it applies (SiLU, no active
     dropout) and has a kernel (float32/float64 CPU tensors with the C++ library, CUDA with Triton;
-    :func:`.backend.operators_run`); otherwise, or inside :func:`.backend.references`, the reference."""
+    :func:`.backend.operators_run`) and asked for (``fused``); otherwise the reference."""
     if norm not in NORMS:
         raise ValueError(f"gated_phi: norm must be one of {NORMS}, got {norm!r}")
     n = rows.shape[0] if rows is not None else terms[0][1].shape[0]
     projs, indices = [p for p, _ in terms], [i for _, i in terms]
     applies = act == "silu" and (dropout is None or not dropout.training or dropout.p == 0)
-    if not applies or n == 0 or not operators_run(rows, bias1, *projs, *indices):
+    if not (fused and applies) or n == 0 or not operators_run(rows, bias1, *projs, *indices):
         return gated_phi_reference(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weight, gate_bias,
                                    core_norm, gate_norm, eps, norm=norm, core_norm_bias=core_norm_bias,
                                    gate_norm_bias=gate_norm_bias, act=act, dropout=dropout)

@@ -56,11 +56,11 @@ def refine_edges_reference(u, q, src, tgt, num_segments: int, y=None, res_weight
 
 
 def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=None, b1=None, w2=None, b2=None,
-                 smooth: bool = False, chunk: int | None = None):
+                 smooth: bool = False, chunk: int | None = None, *, fused: bool = True):
     """:func:`refine_edges_reference` as the operator ``matris::refine_edges`` (``chunk``: rows per
-    chunk of the sums into R and ∂L/∂q); inside :func:`.backend.references` (the call's choice),
+    chunk of the sums into R and ∂L/∂q); ``fused`` False (the call's choice),
     or without a kernel here (no compiler, not float CPU tensors), the reference."""
-    if u.shape[0] == 0 or not operators_run(u, q, src, tgt, y, res_weight, w1, b1, w2, b2):
+    if not fused or u.shape[0] == 0 or not operators_run(u, q, src, tgt, y, res_weight, w1, b1, w2, b2):
         return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
     if chunk is None:
         chunk = max(64, CHUNK_BYTES // (u.shape[1] * u.element_size()))

@@ -8,7 +8,7 @@ from conftest import FOLDERS, evaluate, load_fixture_model, random_system
 from matris import MemoryLimitError, memory, settings
 from matris.errors import MatRISInputError
 from matris.graph import GraphBatch
-from matris.kernels import native
+from matris.kernels import Kernels, native
 
 
 @pytest.mark.parametrize("folder", FOLDERS[:3])
@@ -85,7 +85,7 @@ def test_streamed_levels_batches_features_and_weight_gradients(model64):
         for level in (0, 2, 3):
             model64.options.memory_level = level
             out = model64(g, return_node_features=True)
-            e_model = model64._energy(g, g.positions, None, level, kernels)[0]
+            e_model = model64._energy(g, g.positions, None, level, Kernels(kernels))[0]
             results[level] = out, torch.autograd.grad(e_model.sum(), params, allow_unused=True)
     finally:
         model64.options.memory_level = model64.options.kernels = model64.options.chunk_rows = None

@@ -104,7 +104,7 @@ def test_attention_pair_operator_passes_opcheck(dtype, form, e):
 def test_attention_pair_lse_gradients_equal_the_reference_in_float64(form):
     """attention_pair_lse (the operator, its backward folding ∂L/∂lse in) against its reference:
     every output, and the input gradients for a loss on all of them, empty segments included."""
-    from matris.kernels import attention_pair_lse, references
+    from matris.kernels import attention_pair_lse
 
     rows, weight, row_index, m, target, source, n, res, _ = _attention_sample(torch.float64, 37, form)
     g = torch.Generator().manual_seed(5)
@@ -114,9 +114,8 @@ def test_attention_pair_lse_gradients_equal_the_reference_in_float64(form):
     for fused, weight_grad in ((True, False), (True, True), (False, False)):
         xs = [rows.detach().clone().requires_grad_(True), m.detach().clone().requires_grad_(True)]
         w = weight.detach().clone().requires_grad_(weight_grad) if weight is not None else None
-        with references(not fused):
-            out = [o for o in attention_pair_lse(xs[0], w, row_index, xs[1], target, source, n, res)
-                   if o is not None]
+        out = [o for o in attention_pair_lse(xs[0], w, row_index, xs[1], target, source, n, res, fused=fused)
+               if o is not None]
         g.manual_seed(5)
         loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in out)
         results.append([o.detach() for o in out] + list(torch.autograd.grad(loss, xs)))

@@ -31,7 +31,7 @@ import torch
 from ..graph.batch import GraphBatch, line_graph
 from ..graph.neighbors import half_neighbor_list
 from ..graph.system import AtomicSystem
-from ..kernels import choose, merge_softmax
+from ..kernels import dispatch, merge_softmax
 from .halo import Comm, SimulatedComm, forward_exchange, image_indices, refreshed
 
 # where a block reads from other ranks: the exchanges of :func:`evaluate`, by step
@@ -237,7 +237,7 @@ def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] |
     v = (batch.positions[batch.bond_target] - batch.positions[batch.bond_source]).detach().requires_grad_(True)
     owned = torch.cat([torch.arange(n, device=dev) + start for n, start in zip(halo.n_local, halo.atom_start)])
     with model._frozen_weights(), torch.enable_grad():
-        atomic = model._energy(batch, batch.positions, None, 0, choose(dev, model.options.kernels), bond_vectors=v,
+        atomic = model._energy(batch, batch.positions, None, 0, dispatch(dev, model.options.kernels)[0], bond_vectors=v,
                                halo=halo)[3]
         atomic = atomic.index_select(0, owned)
         (dv,) = torch.autograd.grad(atomic.sum(), [v], allow_unused=True, materialize_grads=True)
@@ -284,7 +284,7 @@ def _starts(sizes: list[int]) -> list[int]:
 
 
 class RankHalo:
-    """The exchanges of :func:`evaluate` as the blocks' hook (:class:`matris.model.block.Halo`) for
+    """The exchanges of :func:`evaluate` as the blocks' hook (:class:`matris.model.block.HaloLines`) for
     this process's ranks side by side (:func:`_side_by_side`). The line graph's ends are each rank's
     short directed edges (``j`` and ``j + S`` the two ends of its short bond ``j``)."""
 

@@ -16,16 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import (
-    Segments,
-    attention_pair,
-    attention_pair_lse,
-    gated_phi,
-    gather_sum_activate_reference,
-    merge_softmax,
-    references,
-    scatter_sum,
-)
+from ..kernels import Kernels, attention_pair, attention_pair_lse, gated_phi, gather_sum_activate_reference
 from . import recompute
 from .layers import MLP, norm
 from .recompute import RowRecompute
@@ -40,8 +31,9 @@ def pool_directed(m: torch.Tensor) -> torch.Tensor:
 class SeparableAttention(nn.Module):
     """``(x, y) → (x', y')`` for node features x ``[n_nodes, d_x]`` and edge features y.
 
-    On the atom graph (``directed=True``) y holds one row per bond ``[B, d_y]`` and edge rows
-    are the ``2B`` directed edges (``y0 = y[d2u]``); on the line graph y is ``[A, d_y]``.
+    On the atom graph (:meth:`forward`) y holds one row per bond ``[B, d_y]`` and edge rows are
+    the ``2B`` directed edges (``y0 = y[d2u]``); on the line graph (:meth:`line_part`, a part of
+    the block's decomposition, :mod:`matris.model.block`) y is ``[A, d_y]`` for some angles.
     """
 
     def __init__(self, config, d_x: int, d_y: int, d_hidden: int):
@@ -53,100 +45,51 @@ class SeparableAttention(nn.Module):
         self.edge_nonlinear_update = phi(config, d_y + 2 * d_x, d_hidden, d_y)
         self.node_nonlinear_update = phi(config, d_x + 2 * d_y, d_hidden, d_x)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        tgt: torch.Tensor,
-        src: torch.Tensor,
-        d2u: torch.Tensor | None = None,
-        rows: RowRecompute | None = None,
-        segments: tuple[Segments, Segments] | None = None,
-        halo=None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``d2u`` (``[2B]``, directed edge → bond) marks the atom graph; None on the line graph.
-        ``rows``: the per-row work recomputed by row chunks in the backward passes (:class:`RowRecompute`).
-        ``segments`` (by target, by source) is the CSR order the CUDA kernels walk, made once per
-        graph. ``halo`` (line graph, :class:`matris.model.block.BlockGraph`): a domain
-        decomposition's rank, whose bonds' softmax runs per end and is merged across ranks."""
-        n = x.shape[0]
-        directed = d2u is not None
-        if rows is not None and not directed:
-            if rows.splits(y.shape[0]):
-                return self._line_by_rows(x, y, tgt, src, rows)
-            rows = None  # one chunk: as the rest of the block
-        m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], rows)
-        w_st = self._logit_weight()
-        if halo is not None:
-            t, s, y_new, lse_t, lse_s = attention_pair_lse(y, w_st, None, m, halo.angle_target_end,
-                                                           halo.angle_source_end, halo.n_ends,
-                                                           res_weight=self.edge_res_weight)
-            return self.node_update(x, *halo.line_softmax(t, lse_t, s, lse_s)), y_new
-        if directed:
-            # the logits are linear in y0 = y[d2u]: projected per bond, read per directed edge
-            t_agg, s_agg = attention_pair(y @ w_st.T, None, d2u, m, tgt, src, n, segments=segments)
-            y_new = torch.addcmul(pool_directed(m), self.edge_res_weight, y)
-            return self.node_update(x, t_agg, s_agg), y_new
-        # the edges' residual update y' = m + w ⊙ y in the same pass over the angle rows
-        t_agg, s_agg, y_new = attention_pair(y, w_st, None, m, tgt, src, n, res_weight=self.edge_res_weight,
-                                             segments=segments)
-        return self.node_update(x, t_agg, s_agg), y_new
+    def forward(self, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, d2u: torch.Tensor,
+                k: Kernels, rows: RowRecompute | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The atom-graph step: atoms ``x`` ``[N, d_x]``, bonds ``y`` ``[B, d_y]``, the directed edges'
+        atoms ``tgt``, ``src`` and bonds ``d2u`` ``[2B]``; ``k``: the call's kernels (with the CUDA
+        kernels' CSR segments); ``rows``: Φ recomputed by row chunks in the backward passes."""
+        m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], rows, k.fused)
+        # the logits are linear in y0 = y[d2u]: projected per bond, read per directed edge
+        t_agg, s_agg = attention_pair(y @ self._logit_weight().T, None, d2u, m, tgt, src, x.shape[0],
+                                      segments=k.atom_segments, fused=k.fused)
+        return self.node_update(x, t_agg, s_agg), torch.addcmul(pool_directed(m), self.edge_res_weight, y)
 
-    def _line_by_rows(self, x, y, tgt, src, rows: RowRecompute):
-        """The line-graph step inside training's block recomputation: everything per angle (Φ_edge,
-        the logits, the softmax weights and their sums into bonds, the angles' residual update) is
-        one node recomputed ``rows.chunk`` angles at a time in the backward passes
-        (:func:`matris.model.recompute.recomputed`), so only one chunk of angle rows is alive.
-        The softmax is split into its sums, ``t_agg = N/D`` with ``N = Σ w·m``, ``D = Σ w`` and
-        ``w = exp(α − s)``: ``s`` (each bond's largest logit, per channel) is a constant that
-        cancels in N/D, so the sums are row-wise and the gradients exact."""
-        n = x.shape[0]
-        shift = self.bond_shift(y, tgt, src, n, rows.chunk)
-        p_t, p_s = self.line_projections(x, tgt, src, y.shape[-1])
+    def line_part(self, y: torch.Tensor, x: torch.Tensor, angles, k: Kernels, partial: bool = False):
+        """The line-graph step's per-angle part on angles ``y`` ``[a, d_y]`` with their bonds'
+        features ``x`` ``[n, d_x]`` (``angles``: :class:`matris.model.block.Angles`, its local
+        numbering): each bond's softmax over these angles ``(T, lse_t, S, lse_s)`` ``[n, d_y]`` and the
+        angles' update ``y' = m + w ⊙ y``. ``partial``: the log-sum-exps too (a part of the angles,
+        merged by the caller); else they are None and ``T``, ``S`` final."""
+        m = self.edge_nonlinear_update.forward_terms([(y, None), (x, angles.tgt), (x, angles.src)], fused=k.fused)
+        if partial:
+            t, s, y_new, lse_t, lse_s = attention_pair_lse(y, self._logit_weight(), None, m, angles.tgt, angles.src,
+                                                           angles.n, res_weight=self.edge_res_weight, fused=k.fused)
+            return t, lse_t, s, lse_s, y_new
+        t, s, y_new = attention_pair(y, self._logit_weight(), None, m, angles.tgt, angles.src, angles.n,
+                                     res_weight=self.edge_res_weight, segments=k.line_segments, fused=k.fused)
+        return t, None, s, None, y_new
 
-        def arguments(inputs, use_fast, cut):
-            t, s = (tgt, src) if cut is None else (tgt[cut], src[cut])
-            return (*inputs, t, s, *shift, n), {"reference": not (use_fast and rows.fast)}
-
-        n_t, d_t, n_s, d_s, y_new = recompute.recomputed(_AttentionRows(self), arguments, [y, p_t, p_s], rows.chunk,
-                                               row_inputs=(True, False, False), n_rows=y.shape[0],
-                                               row_outputs=(False, False, False, False, True))
-        # a bond without angles has N = D = 0: its sums are 0, as the softmax's
-        return self.node_update(x, merge_softmax([(n_t, d_t, None)]), merge_softmax([(n_s, d_s, None)])), y_new
-
-    def line_projections(self, x: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, col: int):
-        """Φ_edge's first layer on the bonds ``x`` (their terms gathered at ``tgt`` and ``src``, from
-        column ``col``), once per step rather than per chunk of angles: ``(p_t, p_s)`` ``[B, 2·d_hidden]``."""
-        (p_t, _), (p_s, _) = project_terms(self.edge_nonlinear_update, [(x, tgt), (x, src)], col)
-        return p_t, p_s
-
-    def line_partial(self, y, p_t, p_s, tgt, src, n: int, sums: bool = True):
-        """The line-graph step on a part of the angles ``y`` ``[a, d_y]`` (a chunk of rows), given the
-        bonds' projections ``p_t``, ``p_s`` (:meth:`line_projections`): each bond's partial softmax
-        over these angles, ``(T, lse_t, S, lse_s)`` ``[n, d_y]`` (0 for a bond without angles here;
-        :func:`matris.kernels.merge_softmax` combines parts), and the angles' update ``y' = m + w ⊙ y``.
-        ``sums`` False: ``(y',)`` alone."""
-        m = self.edge_nonlinear_update.forward_terms([(y, None)], [(p_t, tgt), (p_s, src)])
-        if not sums:
-            return (torch.addcmul(m, self.edge_res_weight, y),)
-        t, s, y_new, lse_t, lse_s = attention_pair_lse(y, self._logit_weight(), None, m, tgt, src, n,
-                                                       res_weight=self.edge_res_weight)
-        return t, lse_t, s, lse_s, y_new
+    def line_update(self, y: torch.Tensor, x: torch.Tensor, angles, k: Kernels) -> torch.Tensor:
+        """The angles' update ``y' = m + w ⊙ y`` of :meth:`line_part` alone (no softmax)."""
+        m = self.edge_nonlinear_update.forward_terms([(y, None), (x, angles.tgt), (x, angles.src)], fused=k.fused)
+        return torch.addcmul(m, self.edge_res_weight, y)
 
     @torch.no_grad()
-    def bond_shift(self, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, n: int, chunk: int):
+    def logit_max(self, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, n: int, chunk: int):
         """Each bond's largest logit per channel over its angles ``y`` (target side, source side;
-        0 for a bond without angles): the softmax's constant shift, by chunks of angles (the logits
-        of all angles at once would be ``[A, 2·d_y]``)."""
+        0 for a bond without angles) ``[n, d_y]`` each: the split softmax's shift, by chunks of
+        angles (the logits of all angles at once would be ``[A, 2·d_y]``)."""
         d = y.shape[-1]
         w_st = self._logit_weight()
         shift = [y.new_full((n, d), float("-inf")) for _ in range(2)]
         for lo in range(0, y.shape[0], chunk):
             alpha = y[lo : lo + chunk] @ w_st.T
-            for s, k, index in ((shift[0], 1, tgt), (shift[1], 0, src)):
+            for s, side, index in ((shift[0], 1, tgt), (shift[1], 0, src)):
                 idx = index[lo : lo + chunk].unsqueeze(1).expand(-1, d)
-                s.scatter_reduce_(0, idx, alpha[:, k * d : (k + 1) * d], "amax", include_self=True)
-        return [s.nan_to_num_(neginf=0.0) for s in shift]  # a bond without angles: 0, as segment_max
+                s.scatter_reduce_(0, idx, alpha[:, side * d : (side + 1) * d], "amax", include_self=True)
+        return [s.nan_to_num_(neginf=0.0) for s in shift]
 
     def _logit_weight(self) -> torch.Tensor:
         """``[2·d_y, d_y]``: the source and target logit projections, stacked."""
@@ -161,28 +104,6 @@ class SeparableAttention(nn.Module):
         # x' = Φ(...) + w ⊙ x as one op (addcmul): one pass and one allocation, not two
         return torch.addcmul(self.node_nonlinear_update(torch.cat([x, t_agg, s_agg], dim=-1)), self.node_res_weight, x)
 
-
-class _AttentionRows(nn.Module):
-    """The per-angle part of a line-graph attention step, row-wise in the angles ``y`` (see
-    :meth:`SeparableAttention._line_by_rows`): ``(y [A, d_y], p_t, p_s [B, 2·d_hidden]) → (N_t, D_t,
-    N_s, D_s)`` ``[B, d_y]`` (sums over the rows) and ``y' = m + w ⊙ y`` ``[A, d_y]``; ``p_t``,
-    ``p_s``: the bonds' projections by Φ_edge's first layer (:func:`matris.model.attention.project_terms`),
-    gathered at ``tgt`` and ``src``; ``reference``: the references (a recomputation's composed call)."""
-
-    def __init__(self, attention: SeparableAttention):
-        super().__init__()
-        self.attention = attention
-
-    def forward(self, y, p_t, p_s, tgt, src, shift_t, shift_s, n: int, reference: bool = False):
-        att = self.attention
-        with references(reference):
-            m = att.edge_nonlinear_update.forward_terms([(y, None)], [(p_t, tgt), (p_s, src)])
-        alpha_s, alpha_t = (y @ att._logit_weight().T).split(y.shape[-1], dim=-1)
-        sums = []
-        for alpha, shift, index in ((alpha_t, shift_t, tgt), (alpha_s, shift_s, src)):
-            w = torch.exp(alpha - shift.index_select(0, index))
-            sums += [scatter_sum(w * m, index, n), scatter_sum(w, index, n)]
-        return (*sums, torch.addcmul(m, att.edge_res_weight, y))
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
 
@@ -201,9 +122,9 @@ def _projections(weight: torch.Tensor, terms: list[Term], col: int) -> list[Term
 
 def project_terms(module: nn.Module, terms: list[Term], col: int) -> list[Term]:
     """The first-layer projections ``(f_k · W[:, cols_k]ᵀ [n_k, Σ out], idx_k)`` of Φ's ``terms``
-    placed from column ``col`` of its input: what ``forward_terms(..., projected=)`` takes. A
-    row-chunked recomputation (:mod:`matris.model.recompute`) takes the per-node terms so,
-    projected once per step rather than once per chunk of rows."""
+    placed from column ``col`` of its input: what ``forward_terms(..., projected=)`` takes. The atom
+    graph's Φ recomputed by row chunks (:func:`recomputed_phi`) takes the per-node terms so, projected
+    once per step rather than once per chunk of rows."""
     return _projections(first_weight(module), terms, col)
 
 
@@ -228,13 +149,13 @@ class GatedMLP(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         # one input (the node updates): its two Linears, the reference, bit for bit the published code
-        with references():
-            return self.forward_terms([(z, None)])
+        return self.forward_terms([(z, None)], fused=False)
 
-    def forward_terms(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
+    def forward_terms(self, terms: list[Term], projected: list[Term] = (), fused: bool = True) -> torch.Tensor:
         """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation (the
         per-row term, index None, is multiplied inside the operator; the others are projected per
-        node and gathered). ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``."""
+        node and gathered). ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``.
+        ``fused``: the operator's kernel where it has one (False: its reference)."""
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = first_weight(self)
@@ -248,15 +169,15 @@ class GatedMLP(nn.Module):
         return gated_phi(rows, row_weight, gathered, torch.cat([c0.bias, g0.bias]), c3.weight, c3.bias, g3.weight,
                          g3.bias, cn.weight, gn.weight, eps, norm=self.norm_type,
                          core_norm_bias=getattr(cn, "bias", None), gate_norm_bias=getattr(gn, "bias", None),
-                         act=self.act_name, dropout=self.mlp_core.layers[2])
+                         act=self.act_name, dropout=self.mlp_core.layers[2], fused=fused)
 
 
 class NormedMLP(nn.Sequential):
     """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``.
     It has no fused form: the composed PyTorch ops on every device."""
 
-    def forward_terms(self, terms: list[Term], projected: list[Term] = ()) -> torch.Tensor:
-        """As :meth:`GatedMLP.forward_terms`."""
+    def forward_terms(self, terms: list[Term], projected: list[Term] = (), fused: bool = True) -> torch.Tensor:
+        """As :meth:`GatedMLP.forward_terms` (no fused form: ``fused`` is ignored)."""
         layers = self[0].layers
         first = _projections(layers[0].weight, terms, 0) + list(projected)
         hidden = layers[2](gather_sum_activate_reference(first, layers[0].bias, self[0].act_name))
@@ -282,12 +203,12 @@ def term_rows(terms: list[Term]) -> int:
     return next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
 
 
-def call_phi(module: nn.Module, terms: list[Term], rows: RowRecompute | None = None) -> torch.Tensor:
-    """``module.forward_terms(terms)``; ``rows``: recomputed by row chunks in the backward passes
-    where the rows make several chunks."""
+def call_phi(module: nn.Module, terms: list[Term], rows: RowRecompute | None, fused: bool) -> torch.Tensor:
+    """``module.forward_terms(terms, fused=fused)``; ``rows``: recomputed by row chunks in the backward
+    passes where the rows make several chunks."""
     if rows is None or not rows.splits(term_rows(terms)):
-        return module.forward_terms(terms)
-    return recomputed_phi(module, terms, rows.fast, rows.chunk)
+        return module.forward_terms(terms, fused=fused)
+    return recomputed_phi(module, terms, rows.kernels.fused, rows.chunk)
 
 
 def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
@@ -308,7 +229,7 @@ def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> to
     def arguments(inputs, use_fast, rows):
         cut = indices if rows is None else [i[rows] if i is not None else None for i in indices]
         pairs = list(zip(inputs, cut))
-        return (pairs[: len(lead)], pairs[len(lead):]), {"reference": not (use_fast and fast)}
+        return (pairs[: len(lead)], pairs[len(lead):]), {"fused": use_fast and fast}
 
     (out,) = recompute.recomputed(_PhiTerms(module), arguments, feats, chunk, row_inputs, n_rows)
     return out
@@ -321,6 +242,5 @@ class _PhiTerms(nn.Module):
         super().__init__()
         self.phi = phi
 
-    def forward(self, terms, projected, reference=False):
-        with references(reference):
-            return (self.phi.forward_terms(terms, projected),)
+    def forward(self, terms, projected, fused=False):
+        return (self.phi.forward_terms(terms, projected, fused),)

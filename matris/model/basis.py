@@ -3,7 +3,7 @@
 All functions take lengths in Å and angles in radians and return ``[n, K]`` tensors in the
 dtype of their input. These PyTorch forms are the references; the operators of
 ``matris.kernels.basis`` (Triton kernels on CUDA, C++ kernels on a CPU) compute the same values
-(inside ``matris.kernels.backend.references()``: the references). Constants that
+(``fused=False``: the references). Constants that
 the reference keeps in float32 (SH coefficients and factor, Gaussian centres) enter float64
 computations as their float32 values, so float64 results match the reference to rounding; the
 Fourier basis's constant term is 1/√2 in the compute dtype, as in the official 1.0 code. The
@@ -38,8 +38,8 @@ class BesselExpansion(nn.Module):
         self.envelope_exponent = int(envelope_exponent)
         _frequencies(self, torch.arange(1, num_radial + 1, dtype=torch.float32) * math.pi, learnable)
 
-    def forward(self, r: torch.Tensor) -> torch.Tensor:
-        return ops.bessel(r, self.frequencies, self.cutoff, self.envelope_exponent)
+    def forward(self, r: torch.Tensor, fused: bool = True) -> torch.Tensor:
+        return ops.bessel(r, self.frequencies, self.cutoff, self.envelope_exponent, fused)
 
 
 class GaussianExpansion(nn.Module):
@@ -49,7 +49,7 @@ class GaussianExpansion(nn.Module):
         super().__init__()
         self.register_buffer("offset", torch.linspace(0, cutoff, num_radial, dtype=torch.float32))
 
-    def forward(self, r: torch.Tensor) -> torch.Tensor:
+    def forward(self, r: torch.Tensor, fused: bool = True) -> torch.Tensor:
         mu = self.offset.to(r.dtype)
         coeff = -0.5 / (2 * (mu[1] - mu[0])) ** 2
         return torch.exp(coeff * (r.unsqueeze(-1) - mu) ** 2)
@@ -65,8 +65,8 @@ class FourierExpansion(nn.Module):
         self.constant = float(constant)
         _frequencies(self, torch.arange(1, (num_angular - 1) // 2 + 1, dtype=torch.float32), learnable)
 
-    def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None) -> torch.Tensor:
-        return ops.fourier(theta, self.frequencies, self.constant)
+    def forward(self, theta: torch.Tensor, rho: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
+        return ops.fourier(theta, self.frequencies, self.constant, fused)
 
 
 class SphericalExpansion(nn.Module):
@@ -82,5 +82,5 @@ class SphericalExpansion(nn.Module):
         self.max_n = int(max_n)
         self.register_buffer("factor", torch.tensor(math.sqrt(2 / float(cutoff) ** 3), dtype=torch.float32))
 
-    def forward(self, theta: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-        return ops.spherical(theta, rho, self.factor, self.max_l, self.max_n)
+    def forward(self, theta: torch.Tensor, rho: torch.Tensor, fused: bool = True) -> torch.Tensor:
+        return ops.spherical(theta, rho, self.factor, self.max_l, self.max_n, fused)

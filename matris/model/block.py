@@ -1,21 +1,91 @@
-"""One interaction block (spec §5): line-graph attention, atom-graph attention, then Refine."""
+"""One interaction block (spec §5), written once as its parts; every memory path drives the same parts.
+
+A block maps atoms ``h`` ``[N, d_n]``, bonds ``e`` ``[B, d_e]`` and angles ``a`` ``[A, d_t]`` to new
+ones in four steps, in the order of :meth:`InteractionBlock.forward` (the one place it is written):
+line-graph attention, atom-graph attention, line-graph Refine, atom-graph Refine. Each line-graph
+step is
+
+- a **per-angle part** (:meth:`~InteractionBlock.line_attention`, :meth:`~InteractionBlock.line_refine`):
+  row-wise in the angles given their bonds' and atoms' features, so it runs on any chunk of angles
+  (:class:`Angles`, which reads and writes only the bonds and atoms the chunk touches). It is the
+  widest work of the model (~20 angles per bond);
+- a **reduction into the bonds**: Refine's sums ``R`` are added over chunks; the attention's softmax
+  per bond is merged from the chunks' partial softmaxes in one form: a chunk gives ``(T_c, lse_c)``
+  (its softmax aggregate and log-sum-exp, :func:`matris.kernels.attention_pair_lse`), which relative
+  to the bond's largest logit ``s`` (:meth:`~matris.model.attention.SeparableAttention.logit_max`)
+  are the sums ``N_c = T_c·exp(lse_c − s)``, ``D_c = exp(lse_c − s)`` (:meth:`Angles.sums`); the
+  softmax is ``ΣN_c / ΣD_c`` (``s`` cancels);
+- the **bonds' update** from those (:meth:`~InteractionBlock.bonds_attended`, ``bonds_refined``).
+
+The atom-graph steps are per bond and atom. A memory path is a driver of the per-angle parts
+(:class:`Lines`): all angles at once (levels 0 and 1; level 1 recomputes each step in the backward
+pass), a domain rank's angles with its halo's merges as the reduction (:class:`HaloLines`), each part
+a node recomputed by chunks (training's rows, :class:`RowLines`), or chunks streamed without a graph
+with one hand-written backward (levels 2–3, :mod:`matris.model.stream`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..kernels import references
+from ..kernels import REFERENCES, Kernels, merge_softmax
 from . import recompute
 from .attention import SeparableAttention
 from .config import MatRISConfig
 from .recompute import RowRecompute
 from .refine import Refine
+
+
+@dataclass(eq=False)
+class Angles:
+    """Some angles (all, a chunk, a rank's) in a local numbering of the bonds and atoms they touch.
+
+    tgt, src ``[a]``: each angle's target and source bond, local (``n`` local bonds); atom ``[a]``: its
+    centre atom, local; bonds ``[n]``, atoms: the bond and atom of each local number (None: the
+    numbering is the graph's); rows: the angles' slice (None: all); present: (by target, by source)
+    ``[n, 1]`` whether a local bond has angles here (None: one part holds all of every bond's)."""
+
+    tgt: torch.Tensor
+    src: torch.Tensor
+    atom: torch.Tensor
+    n: int
+    bonds: torch.Tensor | None = None
+    atoms: torch.Tensor | None = None
+    rows: slice | None = None
+    present: tuple | None = None
+
+    @classmethod
+    def chunk(cls, g: "BlockGraph", rows: slice) -> "Angles":
+        """The angles ``rows`` of ``g`` with the bonds and atoms they touch: a pass over all chunks
+        costs the angles', not chunks × bonds."""
+        t, s = g.angle_target_bond[rows], g.angle_source_bond[rows]
+        bonds, local = torch.unique(torch.cat([t, s]), return_inverse=True)
+        atoms, atom = torch.unique(g.angle_atom[rows], return_inverse=True)
+        tgt, src = local[: t.shape[0]], local[t.shape[0]:]
+        present = tuple(torch.bincount(i, minlength=bonds.shape[0]).gt(0).unsqueeze(1) for i in (tgt, src))
+        return cls(tgt, src, atom, bonds.shape[0], bonds, atoms, rows, present)
+
+    def of_bonds(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.bonds is None else x.index_select(0, self.bonds)
+
+    def of_atoms(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.atoms is None else x.index_select(0, self.atoms)
+
+    def to_bonds(self, x: torch.Tensor, n_bonds: int) -> torch.Tensor:
+        """Local rows ``[n, C]`` → ``[n_bonds, C]`` (zero at the bonds not touched)."""
+        return x.new_zeros((n_bonds, x.shape[1])).index_copy(0, self.bonds, x)
+
+    def sums(self, t: torch.Tensor, lse: torch.Tensor, side: int, shift: torch.Tensor):
+        """``(N, D)`` ``[n, C]`` of one side's partial softmax ``(T, lse)`` (side 0: by target, 1: by
+        source) relative to the local bonds' ``shift`` (see the module docstring); 0 at a bond
+        without angles on that side here."""
+        d = torch.exp(torch.where(self.present[side], lse - shift, float("-inf")))
+        return t * d, d
 
 
 @dataclass
@@ -25,20 +95,17 @@ class BlockGraph:
     edge_target, edge_source: ``[2B]`` atoms of each directed edge; edge_bond: ``[2B]`` d2u.
     angle_atom, angle_target_bond, angle_source_bond: ``[A]``.
     rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
+    kernels: the call's kernels (:class:`matris.kernels.Kernels`, with the CUDA kernels' CSR segments).
     checkpoint: 1 recomputes each of the four steps in the backward pass (inference memory level 1,
     same numbers); 0 keeps their activations.
-    kernels: :func:`matris.kernels.choose`'s choice: ``"torch"`` runs each step inside
-    :func:`matris.kernels.references`, else the operators' kernels (C++ on a CPU, Triton on CUDA).
-    atom_segments, line_segments: (by target, by source) :class:`matris.kernels.Segments`, the
-    CSR order the CUDA kernels walk (made once per graph); None on a CPU.
-    row_chunks: training's block recomputation (:mod:`matris.model.recompute`) recomputes, inside
-    it, the per-angle work of each line-graph step and the atom graph's Φ by row chunks (None:
-    as the rest of the block).
+    rows: training's block recomputation recomputes, inside it, the per-angle parts and the atom
+    graph's Φ by row chunks (:class:`RowLines`; None: as the rest of the block).
     halo: a domain decomposition's rank (:class:`matris.domain.evaluate.RankHalo`; None for a whole
-    system), called where a block reads what other ranks hold: its ``line_softmax`` and ``line_sums``
-    merge the line graph's per-end results (``angle_target_end``, ``angle_source_end`` ``[A]`` number
-    the angles' ends, ``n_ends`` of them, ``end_bond`` their bonds) into the bonds', its ``atoms``
-    refreshes the ghost atoms' features after the atom-graph steps; ``has_angles`` is global.
+    system): the line graph's local numbering is its bonds' ends (``angle_target_end``,
+    ``angle_source_end`` ``[A]``, ``n_ends``, ``end_bond``), its ``line_softmax`` and ``line_sums``
+    merge their results into the bonds', its ``atoms`` refreshes the ghost atoms' features after the
+    atom-graph steps; ``has_angles`` is global.
+    lines: the driver of the per-angle parts (default: :class:`Lines`, or :class:`HaloLines`).
     """
 
     edge_target: torch.Tensor
@@ -49,16 +116,37 @@ class BlockGraph:
     angle_source_bond: torch.Tensor
     rbf_pair: torch.Tensor
     rbf_3b: torch.Tensor
+    kernels: Kernels = REFERENCES
     checkpoint: int = 0
-    kernels: str = "torch"
-    atom_segments: tuple | None = None
-    line_segments: tuple | None = None
-    row_chunks: RowRecompute | None = None
+    rows: RowRecompute | None = None
     halo: object | None = None
+    lines: "Lines | None" = None
+    chunks: dict = field(default_factory=dict)  # Angles of the row chunks, made once per graph
+
+    def __post_init__(self):
+        if self.lines is None:
+            self.lines = HaloLines() if self.halo is not None else Lines()
 
     @property
     def has_angles(self) -> bool:
         return self.halo.has_angles if self.halo is not None else self.angle_atom.shape[0] > 0
+
+    @property
+    def n_bonds(self) -> int:
+        return self.rbf_3b.shape[0]
+
+    def angles(self) -> Angles:
+        """All angles: in the bonds' numbering, or a rank's bonds' ends."""
+        if self.halo is not None:
+            h = self.halo
+            return Angles(h.angle_target_end, h.angle_source_end, self.angle_atom, h.n_ends, bonds=h.end_bond)
+        return Angles(self.angle_target_bond, self.angle_source_bond, self.angle_atom, self.n_bonds)
+
+    def chunk(self, rows: slice) -> Angles:
+        key = (rows.start, rows.stop)
+        if key not in self.chunks:
+            self.chunks[key] = Angles.chunk(self, rows)
+        return self.chunks[key]
 
 
 class InteractionBlock(nn.Module):
@@ -79,53 +167,156 @@ class InteractionBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``last``: the model's last block, whose Refine steps skip FFN_edge (their bond and angle
         updates reach no output; ``e`` and ``a`` come back as the attention left them)."""
-        step = functools.partial(_step, g)
         # a bond without angles (a dimer, or a whole batch without any) takes the line-graph steps'
         # update of empty sums, as in the official MatRIS 1.0: the same alone and in any batch
         if g.has_angles:
-            e, a = step(self.attn_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond)
+            e, a = _step(g, g.lines.attention, self, e, a, g)
         else:
-            e = call_with(g.kernels == "torch", self.attn_block_line_graph.empty_update, e)
-        h, e = step(self.attn_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, d2u=g.edge_bond)
+            e = self.attn_block_line_graph.empty_update(e)
+        h, e = _step(g, self.atom_attention, h, e, g)
         if g.halo is not None:
             h = g.halo.atoms(h, "atom_attention")
         if g.has_angles:
-            e, a = step(self.refine_block_line_graph, "line", e, a, g.angle_target_bond, g.angle_source_bond,
-                        g.rbf_3b, extra=(h, g.angle_atom), update_edges=not last)
+            e, a = _step(g, g.lines.refine, self, h, e, a, g, last)
         else:
-            e = call_with(g.kernels == "torch", self.refine_block_line_graph.empty_update, e)
-        h, e = step(self.refine_block_atom_graph, "atom", h, e, g.edge_target, g.edge_source, g.rbf_pair,
-                    d2u=g.edge_bond, update_edges=not last)
+            e = self.refine_block_line_graph.empty_update(e)
+        h, e = _step(g, self.atom_refine, h, e, g, last)
         if g.halo is not None and not last:
             h = g.halo.atoms(h, "atom_refine")
         return h, e, a
 
+    # the per-angle parts: on the angles ``angles`` (rows ``a`` of them) and their bonds' and atoms' rows
+    def line_attention(self, a, e, angles: Angles, k: Kernels, partial: bool = False):
+        """``(T, lse_t, S, lse_s, a_mid)``: the bonds' softmax over these angles (``partial``: with
+        the log-sum-exps, for a merge) and the angles' update (see
+        :meth:`matris.model.attention.SeparableAttention.line_part`)."""
+        return self.attn_block_line_graph.line_part(a, angles.of_bonds(e), angles, k, partial)
 
-def _step(g: BlockGraph, module: nn.Module, kind: str, *args, **kwargs):
-    """One step of a block (attention or Refine, on the ``"line"`` or ``"atom"`` graph) with the
-    graph's kernels and memory setting."""
-    kwargs["rows"] = g.row_chunks
-    if isinstance(module, SeparableAttention):  # the CUDA kernels' CSR segments
-        kwargs["segments"] = g.line_segments if kind == "line" else g.atom_segments
-    if kind == "line" and g.halo is not None:
-        kwargs["halo"] = g.halo
-    reference = g.kernels == "torch"
-    if g.checkpoint:  # the recomputation in the backward pass enters the same choice
-        return torch.utils.checkpoint.checkpoint(call_with, reference, module, *args, use_reentrant=False, **kwargs)
-    return call_with(reference, module, *args, **kwargs)
+    def line_refine(self, a, h, e, rbf_3b, angles: Angles, k: Kernels, last: bool = False):
+        """``(R, a_next)``: Refine's sums over these angles ``[n, d_e]`` and the angles' update."""
+        return self.refine_block_line_graph.line_part(a, angles.of_bonds(e), angles.of_atoms(h),
+                                                      angles.of_bonds(rbf_3b), angles, k, not last)
+
+    # the bonds' and atoms' parts
+    def bonds_attended(self, e, t, s):
+        """The bonds' update by the line attention's softmax aggregates ``T``, ``S`` ``[B, d_t]``."""
+        return self.attn_block_line_graph.node_update(e, t, s)
+
+    def bonds_refined(self, e, r):
+        """The bonds' update by the line Refine's sums ``R`` ``[B, d_t]``."""
+        return self.refine_block_line_graph.node_update(e, r)
+
+    def atom_attention(self, h, e, g: BlockGraph):
+        return self.attn_block_atom_graph(h, e, g.edge_target, g.edge_source, g.edge_bond, g.kernels, g.rows)
+
+    def atom_refine(self, h, e, g: BlockGraph, last: bool = False):
+        return self.refine_block_atom_graph(h, e, g.edge_target, g.edge_source, g.rbf_pair, g.edge_bond, g.kernels,
+                                            g.rows, update_edges=not last)
 
 
-def call_with(reference: bool, module: nn.Module, *args, **kwargs):
-    """``module(*args, **kwargs)`` on the operators' references (``reference``) or their kernels."""
-    with references(reference):
-        return module(*args, **kwargs)
+def _step(g: BlockGraph, fn, *args):
+    """One step of a block; at memory level 1 recomputed in the backward pass (its kernels are an
+    argument, so the recomputation runs the same ones)."""
+    if g.checkpoint:
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+class Lines:
+    """The per-angle parts on all angles at once, with the whole graph's kernels (levels 0, 1)."""
+
+    def attention(self, block: InteractionBlock, e, a, g: BlockGraph):
+        t, _, s, _, a_mid = block.line_attention(a, e, g.angles(), g.kernels)
+        return block.bonds_attended(e, t, s), a_mid
+
+    def refine(self, block: InteractionBlock, h, e, a, g: BlockGraph, last: bool):
+        r, a_next = block.line_refine(a, h, e, g.rbf_3b, g.angles(), g.kernels, last)
+        return block.bonds_refined(e, r), a_next
+
+
+class HaloLines(Lines):
+    """A domain rank's angles, numbered by its bonds' ends: the per-end results merged across
+    ranks by the halo (the partial softmaxes in the form of the module docstring)."""
+
+    def attention(self, block, e, a, g):
+        t, lse_t, s, lse_s, a_mid = block.line_attention(a, e, g.angles(), g.kernels, partial=True)
+        return block.bonds_attended(e, *g.halo.line_softmax(t, lse_t, s, lse_s)), a_mid
+
+    def refine(self, block, h, e, a, g, last):
+        r, a_next = block.line_refine(a, h, e, g.rbf_3b, g.angles(), g.kernels, last)
+        return block.bonds_refined(e, g.halo.line_sums(r)), a_next
+
+
+class RowLines(Lines):
+    """Inside training's block recomputation: each per-angle part is one node recomputed
+    ``g.rows.chunk`` angles at a time in the backward passes (:func:`matris.model.recompute.recomputed`),
+    so only one chunk's angle rows are alive; the reduction's sums are the node's summed outputs."""
+
+    def attention(self, block, e, a, g):
+        n_angles, rows = a.shape[0], g.rows
+        if not rows.splits(n_angles):  # one chunk: as the rest of the block
+            return super().attention(block, e, a, g)
+        shift = block.attn_block_line_graph.logit_max(a, g.angle_target_bond, g.angle_source_bond, g.n_bonds,
+                                                      rows.chunk)
+        out = recompute.recomputed(_Part(block, "attention"), _arguments(g, shift), [a, e], rows.chunk,
+                                   row_inputs=(True, False), n_rows=n_angles,
+                                   row_outputs=(False, False, False, False, True))
+        n_t, d_t, n_s, d_s, a_mid = out
+        # a bond without angles has N = D = 0: its aggregates are 0, as the softmax's
+        return block.bonds_attended(e, merge_softmax([(n_t, d_t, None)]), merge_softmax([(n_s, d_s, None)])), a_mid
+
+    def refine(self, block, h, e, a, g, last):
+        n_angles, rows = a.shape[0], g.rows
+        if not rows.splits(n_angles):
+            return super().refine(block, h, e, a, g, last)
+        out = recompute.recomputed(_Part(block, "refine"), _arguments(g, last), [a, h, e, g.rbf_3b], rows.chunk,
+                                   row_inputs=(True, False, False, False), n_rows=n_angles,
+                                   row_outputs=(False,) if last else (False, True))
+        return block.bonds_refined(e, out[0]), (a if last else out[1])
+
+
+def _arguments(g: BlockGraph, extra):
+    """The ``arguments`` of a recomputed :class:`_Part`: its inputs, the chunk of ``rows`` (None:
+    all), the graph's bonds and ``extra``; the row recomputation's fast kernels or the references."""
+    n_angles = g.angle_atom.shape[0]
+
+    def arguments(inputs, use_fast, rows):
+        k = g.rows.kernels if use_fast else REFERENCES
+        return (*inputs, g.chunk(rows or slice(0, n_angles)), g.n_bonds, extra, k), {}
+
+    return arguments
+
+
+class _Part(nn.Module):
+    """A per-angle part on a chunk of angles with its reduction into all bonds, as a module call
+    returning a tuple (the form :func:`matris.model.recompute.recomputed` takes): ``"attention"``
+    ``(a, e, angles, n_bonds, shift, k)`` → ``(N_t, D_t, N_s, D_s)`` ``[B, d_t]`` and ``a_mid``;
+    ``"refine"`` ``(a, h, e, rbf_3b, angles, n_bonds, last, k)`` → ``R`` ``[B, d_t]`` (and ``a_next``)."""
+
+    def __init__(self, block: InteractionBlock, part: str):
+        super().__init__()
+        # the step's own parameters only (the gradients the node returns); the block is not a submodule
+        self.step = block.attn_block_line_graph if part == "attention" else block.refine_block_line_graph
+        object.__setattr__(self, "block", block)
+        self.part = part
+
+    def forward(self, *args):
+        if self.part == "attention":
+            a, e, angles, n_bonds, shift, k = args
+            t, lse_t, s, lse_s, a_mid = self.block.line_attention(a, e, angles, k, partial=True)
+            sums = [*angles.sums(t, lse_t, 0, angles.of_bonds(shift[0])),
+                    *angles.sums(s, lse_s, 1, angles.of_bonds(shift[1]))]
+            return (*[angles.to_bonds(x, n_bonds) for x in sums], a_mid)
+        a, h, e, rbf_3b, angles, n_bonds, last, k = args
+        r, a_next = self.block.line_refine(a, h, e, rbf_3b, angles, k, last)
+        return (angles.to_bonds(r, n_bonds),) if last else (angles.to_bonds(r, n_bonds), a_next)
 
 
 def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, fast: BlockGraph,
                        exact: BlockGraph, last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``block(h, e, a, graph, last)`` with its activations recomputed in the backward passes (see
-    the module docstring). ``fast`` and ``exact``: the same graph with the call's fast kernels and
-    with the composed ops (and the nested row recomputations); their ``rbf_pair`` and ``rbf_3b`` are
+    """``block(h, e, a, graph, last)`` with its activations recomputed in the backward passes
+    (:mod:`matris.model.recompute`). ``fast`` and ``exact``: the same graph with the call's fast kernels and
+    with the references (and the nested row recomputations); their ``rbf_pair`` and ``rbf_3b`` are
     the bases the block reads."""
 
     def arguments(inputs, use_fast, rows):
@@ -136,6 +327,6 @@ def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: to
     # where rows nest (the rows mode, rows that make several chunks) the first-order pass runs the
     # composed call, whose nested row nodes run theirs fast chunk by chunk: a whole block's rows
     # on the fast kernels would hold hundreds of MB per block of a 64-atom cell
-    rc = exact.row_chunks
+    rc = exact.rows
     nests = rc is not None and (rc.splits(exact.angle_atom.shape[0]) or rc.splits(exact.edge_target.shape[0]))
     return recompute.recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b], fast_first_order=not nests)

@@ -51,10 +51,11 @@ class EdgeEmbedding(nn.Module):
         self.edge_init_norm = nn.LayerNorm(d, eps=1e-5)
         self.swish_layer = SwishLayer(d, d)
 
-    def forward(self, bond_length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """bond_length ``[B]`` Å → (e ``[B, d_e]``, rbf_pair ``[B, K]``, rbf_3b ``[B, K]``)."""
-        rbf_pair = self.pairwise_rbf_expansion(bond_length)
-        rbf_3b = self.threebody_rbf_expansion(bond_length)
+    def forward(self, bond_length: torch.Tensor, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """bond_length ``[B]`` Å → (e ``[B, d_e]``, rbf_pair ``[B, K]``, rbf_3b ``[B, K]``); ``fused``:
+        the basis operators' kernels (False: their references)."""
+        rbf_pair = self.pairwise_rbf_expansion(bond_length, fused)
+        rbf_3b = self.threebody_rbf_expansion(bond_length, fused)
         e = self.swish_layer(self.edge_init_norm(self.edge_linear2(self.edge_linear1(rbf_pair))))
         return e, rbf_pair, rbf_3b
 
@@ -71,5 +72,5 @@ class ThreeBodyEmbedding(nn.Module):
         self.angle_embedding = nn.Linear(config.three_body_basis_size, config.three_body_feat_dim, bias=False)
         self.swish_layer = SwishLayer(config.three_body_feat_dim, config.three_body_feat_dim)
 
-    def forward(self, theta: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-        return self.swish_layer(self.angle_embedding(self.expansion(theta, rho)))
+    def forward(self, theta: torch.Tensor, rho: torch.Tensor, fused: bool = True) -> torch.Tensor:
+        return self.swish_layer(self.angle_embedding(self.expansion(theta, rho, fused)))

@@ -15,11 +15,11 @@ from .. import log, memory
 from ..errors import MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, atom_element, element_symbol
-from ..kernels import choose
+from ..kernels import REFERENCES, Kernels, dispatch
 from ..settings import MOVED_TO_OPTIONS, RunOptions
 from ..targets import DEFAULT_TARGETS
 from . import stream
-from .block import BlockGraph, InteractionBlock, call_with, checkpointed_block
+from .block import BlockGraph, InteractionBlock, RowLines, checkpointed_block
 from .checkpoint import CheckpointIO
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
@@ -279,9 +279,9 @@ class MatRIS(CheckpointIO, nn.Module):
         if compute_stress:
             # zero symmetric strain ε = ½(s + sᵀ) per structure; ∂E/∂s gives the virial
             strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
-        # decided on the host, outside the (possibly compiled) energy function
-        kernels = choose(positions.device, self.options.kernels, create_graph)  # the one place it is chosen
-        level = memory.inference_level(self, g, positions.dtype, create_graph, kernels,
+        # decided on the host, outside the (possibly compiled) energy function: the one place it is chosen
+        kernels, fast = dispatch(positions.device, self.options.kernels, create_graph)
+        level = memory.inference_level(self, g, positions.dtype, create_graph, kernels.name,
                                        backward=compute_forces or compute_stress)
         # the compiled backward keeps what its partitioner chooses, not what the memory levels recompute
         # (measured: 17 GB against 4.8 GB eager for Si512): below level 0 the call runs eagerly
@@ -295,7 +295,6 @@ class MatRIS(CheckpointIO, nn.Module):
         # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
         # where no weight gradient is wanted (the forward, the input gradients of the force computation)
         recompute_mode = memory.training_mode(self, create_graph, g, positions.dtype)
-        block_kernels = choose(positions.device, self.options.kernels) if recompute_mode != "none" else None
         if compiled:
             if self._compiled is None:
                 # the first compiled call traces and generates code for tens of seconds to minutes
@@ -306,9 +305,9 @@ class MatRIS(CheckpointIO, nn.Module):
             energy_fn = self._compiled
         else:
             energy_fn = self._energy
-        e_model, h_norm, features, atomic_model = energy_fn(g, positions, strain, level, kernels, return_node_features,
-                                                            block_kernels=block_kernels,
-                                                            row_chunks=recompute_mode == "rows")
+        e_model, h_norm, features, atomic_model = energy_fn(
+            g, positions, strain, level, kernels, return_node_features,
+            recompute=None if recompute_mode == "none" else fast, row_chunks=recompute_mode == "rows")
         n_atoms = g.n_atoms.to(e_model.dtype)
         ref = self._reference_term(g, e_model)
         if self.config.is_intensive:
@@ -361,17 +360,17 @@ class MatRIS(CheckpointIO, nn.Module):
             return self.reference_energy.fc.weight[0, g.atomic_numbers - 1].to(ref.dtype)
         return (ref / g.n_atoms.to(ref.dtype))[g.atom_batch]
 
-    def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int, kernels: str,
-                return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
-                block_kernels: str | None = None, row_chunks: bool = False, halo=None):
+    def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int,
+                kernels: Kernels, return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
+                recompute: Kernels | None = None, row_chunks: bool = False, halo=None):
         """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
         features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
         reference excluded; they sum to the energy), as differentiable functions of
-        ``positions`` ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None). ``kernels``: "torch",
-        "fused" or "triton". This is the region :meth:`compile` compiles. ``bond_vectors``
+        ``positions`` ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None). ``kernels``: the call's
+        (:func:`matris.kernels.dispatch`). This is the region :meth:`compile` compiles. ``bond_vectors``
         (``[B, 3]``, x_target − x_source − image shift) replaces the ones made from ``positions``
         and ``strain``, so that the energy's gradient with respect to each bond is available
-        (per-bond forces, per-atom virials). ``block_kernels`` (training on forces): recompute each
+        (per-bond forces, per-atom virials). ``recompute`` (training on forces): recompute each
         block in the backward passes (:mod:`matris.model.recompute`), running these kernels where no
         weight gradient is wanted and ``kernels`` elsewhere; ``row_chunks``: and inside each block
         the per-angle work by row chunks (recompute mode ``"rows"``). ``halo``: ``g`` is a domain
@@ -394,17 +393,21 @@ class MatRIS(CheckpointIO, nn.Module):
         unit = torch.cat([u_fwd, -u_fwd])  # [2B, 3]
 
         n_b = g.num_bonds
-        reference = kernels == "torch"  # the bases' operators (Triton or C++), or their references
         h = self.atom_embedding(g.atomic_numbers)
-        e, rbf_pair, rbf_3b = call_with(reference, self.edge_embedding, r)
+        e, rbf_pair, rbf_3b = self.edge_embedding(r, kernels.fused)
         u_t, u_s = unit[g.angle_target_edge], unit[g.angle_source_edge]
         theta = torch.arccos((u_t * u_s).sum(-1) * ANGLE_SHRINK)
         # the SH radial argument: |u_src| / r_c, as published models compute it (≈ 1/r_c)
         rho = torch.linalg.vector_norm(u_s, dim=-1) / self.config.pairwise_cutoff
         # the lowest levels stream the angles through the blocks by chunks (:mod:`matris.model.stream`)
         streaming = level >= memory.STREAM_LEVEL and g.num_angles > 0 and halo is None
-        a = None if streaming else call_with(reference, self.three_body_embedding, theta, rho)
+        a = None if streaming else self.three_body_embedding(theta, rho, kernels.fused)
 
+        if kernels.triton or (recompute is not None and recompute.triton):
+            atom, line = g.segments()  # the CUDA kernels' CSR order, made once per graph
+            line = None if halo is not None else line  # the line graph's sums run per end (the halo's numbering)
+            kernels, recompute = (dataclasses.replace(k, atom_segments=atom, line_segments=line)
+                                  if k is not None and k.triton else k for k in (kernels, recompute))
         bg = BlockGraph(
             edge_target=g.edge_target,
             edge_source=g.edge_source,
@@ -414,29 +417,24 @@ class MatRIS(CheckpointIO, nn.Module):
             angle_source_bond=g.angle_source_edge % n_b if n_b else g.angle_source_edge,
             rbf_pair=rbf_pair,
             rbf_3b=rbf_3b,
+            kernels=kernels,
             checkpoint=int(level == 1),
             halo=halo,
         )
-        exact = bg  # the composed ops
-        segments = g.segments() if "triton" in (kernels, block_kernels) else None
-        if segments is not None and halo is not None:
-            segments = (segments[0], None)  # the line graph's sums run per end (the halo's numbering)
-        bg = _running(exact, kernels, segments)
-        fast = _running(exact, block_kernels, segments) if block_kernels else None
-        if fast is not None and row_chunks:
-            # training's block recomputation: the per-angle work of the line-graph steps and the atom
-            # graph's Φ by row chunks inside it, on the fast kernels where no weight gradient is wanted
-            # and the composed ops around the chunks (their second order)
-            rows = RowRecompute(memory.chunk_rows(self, g.num_angles), block_kernels in ("fused", "triton"))
-            exact = dataclasses.replace(exact, row_chunks=rows)
+        fast = exact = None
+        if recompute is not None:  # training's block recomputation: the fast kernels, and the references
+            fast = dataclasses.replace(bg, kernels=recompute)
+            exact = dataclasses.replace(bg, kernels=REFERENCES)
+            if row_chunks:
+                # the per-angle parts and the atom graph's Φ by row chunks inside each block's recomputation
+                rows = RowRecompute(memory.chunk_rows(self, g.num_angles), recompute)
+                exact = dataclasses.replace(exact, rows=rows, lines=RowLines())
         features = {"embedding": h} if return_node_features else {}
         last = len(self.interaction_block) - 1
         if streaming:
-            chunk = memory.stream_rows(self)
             modules = (self.interaction_block, self.three_body_embedding)
             plan = stream.Plan(self.interaction_block, self.three_body_embedding, bg,
-                               memory.kept_blocks(level, last + 1), chunk,
-                               RowRecompute(chunk, kernels in ("fused", "triton")), reference,
+                               memory.kept_blocks(level, last + 1), memory.stream_rows(self),
                                [p for m in modules for p in m.parameters() if p.requires_grad])
             hs = stream.streamed(plan, h, e, theta, rho, rbf_pair, rbf_3b)
             features.update({f"block_{k}": x for k, x in enumerate(hs)} if return_node_features else {})
@@ -527,10 +525,3 @@ def _closest(key: str) -> str:
 
     match = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(MatRISConfig)], n=1)
     return f"; did you mean {match[0]!r}?" if match else ""
-
-
-def _running(bg: BlockGraph, kernels: str, segments) -> BlockGraph:
-    """``bg`` set up for ``kernels`` (:func:`matris.kernels.choose`): the operators' kernels
-    ("triton" on CUDA, with the graph's CSR ``segments``; "fused" on a CPU) or their references ("torch")."""
-    atom, line = segments if kernels == "triton" else (None, None)
-    return dataclasses.replace(bg, kernels=kernels, atom_segments=atom, line_segments=line)

@@ -29,16 +29,14 @@ the block is such a node too, recomputed :data:`matris.memory.CHUNK_ROWS` rows a
 where its rows make more than one chunk (a single chunk would save nothing and cost the nested
 node's two extra passes):
 
-- each line-graph step's work per angle (:meth:`matris.model.attention.SeparableAttention._line_by_rows`,
-  :meth:`matris.model.refine.Refine._line_by_rows`): Φ, the logits and softmax weights or the
-  envelope and FFN_edge, the angles' update, and the sums into bonds. The softmax is row-wise in
-  that form: ``N/D`` with ``N = Σ exp(α − s)·m``, ``D = Σ exp(α − s)`` and a constant shift ``s``
-  per bond, which cancels;
-- the atom graph's Φ on the directed bonds (:func:`matris.model.attention.recomputed_phi`).
-
-Such a node takes the per-node terms of Φ's first layer already projected
-(:func:`matris.model.attention.project_terms`: the bonds' and atoms' ``x·W_kᵀ``, once per step), so a
-chunk's recomputation multiplies only its own rows, not every bond again per chunk.
+- each line-graph step's per-angle part (:class:`matris.model.block.RowLines`): Φ, the logits and
+  partial softmax or the envelope and FFN_edge, the angles' update, and the sums into bonds (the
+  split softmax's ``N`` and ``D`` relative to each bond's largest logit, which cancels: summed over
+  chunks, see :mod:`matris.model.block`), each chunk on the bonds and atoms it touches only;
+- the atom graph's Φ on the directed bonds (:func:`matris.model.attention.recomputed_phi`), which
+  takes the per-node terms of Φ's first layer already projected
+  (:func:`matris.model.attention.project_terms`, once per step), so a chunk's recomputation
+  multiplies only its own rows.
 
 So at any moment the intermediates of one block are alive, those per angle for one chunk of
 rows only, next to the inputs and upstream gradients of all blocks (a few per-angle rows each):
@@ -60,15 +58,17 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from ..kernels import Kernels
+
 
 @dataclass(frozen=True)
 class RowRecompute:
     """A block's per-row work (Φ, the line-graph steps) recomputed ``chunk`` rows at a time in the
-    backward passes (training's ``rows`` mode; the atom graph's Φ in :mod:`matris.model.stream`); ``fast``: with the
-    fused operators where no weight gradient is wanted."""
+    backward passes (training's ``rows`` mode; the atom graph's Φ in :mod:`matris.model.stream`);
+    ``kernels``: those where no weight gradient is wanted (the call's fast ones)."""
 
     chunk: int
-    fast: bool
+    kernels: Kernels
 
     def splits(self, n_rows: int) -> bool:
         """Whether ``n_rows`` rows make more than one chunk: a single chunk is computed as the rest of

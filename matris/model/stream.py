@@ -9,25 +9,22 @@ Here the blocks run as one autograd node (:func:`streamed`) that keeps, per angl
 - and during the backward pass one gradient buffer ``∂E/∂a`` and, between kept states, one
   buffer that the states in between are recomputed into,
 
-and, per bond and block, what the angles' passes cannot give back in time: the block's inputs
-``h``, ``e``, the features after its atom-graph attention and Refine's sums ``R`` (a sum over all
-angles that the backward needs before its first pass over them). Everything else per angle lives
-for one chunk of rows at a time.
+and, per bond and block, what the angles' passes cannot give back in time: the block's input
+atoms ``h``, the features after its atom-graph attention, Refine's sums ``R`` and the softmax's
+shifts (each bond's largest logit). Everything else per angle lives for one chunk at a time.
 
-An angle's state after a block depends only on its state before it and on bond and atom
-features (``a' = Φ(a, e[t], e[s]) + w ⊙ a``, then Refine's), so a chunk of angles can be pushed
-through a block given the bonds' and atoms' features; only the bonds' sums need all angles: the
-attention's softmax per bond is merged from the chunks' partial softmaxes (their aggregates and
-log-sum-exps, :func:`matris.kernels.merge_softmax`), Refine's sums added. Each block's backward
-makes two passes over the chunks of angles:
+The forward is the block's own (:meth:`matris.model.block.InteractionBlock.forward`) with the
+per-angle parts driven by chunks without a graph (:class:`_StreamLines`): the split softmax's sums
+and Refine's sums added chunk by chunk (the form of :mod:`matris.model.block`), the angles' states
+written in place. The backward is written here, once, block by block from the last, in two passes
+over the chunks of angles per block:
 
-1. the line attention recomputed without a graph (its angles' update, and the bonds' softmax
-   again), and Refine's per-angle work differentiated: ``∂E/∂a_mid`` replaces ``∂E/∂a_{k+1}`` in
-   the gradient buffer, chunk by chunk, and the bonds' projections collect their gradients;
-2. after the bonds' and atoms' part of the block is differentiated (its atom-graph Φ by row
-   chunks, :mod:`matris.model.recompute`), the line attention's per-angle work differentiated,
-   a chunk's partial softmax receiving ``∂t/∂T_c = β_c``, ``∂t/∂lse_c = β_c (T_c − t)`` with
-   ``β_c = exp(lse_c − L)``: ``∂E/∂a_k`` replaces ``∂E/∂a_mid``.
+1. the line attention's part recomputed without a graph (its angles' update, and the bonds' sums
+   again), and Refine's part differentiated: ``∂E/∂a_mid`` replaces ``∂E/∂a_{k+1}`` in the gradient
+   buffer, chunk by chunk, and the bonds' and atoms' features collect their gradients;
+2. after the bonds' and atoms' parts are differentiated (the atom-graph Φ by row chunks,
+   :mod:`matris.model.recompute`), the line attention's part differentiated, each chunk's sums
+   receiving their share of ``∂E/∂N``, ``∂E/∂D``: ``∂E/∂a_k`` replaces ``∂E/∂a_mid``.
 
 The angles' forward work runs three times (the forward pass and each backward pass) and its
 backward once, against once and once keeping everything; between kept states, the states in
@@ -36,155 +33,138 @@ between are recomputed from the last kept one (block by block, in place).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from .. import heap
-from ..kernels import merge_softmax, references
-from .block import BlockGraph
+from ..kernels import merge_softmax
+from .block import Angles, BlockGraph, Lines
 from .recompute import RowRecompute, _detached, _grads
-from .refine import _RefineRows
 
 
 @dataclass(eq=False)
 class Plan:
-    """What :func:`streamed` runs: the model's ``blocks`` and angle ``embedding`` on ``graph``,
-    keeping the angle state at the input of the blocks in ``kept`` (block 0's is recomputed from
-    the embedding), by ``chunk`` angles; ``rows``: the atom graph's Φ recomputed by row chunks
-    inside the backward's recomputations; ``reference``: the operators' references (else their
-    kernels); ``params``: the parameters that want gradients (none at inference)."""
+    """What :func:`streamed` runs: the model's ``blocks`` and angle ``embedding`` on ``graph`` (with
+    the call's kernels), keeping the angle state at the input of the blocks in ``kept`` (block 0's is
+    recomputed from the embedding), by ``chunk`` angles; ``params``: the parameters that want
+    gradients (none at inference). The backward's recomputations run the atom graph's Φ by row
+    chunks (``rows``)."""
 
     blocks: nn.ModuleList
     embedding: nn.Module
     graph: BlockGraph
     kept: frozenset
     chunk: int
-    rows: RowRecompute | None
-    reference: bool
     params: list = field(default_factory=list)
 
     def __post_init__(self):
         g = self.graph
         self.last = len(self.blocks) - 1
-        self.n_bonds = g.rbf_3b.shape[0]
+        self.n_bonds = g.n_bonds
         self.n_angles = g.angle_atom.shape[0]
         self.width = self.embedding.swish_layer.linear.weight.shape[0]
-        self.chunks = [_Chunk.of(g, slice(lo, min(lo + self.chunk, self.n_angles)))
+        self.kernels = g.kernels
+        self.rows = dataclasses.replace(g, rows=RowRecompute(self.chunk, g.kernels))
+        self.chunks = [g.chunk(slice(lo, min(lo + self.chunk, self.n_angles)))
                        for lo in range(0, self.n_angles, self.chunk)]
+        # each chunk in its own numbering, for its bonds' and atoms' rows gathered beforehand: neither
+        # the gradients of all bonds nor their projections are ever made per chunk
+        self.local = [dataclasses.replace(ch, bonds=None, atoms=None) for ch in self.chunks]
 
-    # the bonds' and atoms' parts of block k, in the order the block runs them
-    def middle(self, k, h, e, t_agg, s_agg):
-        """The bonds' update by the line attention's aggregates, then the atom-graph attention: ``(h, e)``."""
-        return self.atom_attention(k, h, self.bond_update(k, e, t_agg, s_agg))
+    def embed(self, theta, rho, ch: Angles):
+        return self.embedding(theta[ch.rows], rho[ch.rows], fused=self.kernels.fused)
 
-    def bond_update(self, k, e, t_agg, s_agg):
-        """The bonds' update by the line attention's aggregates ``[B, d_e]``."""
-        return self.blocks[k].attn_block_line_graph.node_update(e, t_agg, s_agg)
+    def graph_with(self, rbf_pair, rows: bool = False) -> BlockGraph:
+        return dataclasses.replace(self.rows if rows else self.graph, rbf_pair=rbf_pair)
 
-    def atom_attention(self, k, h, e, rows=None):
-        """The atom-graph attention: ``(h, e)``."""
-        g = self.graph
-        return self.blocks[k].attn_block_atom_graph(h, e, g.edge_target, g.edge_source, d2u=g.edge_bond, rows=rows,
-                                                    segments=g.atom_segments)
+    # the bonds' and atoms' parts of block k that the backward differentiates, in the block's order
+    def middle(self, k, h, e, sums, rows: bool = False):
+        """The bonds' update by the split softmax's sums ``(N_t, D_t, N_s, D_s)``, then the atom-graph
+        attention: ``(h, e)``."""
+        b = self.blocks[k]
+        e = b.bonds_attended(e, *merged(sums))
+        return b.atom_attention(h, e, self.graph_with(self.graph.rbf_pair, rows))
 
-    def tail(self, k, h, e, r, rbf_pair, rows=None):
+    def tail(self, k, h, e, r, rbf_pair, rows: bool = False):
         """The bonds' update by Refine's sums ``r``, then the atom-graph Refine: ``(h, e)``."""
-        b, g = self.blocks[k], self.graph
-        e = b.refine_block_line_graph.node_update(e, r)
-        return b.refine_block_atom_graph(h, e, g.edge_target, g.edge_source, rbf_pair, d2u=g.edge_bond, rows=rows,
-                                         update_edges=k != self.last)
+        b = self.blocks[k]
+        return b.atom_refine(h, b.bonds_refined(e, r), self.graph_with(rbf_pair, rows), k == self.last)
 
-    # the angles' parts, on a chunk of angles and the bonds and atoms it touches: their features
-    # gathered (``_Chunk.gather``, ``gather_refine``) and projected by Φ's first layer here, so that
-    # neither the projections of all bonds nor their gradients are ever alive, only the features'
-    # gradients
-    def attention_rows(self, k, y, e, ch: "_Chunk", sums=True):
-        """``(T, lse_t, S, lse_s, a_mid)`` of the chunk from the bonds' features ``e`` at its
-        bonds (``sums`` False: ``(a_mid,)``)."""
-        att = self.blocks[k].attn_block_line_graph
-        p_t, p_s = att.line_projections(e, ch.tgt, ch.src, self.width)
-        return att.line_partial(y, p_t, p_s, ch.tgt, ch.src, ch.bonds.shape[0], sums=sums)
+    def attention_sums(self, k, a, e, shift, out=None, theta=None, rho=None):
+        """The split softmax's sums ``[N_t, D_t, N_s, D_s]`` ``[B, d_t]`` of block k over all chunks of
+        the angles ``a`` (None: block 0's, embedded per chunk from ``theta``, ``rho``), without a graph;
+        ``out``: also the angles' update written there."""
+        b = self.blocks[k]
+        sums = [e.new_zeros((self.n_bonds, self.width)) for _ in range(4)]
+        for ch, local in zip(self.chunks, self.local):
+            y = a[ch.rows] if a is not None else self.embed(theta, rho, ch)
+            t, lse_t, s, lse_s, a_mid = b.line_attention(y, ch.of_bonds(e), local, self.kernels, partial=True)
+            for total, part in zip(sums, chunk_sums(ch, t, lse_t, s, lse_s, shift)):
+                total.index_add_(0, ch.bonds, part)
+            if out is not None:
+                out[ch.rows] = a_mid
+        return sums
 
-    def refine_rows(self, k, y, h, e, rbf_3b, ch: "_Chunk"):
-        """``(R, a_next)`` of the chunk (the last block: ``(R,)``) from the atoms' features ``h`` at
-        its atoms, the bonds' ``e`` and their basis ``rbf_3b`` at its bonds."""
-        ref = self.blocks[k].refine_block_line_graph
-        p_ref = ref.line_projections(e, ch.tgt, ch.src, h, ch.atom, rbf_3b, self.width)
-        return _RefineRows(ref)(y, *p_ref, ch.tgt, ch.src, ch.atom, ch.bonds.shape[0], reference=self.reference,
-                                update_edges=k != self.last)
-
-    def embed(self, theta, rho, ch: "_Chunk"):
-        return self.embedding(theta[ch.rows], rho[ch.rows])
+    def refine_rows(self, k, a, h, e, rbf_3b, ch: Angles, local: Angles):
+        """``(R, a_next)`` of the chunk (the last block: ``(R, a)``) from its atoms' rows of ``h`` and
+        its bonds' of ``e`` and ``rbf_3b`` (already gathered)."""
+        return self.blocks[k].line_refine(a, h, e, rbf_3b, local, self.kernels, k == self.last)
 
 
-@dataclass
-class _Chunk:
-    """A chunk of angles ``rows`` with the bonds and atoms it touches (``bonds`` ``[n_b]``, ``atoms``
-    ``[n_a]``) and its angles' indices into those (``tgt``, ``src``, ``atom``): its work reads and
-    writes only their rows, so a pass over all chunks costs the angles', not chunks × bonds.
-    ``present``: the local bonds with angles here, by target and by source (``[n_b, 1]`` bool)."""
-
-    rows: slice
-    bonds: torch.Tensor
-    tgt: torch.Tensor
-    src: torch.Tensor
-    atoms: torch.Tensor
-    atom: torch.Tensor
-    present: tuple
-
-    @classmethod
-    def of(cls, g: BlockGraph, rows: slice) -> "_Chunk":
-        t, s = g.angle_target_bond[rows], g.angle_source_bond[rows]
-        bonds, local = torch.unique(torch.cat([t, s]), return_inverse=True)
-        atoms, atom = torch.unique(g.angle_atom[rows], return_inverse=True)
-        tgt, src = local[: t.shape[0]], local[t.shape[0]:]
-        present = tuple(torch.bincount(i, minlength=bonds.shape[0]).gt(0).unsqueeze(1) for i in (tgt, src))
-        return cls(rows, bonds, tgt, src, atoms, atom, present)
-
-    def gather(self, e):
-        """The rows of the chunk's bonds of ``e`` (one row per bond), as a one-item list."""
-        return [e.index_select(0, self.bonds)]
-
-    def gather_refine(self, h, e, rbf_3b):
-        """The rows of the chunk's atoms of ``h`` and of its bonds of ``e`` and ``rbf_3b``."""
-        return [h.index_select(0, self.atoms), e.index_select(0, self.bonds), rbf_3b.index_select(0, self.bonds)]
+def chunk_sums(ch: Angles, t, lse_t, s, lse_s, shift):
+    """A chunk's partial softmaxes as sums relative to the bonds' ``shift`` (its local rows)."""
+    return (*ch.sums(t, lse_t, 0, ch.of_bonds(shift[0])), *ch.sums(s, lse_s, 1, ch.of_bonds(shift[1])))
 
 
-class _Softmax:
-    """The bonds' softmax over all angles ``[B, C]`` (aggregate and log-sum-exp), merged from the
-    chunks' partial ones as they come."""
-
-    def __init__(self, n_bonds: int, like: torch.Tensor):
-        self.agg = like.new_zeros((n_bonds, like.shape[-1]))
-        self.lse = like.new_full((n_bonds, like.shape[-1]), float("-inf"))
-
-    def add(self, t, lse, present, bonds):
-        """Merge the chunk's partial softmax ``(t, lse)`` of its ``bonds``."""
-        lse = torch.where(present, lse, float("-inf"))
-        old_agg, old_lse = self.agg.index_select(0, bonds), self.lse.index_select(0, bonds)
-        self.agg.index_copy_(0, bonds, merge_softmax([(old_agg, None, old_lse), (t, None, lse)]))
-        self.lse.index_copy_(0, bonds, torch.logaddexp(old_lse, lse))
-
-    def upstream(self, g, t, lse, present, bonds):
-        """The gradients of the chunk's ``(t, lse)`` from ``g`` ``[B, C]`` = ∂E/∂(the merged aggregate)."""
-        top = self.lse.index_select(0, bonds)
-        beta = torch.where(present, torch.exp(lse - torch.where(present, top, 0)), 0)
-        g_t = g.index_select(0, bonds) * beta
-        return g_t, g_t * (t - self.agg.index_select(0, bonds))
+def merged(sums):
+    """``(T, S)`` from the split softmax's sums ``(N_t, D_t, N_s, D_s)`` (0 at a bond without angles)."""
+    n_t, d_t, n_s, d_s = sums
+    return merge_softmax([(n_t, d_t, None)]), merge_softmax([(n_s, d_s, None)])
 
 
 @dataclass
 class _Cached:
     """Per bond (and atom) of one block: its atoms' input features, its features after the
-    atom-graph attention and Refine's sums over the angles (its bonds' input features are the
-    previous block's output, recomputed from that block's: :meth:`_Backward.inputs`)."""
+    atom-graph attention, Refine's sums over the angles and the softmax's shifts (its bonds' input
+    features are the previous block's output, recomputed from that block's: :meth:`_Backward.inputs`)."""
 
     h: torch.Tensor
     h1: torch.Tensor = None
     e2: torch.Tensor = None
     r: torch.Tensor = None
+    shift: list = None
+
+
+class _StreamLines(Lines):
+    """The per-angle parts of one block of the streamed forward: by chunks without a graph, the
+    angles' updates written into ``mid`` (in place where the input state is not kept), what the
+    backward reads recorded in ``cached``."""
+
+    def __init__(self, plan: Plan, k: int, mid: torch.Tensor, cached: _Cached):
+        self.plan, self.k, self.mid, self.cached = plan, k, mid, cached
+
+    def attention(self, block, e, a, g):
+        plan = self.plan
+        shift = block.attn_block_line_graph.logit_max(a, g.angle_target_bond, g.angle_source_bond, plan.n_bonds,
+                                                      plan.chunk)
+        self.cached.shift = shift
+        return block.bonds_attended(e, *merged(plan.attention_sums(self.k, a, e, shift, out=self.mid))), self.mid
+
+    def refine(self, block, h, e, a, g, last):
+        plan, cached = self.plan, self.cached
+        cached.h1, cached.e2 = h, e
+        r = torch.zeros_like(e)
+        for ch, local in zip(plan.chunks, plan.local):
+            out = plan.refine_rows(self.k, a[ch.rows], ch.of_atoms(h), ch.of_bonds(e), ch.of_bonds(g.rbf_3b), ch,
+                                   local)
+            r.index_add_(0, ch.bonds, out[0])
+            if not last:
+                a[ch.rows] = out[1]
+        cached.r = r
+        return block.bonds_refined(e, r), a
 
 
 def streamed(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b) -> tuple[torch.Tensor, ...]:
@@ -193,42 +173,29 @@ def streamed(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b) -> tuple[torch.Tens
     ``rbf_3b`` ``[B, K]``, as one autograd node (see the module docstring)."""
     inputs = (h, e, theta, rho, rbf_pair, rbf_3b, *plan.params)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):  # no backward: nothing kept
-        with references(plan.reference), torch.no_grad():
+        with torch.no_grad():
             return tuple(_forward(plan, h, e, theta, rho, rbf_pair, rbf_3b, keep=False)[0])
     return _Stream.apply(plan, *inputs)
 
 
 def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b, keep: bool = True):
     """The blocks by chunks without a graph: ``(h_1 … h_K)``, and (``keep``) the kept angle states and
-    the blocks' per-bond sums the backward pass reads."""
+    the blocks' per-bond tensors the backward pass reads."""
     cur = theta.new_empty(plan.n_angles, plan.width)
     for ch in plan.chunks:
         cur[ch.rows] = plan.embed(theta, rho, ch)
+    g = dataclasses.replace(plan.graph, rbf_pair=rbf_pair, rbf_3b=rbf_3b)
     kept, cache, hs = {}, [], []
-    for k in range(len(plan.blocks)):
+    for k, block in enumerate(plan.blocks):
         if keep and k in plan.kept:
             kept[k] = cur
         mid = torch.empty_like(cur) if k in kept else cur  # a kept state stays; else in place
-        soft = _Softmax(plan.n_bonds, cur), _Softmax(plan.n_bonds, cur)
-        for ch in plan.chunks:
-            t, lse_t, s, lse_s, mid[ch.rows] = plan.attention_rows(k, cur[ch.rows], *ch.gather(e), ch)
-            soft[0].add(t, lse_t, ch.present[0], ch.bonds)
-            soft[1].add(s, lse_s, ch.present[1], ch.bonds)
         cached = _Cached(h)
-        cached.h1, cached.e2 = plan.middle(k, h, e, soft[0].agg, soft[1].agg)
-        del soft
-        r = torch.zeros_like(e)
-        for ch in plan.chunks:
-            out = plan.refine_rows(k, mid[ch.rows], *ch.gather_refine(cached.h1, cached.e2, rbf_3b), ch)
-            r.index_add_(0, ch.bonds, out[0])
-            if k != plan.last:
-                mid[ch.rows] = out[1]
-        cached.r = r
+        h, e, cur = block(h, e, cur, dataclasses.replace(g, lines=_StreamLines(plan, k, mid, cached)),
+                          last=k == plan.last)
         if keep:
             cache.append(cached)
-        h, e = plan.tail(k, cached.h1, cached.e2, r, rbf_pair)
         hs.append(h)
-        cur = mid
         _release(cur)
     return hs, kept, cache
 
@@ -236,8 +203,7 @@ def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b, keep: bool = True):
 class _Stream(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b, *params):
-        with references(plan.reference):
-            hs, kept, cache = _forward(plan, h, e, theta, rho, rbf_pair, rbf_3b)
+        hs, kept, cache = _forward(plan, h, e, theta, rho, rbf_pair, rbf_3b)
         ctx.set_materialize_grads(False)
         ctx.plan, ctx.kept, ctx.cache = plan, kept, cache
         ctx.save_for_backward(h, e, theta, rho, rbf_pair, rbf_3b)
@@ -245,9 +211,8 @@ class _Stream(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_hs):
-        plan = ctx.plan
-        with references(plan.reference), torch.no_grad():
-            grads = _Backward(plan, ctx.saved_tensors, ctx.kept, ctx.cache).run(grad_hs)
+        with torch.no_grad():
+            grads = _Backward(ctx.plan, ctx.saved_tensors, ctx.kept, ctx.cache).run(grad_hs)
         ctx.kept = ctx.cache = None
         return (None, *grads)
 
@@ -293,14 +258,14 @@ class _Backward:
         if self.buffer is None:
             self.buffer = self.theta.new_empty(plan.n_angles, plan.width)
         for i in range(j, k):
-            cached = self.cache[i]
-            e_i = self.inputs(i)[1]
-            for ch in plan.chunks:
+            cached, e_i = self.cache[i], self.inputs(i)[1]
+            att = plan.blocks[i].attn_block_line_graph
+            for ch, local in zip(plan.chunks, plan.local):
                 rows = ch.rows
                 y = self.buffer[rows] if i > j else (self.kept[j][rows] if j else plan.embed(self.theta, self.rho, ch))
-                (mid,) = plan.attention_rows(i, y, *ch.gather(e_i), ch, sums=False)
-                inputs = ch.gather_refine(cached.h1, cached.e2, self.rbf_3b)
-                self.buffer[rows] = plan.refine_rows(i, mid, *inputs, ch)[1]
+                mid = att.line_update(y, ch.of_bonds(e_i), local, plan.kernels)
+                self.buffer[rows] = plan.refine_rows(i, mid, ch.of_atoms(cached.h1), ch.of_bonds(cached.e2),
+                                                     ch.of_bonds(self.rbf_3b), ch, local)[1]
         return self.buffer
 
     def block(self, k, g_h, g_e, g_a):
@@ -313,32 +278,35 @@ class _Backward:
         with torch.enable_grad():
             leaves = _detached([cached.h1, cached.e2, cached.r, self.rbf_pair],
                                [True, True, True, self.rbf_pair.requires_grad])
-            out = plan.tail(k, *leaves, rows=plan.rows)
+            out = plan.tail(k, *leaves, rows=True)
             g_h1, g_e2, g_r, g_rbf, *g_p = _grads(out, leaves + params, [g_h, g_e])
         self.g_rbf_pair = _add(self.g_rbf_pair, g_rbf)
         self._add_params(g_p)
         del out, leaves
 
         _release(e_k)
-        # pass 1: the line attention recomputed, Refine's per-angle work differentiated
-        wants = [True, True, self.rbf_3b.requires_grad]
-        g_ref = [torch.zeros_like(x) if w else None for x, w in zip((cached.h1, cached.e2, self.rbf_3b), wants)]
+        # pass 1: the line attention recomputed, Refine's per-angle part differentiated
         if g_a is None:
             g_a = self.theta.new_empty(plan.n_angles, plan.width)
             upstream = lambda rows: None  # noqa: E731 (the last block's angles reach no output)
         else:
             upstream = g_a.__getitem__
-        soft = _Softmax(plan.n_bonds, g_a), _Softmax(plan.n_bonds, g_a)
-        for ch in plan.chunks:
+        wants = [True, True, self.rbf_3b.requires_grad]
+        g_ref = [torch.zeros_like(x) if w else None for x, w in zip((cached.h1, cached.e2, self.rbf_3b), wants)]
+        sums = [e_k.new_zeros((plan.n_bonds, plan.width)) for _ in range(4)]
+        att = plan.blocks[k].line_attention
+        for ch, local in zip(plan.chunks, plan.local):
             rows = ch.rows
             y = a[rows] if a is not None else plan.embed(self.theta, self.rho, ch)
-            t, lse_t, s, lse_s, mid = plan.attention_rows(k, y, *ch.gather(e_k), ch)
-            soft[0].add(t, lse_t, ch.present[0], ch.bonds)
-            soft[1].add(s, lse_s, ch.present[1], ch.bonds)
+            t, lse_t, s, lse_s, y_mid = att(y, ch.of_bonds(e_k), local, plan.kernels, partial=True)
+            for total, part in zip(sums, chunk_sums(ch, t, lse_t, s, lse_s, cached.shift)):
+                total.index_add_(0, ch.bonds, part)
             with torch.enable_grad():
-                ins = _detached([mid, *ch.gather_refine(cached.h1, cached.e2, self.rbf_3b)], [True] + wants)
-                out = plan.refine_rows(k, *ins, ch)
-                got = _grads(out, ins + params, [g_r.index_select(0, ch.bonds), upstream(rows)])
+                gathered = [ch.of_atoms(cached.h1), ch.of_bonds(cached.e2), ch.of_bonds(self.rbf_3b)]
+                ins = _detached([y_mid, *gathered], [True] + wants)
+                out = plan.refine_rows(k, *ins, ch, local)
+                got = _grads(out[:1] if k == plan.last else out, ins + params,
+                             [g_r.index_select(0, ch.bonds), upstream(rows)])
             g_a[rows] = got[0]
             for total, part, index in zip(g_ref, got[1:4], (ch.atoms, ch.bonds, ch.bonds)):
                 if total is not None:
@@ -352,37 +320,36 @@ class _Backward:
 
         # the atom-graph attention, then the line attention's update of the bonds (one graph alive at a time)
         with torch.enable_grad():
-            leaves = _detached([h_k, plan.bond_update(k, e_k, soft[0].agg, soft[1].agg)], [True, True])
-            out = plan.atom_attention(k, *leaves, rows=plan.rows)
+            leaves = _detached([h_k, plan.blocks[k].bonds_attended(e_k, *merged(sums))], [True, True])
+            out = plan.blocks[k].atom_attention(*leaves, plan.graph_with(self.rbf_pair, rows=True))
             g_hk, g_e1, *g_p = _grads(out, leaves + params, [g_h1, g_e2])
         self._add_params(g_p)
         del out, leaves
         with torch.enable_grad():
-            leaves = _detached([e_k, soft[0].agg, soft[1].agg], [True] * 3)
-            g_ek, g_t, g_s, *g_p = _grads([plan.bond_update(k, *leaves)], leaves + params, [g_e1])
+            leaves = _detached([e_k, *sums], [True] * 5)
+            g_ek, *g_sums = _grads([plan.blocks[k].bonds_attended(leaves[0], *merged(leaves[1:]))], leaves + params,
+                                   [g_e1])
+        g_sums, g_p = g_sums[:4], g_sums[4:]
         self._add_params(g_p)
-        del leaves
+        del leaves, sums
 
         _release(g_a)
-        # pass 2: the line attention's per-angle work differentiated
-        for ch in plan.chunks:
+        # pass 2: the line attention's per-angle part differentiated
+        for ch, local in zip(plan.chunks, plan.local):
             rows = ch.rows
             with torch.enable_grad():
                 if a is None:  # block 0: the embedding of θ differentiated too
                     ins = _detached([self.theta[rows], self.rho[rows]],
                                     [self.theta.requires_grad, self.rho.requires_grad])
-                    y = plan.embedding(*ins)
+                    y = plan.embedding(*ins, fused=plan.kernels.fused)
                 else:
                     ins = _detached([a[rows]], [True])
                     y = ins[0]
-                e_in = _detached(ch.gather(e_k), [True])
-                t, lse_t, s, lse_s, y_new = plan.attention_rows(k, y, *e_in, ch)
-                ups = []
-                for soft_k, g_agg, part, lse, present in ((soft[0], g_t, t, lse_t, ch.present[0]),
-                                                          (soft[1], g_s, s, lse_s, ch.present[1])):
-                    ups += (soft_k.upstream(g_agg, part.detach(), lse.detach(), present, ch.bonds)
-                            if g_agg is not None else (None, None))
-                got = _grads([t, lse_t, s, lse_s, y_new], ins + e_in + params, [*ups, g_a[rows]])
+                e_in = _detached([ch.of_bonds(e_k)], [True])
+                t, lse_t, s, lse_s, y_new = att(y, e_in[0], local, plan.kernels, partial=True)
+                parts = chunk_sums(ch, t, lse_t, s, lse_s, cached.shift)
+                ups = [g.index_select(0, ch.bonds) if g is not None else None for g in g_sums]
+                got = _grads([*parts, y_new], ins + e_in + params, [*ups, g_a[rows]])
             if a is None:
                 self._rows(rows, got[0], got[1])
             else:
@@ -417,4 +384,3 @@ def _add(a, b):
     if b is None:
         return a
     return a + b
-
