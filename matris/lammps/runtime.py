@@ -34,7 +34,7 @@ from ..domain.evaluate import bond_forces_and_virials
 from ..errors import MatRISInputError, counted, is_out_of_memory
 from ..graph import AtomicSystem, GraphBatch
 from ..graph.system import MAX_Z, element_symbol
-from ..kernels import choose
+from ..kernels import choose, dispatch
 from ..model import MatRIS
 from ..settings import parse_size
 
@@ -249,8 +249,8 @@ class LammpsEvaluator:
                               name="LAMMPS system")
         m = self.model
         g = GraphBatch.from_systems([system], m.cutoff, m.three_body_cutoff, dtype=m.dtype, device=m.device)
-        kernels = choose(g.positions.device, m.options.kernels)
-        level = memory.inference_level(m, g, m.dtype, False, kernels)
+        kernels, _ = dispatch(g.positions.device, m.options.kernels)
+        level = memory.inference_level(m, g, m.dtype, False, kernels.name)
         shift = g.bond_image @ g.cell[0]
         v = (g.positions[g.bond_target] - g.positions[g.bond_source] - shift).detach().requires_grad_(True)
         with torch.enable_grad():
