@@ -69,7 +69,7 @@ class MatRISCalculator(Calculator):
             ``label``, ``atoms``, ``directory``); any other keyword is a ``TypeError`` naming the
             closest valid one (ASE would keep it silently as a parameter). The official MatRIS
             calculator's ``mode``, ``activation_checkpoint`` and ``task`` are accepted with a
-            one-line note of what they do here (:mod:`matris.model.official`); for that calculator's
+            one-line note of what they do here (:mod:`matris.official`); for that calculator's
             whole interface use :class:`matris.applications.base.MatRISCalculator`.
     """
 
@@ -137,7 +137,7 @@ class MatRISCalculator(Calculator):
         """The official calculator's keywords given to ours: applied, each said in one line."""
         import warnings
 
-        from .model.official import check_task, run_options
+        from .official import check_task, run_options
 
         notes = []
         if "mode" in official or "activation_checkpoint" in official:

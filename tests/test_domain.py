@@ -10,7 +10,8 @@ import pytest
 from ase.build import bulk, fcc100
 
 from matris import MatRIS, MatRISCalculator
-from matris.domain import EXCHANGES, simulate
+from matris.domain import EXCHANGES
+from matris.lammps.ranks import simulate
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,8 @@ def test_the_graph_moves_to_the_models_device(model):
     rank> in LAMMPS), every index tensor of it."""
     import torch
 
-    from matris.domain import build_graphs, split_system
+    from matris.domain import build_graphs
+    from matris.lammps.ranks import split_system
 
     atoms = bulk("Si", "diamond", a=5.43, cubic=True)
     domains, comm = split_system(atoms.positions, atoms.cell.array, atoms.pbc, atoms.numbers, (2, 1, 1), 6.0)

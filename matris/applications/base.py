@@ -15,7 +15,7 @@ from ase.optimize import BFGS, FIRE, LBFGS, BFGSLineSearch, LBFGSLineSearch, MDM
 
 from ..calculator import MatRISCalculator as _Calculator
 from ..model import MatRIS
-from ..model.official import check_mode, check_task, run_options
+from ..official import check_mode, check_task, run_options
 
 #: the optimizers ``StructOptimizer(optimizer=NAME)`` takes, by name
 OPTIMIZERS = {cls.__name__: cls for cls in (BFGS, BFGSLineSearch, FIRE, LBFGS, LBFGSLineSearch, MDMin)}

@@ -8,7 +8,7 @@ import os
 import torch
 
 from ..model import MatRIS
-from ..model.official import TASKS, check_mode, run_options
+from ..official import TASKS, check_mode, run_options
 from ..simulate.batched import MatRISModel
 
 

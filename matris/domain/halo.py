@@ -10,8 +10,8 @@ between an owned atom and its ghost copies, by two operations (LAMMPS's ``forwar
 - :meth:`Comm.reverse`: the transpose: every owner receives the sum of its ghost copies' rows.
 
 Both work on a list with one entry per rank that *this process* runs: one in LAMMPS (each MPI rank
-its own), all of them in :class:`SimulatedComm` (every rank in one process, for tests and for
-checking a decomposition without MPI). The model's code is the same in both.
+its own), all of them in :class:`matris.lammps.ranks.SimulatedComm` (every rank in one process, for
+tests and for checking a decomposition without MPI). The model's code is the same in both.
 
 :func:`forward_exchange` is the forward operation as an autograd node whose backward is the
 reverse operation, so the force pass sends the gradients of ghost copies back to their owners.
@@ -45,37 +45,6 @@ class Comm(Protocol):
         """The sum (``op="sum"``) or maximum (``"max"``) over all ranks of a per-rank tensor (an MPI
         allreduce); the same value on every rank."""
         ...
-
-
-class SimulatedComm:
-    """Every rank in this process: ghost ``k`` of rank ``r`` is a copy of atom
-    ``owner_index[r][k]`` of rank ``owner_rank[r][k]``.
-
-    Args:
-        n_local: owned atoms per rank.
-        owner_rank, owner_index: per rank ``[n_ghost]`` int64.
-    """
-
-    def __init__(self, n_local: list[int], owner_rank: list[torch.Tensor], owner_index: list[torch.Tensor]):
-        self.n_local = list(n_local)
-        offsets = torch.tensor([0] + self.n_local[:-1], dtype=torch.int64).cumsum(0)
-        # each ghost's owner as a row of all ranks' owned atoms stacked
-        self.rows = [offsets[r.long()] + i.long() for r, i in zip(owner_rank, owner_index)]
-
-    def forward(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
-        stacked = torch.cat(local)
-        return [stacked.index_select(0, rows.to(stacked.device)) for rows in self.rows]
-
-    def reverse(self, ghost: list[torch.Tensor]) -> list[torch.Tensor]:
-        like = ghost[0]
-        total = like.new_zeros((sum(self.n_local),) + tuple(like.shape[1:]))
-        for rows, g in zip(self.rows, ghost):
-            total.index_add_(0, rows.to(total.device), g)
-        return list(total.split(self.n_local))
-
-    def total(self, values: list[torch.Tensor], op: str = "sum") -> torch.Tensor:
-        stacked = torch.stack([torch.as_tensor(v) for v in values])
-        return stacked.sum(0) if op == "sum" else stacked.amax(0)
 
 
 class _Forward(torch.autograd.Function):

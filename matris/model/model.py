@@ -12,15 +12,16 @@ import torch
 from torch import nn
 
 from .. import log, memory
+from ..checkpoint import CheckpointIO
 from ..errors import MatRISInputError
 from ..graph import GraphBatch
 from ..graph.system import MAX_Z, atom_element, element_symbol
 from ..kernels import REFERENCES, Kernels, dispatch
+from ..official import official_config
 from ..settings import MOVED_TO_OPTIONS, RunOptions
 from ..targets import DEFAULT_TARGETS
 from . import stream
 from .block import BlockGraph, InteractionBlock, RowLines, checkpointed_block
-from .checkpoint import CheckpointIO
 from .config import MatRISConfig
 from .embedding import AtomEmbedding, EdgeEmbedding, ThreeBodyEmbedding
 from .layers import norm
@@ -61,29 +62,7 @@ class MatRIS(CheckpointIO, nn.Module):
 
     def __init__(self, config: MatRISConfig | Mapping[str, Any] | None = None, *args: Any, **kwargs: Any):
         super().__init__()
-        if config is not None and not isinstance(config, (MatRISConfig, Mapping)):
-            # the official constructor's positional arguments: MatRIS(num_layers, node_feat_dim, ...)
-            args = (config, *args)
-            config = None
-        if args:
-            names = [f.name for f in dataclasses.fields(MatRISConfig)]
-            if len(args) > len(names):
-                raise TypeError(f"MatRIS takes at most {len(names)} positional config values, got {len(args)}")
-            clash = sorted(set(names[: len(args)]) & set(kwargs))
-            if clash:
-                raise TypeError(f"MatRIS got multiple values for {clash}")
-            kwargs = {**dict(zip(names, args)), **kwargs}
-        if config is None:
-            unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(MatRISConfig)})
-            if unknown:
-                raise TypeError(f"MatRIS got unexpected config keys {unknown}{_closest(unknown[0])}")
-            config = MatRISConfig(**kwargs)
-        elif kwargs:
-            raise TypeError("pass either a MatRISConfig or keyword arguments, not both")
-        elif not isinstance(config, MatRISConfig):
-            config = MatRISConfig.from_dict(dict(config))
-        self.config = config
-        c = config
+        self.config = c = official_config(MatRISConfig, config, args, kwargs)
         self.atom_embedding = AtomEmbedding(c.node_feat_dim)
         self.edge_embedding = EdgeEmbedding(c)
         self.three_body_embedding = ThreeBodyEmbedding(c)
@@ -98,6 +77,10 @@ class MatRIS(CheckpointIO, nn.Module):
         # see compile(): torch.compile options (None: eager) and the compiled energy function
         self._compile_options: dict | None = None
         self._compiled = None
+
+    def set_reference_width(self, n: int) -> None:
+        """Per-element reference energies for ``n`` elements (a checkpoint's width, whatever its config says)."""
+        self.reference_energy = ReferenceEnergy(n)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in MOVED_TO_OPTIONS:  # a removed switch would otherwise become a new, ignored attribute
@@ -191,10 +174,10 @@ class MatRIS(CheckpointIO, nn.Module):
         :class:`ModelOutput`), or the official MatRIS call ``model([graph, ...], task="ef",
         is_training=False, mode="fast", activation_checkpoint=False, tf32=False)`` on a list of
         :class:`matris.graph.RadiusGraph`, returning the official prediction dict
-        (:func:`matris.model.official.forward_graphs`)."""
+        (:func:`matris.official.forward_graphs`)."""
         if isinstance(graph, GraphBatch):
             return self.evaluate(graph, *args, **kwargs)
-        from .official import forward_graphs
+        from ..official import forward_graphs
 
         return forward_graphs(self, graph, *args, **kwargs)
 
@@ -517,11 +500,3 @@ class MatRIS(CheckpointIO, nn.Module):
         from ..predict import predict
 
         return predict(self, structures, batch_size=batch_size, **kwargs)
-
-
-def _closest(key: str) -> str:
-    """'' or "; did you mean 'x'?" for a misspelt config key."""
-    import difflib
-
-    match = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(MatRISConfig)], n=1)
-    return f"; did you mean {match[0]!r}?" if match else ""

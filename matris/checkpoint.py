@@ -12,11 +12,9 @@ from typing import Any, Self
 
 import torch
 
-from .. import checkpoint_files as ckpt_io
-from ..errors import CheckpointError
-from ..targets import DEFAULT_TARGETS, normalize_targets
-from .config import MatRISConfig
-from .readout import ReferenceEnergy
+from . import checkpoint_files as ckpt_io
+from .errors import CheckpointError
+from .targets import DEFAULT_TARGETS, normalize_targets
 
 
 class CheckpointIO:
@@ -40,7 +38,7 @@ class CheckpointIO:
         model.name = str(path)
         chosen = targets or contents.targets or default_targets
         if chosen is None:
-            from ..pretrained import entry_for_file
+            from .pretrained import entry_for_file
 
             entry = entry_for_file(path)
             chosen = entry.targets if entry is not None else DEFAULT_TARGETS
@@ -67,9 +65,9 @@ class CheckpointIO:
         the bundled demo model is loaded, and the first such load in a process says so (a
         ``UserWarning``; one stderr line in the CLI).
         """
-        from ..bundled import announce_default_model
-        from ..devices import resolve_device, resolve_dtype
-        from ..pretrained import REGISTRY, resolve
+        from .bundled import announce_default_model
+        from .devices import resolve_device, resolve_dtype
+        from .pretrained import REGISTRY, resolve
 
         if model_name is not None:  # the official keyword: MatRIS.load(model_name=..., device=None)
             if model is not None:
@@ -95,12 +93,12 @@ class CheckpointIO:
         state_dict has them, whatever the config names (as the official loader does).
         """
         try:
-            model = cls(MatRISConfig.from_dict(dict(config)))
+            model = cls(dict(config))
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{source}: invalid config: {exc}") from None
         weight = state_dict.get(ckpt_io.REFERENCE_KEY)
         if weight is not None:
-            model.reference_energy = ReferenceEnergy(int(weight.shape[-1]))
+            model.set_reference_width(int(weight.shape[-1]))
         wrong = ckpt_io.shape_mismatches(model.state_dict(), state_dict)
         if wrong:  # named here in one line: torch's message lists every tensor over many lines
             more = f" (and {len(wrong) - 1} more tensors)" if len(wrong) > 1 else ""
@@ -147,7 +145,7 @@ class CheckpointIO:
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the published format to ``path`` atomically (temp file + rename)."""
-        from ..atomic import atomic_path
+        from .atomic import atomic_path
 
         with atomic_path(path, suffix=".tmp") as tmp:
             torch.save(self.checkpoint_state(dtype), tmp)

@@ -18,11 +18,12 @@ official                   here
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
 
-from ..settings import RunOptions
+from .settings import RunOptions
 
 #: the official prediction tasks: e energy, f forces, s stress, m magnetic moments
 TASKS = ("e", "em", "ef", "efs", "efsm")
@@ -66,7 +67,7 @@ def forward_graphs(model: Any, graphs: Sequence[Any], task: str = "ef", is_train
     ``is_training`` keeps the graph of the forces for a loss on them (as in the official code, the
     model's train/eval mode decides dropout only).
     """
-    from ..graph.radiusgraph import RadiusGraph, graphs_to_batch
+    from .graph.radiusgraph import RadiusGraph, graphs_to_batch
 
     check_task(task)
     check_mode(mode)
@@ -99,3 +100,39 @@ def forward_graphs(model: Any, graphs: Sequence[Any], task: str = "ef", is_train
 
 
 __all__ = ["TASKS", "MODES", "check_task", "check_mode", "run_options", "forward_graphs"]
+
+
+def official_config(config_class: type, config: Any, args: tuple, kwargs: dict) -> Any:
+    """The config of ``MatRIS(config, *args, **kwargs)``: a ``config_class`` (:class:`matris.MatRISConfig`)
+    or its dict, or the official constructor's config values, positional in its order
+    (``MatRIS(num_layers, node_feat_dim, ...)``) or by keyword."""
+    if config is not None and not isinstance(config, (config_class, Mapping)):
+        # the official constructor's positional arguments: MatRIS(num_layers, node_feat_dim, ...)
+        args = (config, *args)
+        config = None
+    if args:
+        names = [f.name for f in dataclasses.fields(config_class)]
+        if len(args) > len(names):
+            raise TypeError(f"MatRIS takes at most {len(names)} positional config values, got {len(args)}")
+        clash = sorted(set(names[: len(args)]) & set(kwargs))
+        if clash:
+            raise TypeError(f"MatRIS got multiple values for {clash}")
+        kwargs = {**dict(zip(names, args)), **kwargs}
+    if config is None:
+        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(config_class)})
+        if unknown:
+            raise TypeError(f"MatRIS got unexpected config keys {unknown}{_closest(unknown[0], config_class)}")
+        config = config_class(**kwargs)
+    elif kwargs:
+        raise TypeError("pass either a config_class or keyword arguments, not both")
+    elif not isinstance(config, config_class):
+        config = config_class.from_dict(dict(config))
+    return config
+
+
+def _closest(key: str, config_class: type) -> str:
+    """'' or "; did you mean 'x'?" for a misspelt config key."""
+    import difflib
+
+    match = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(config_class)], n=1)
+    return f"; did you mean {match[0]!r}?" if match else ""
