@@ -4,13 +4,7 @@ Each operation has a PyTorch reference (used on every device and by the tests as
 truth); GPU kernels written in Triton live beside their reference and are selected on CUDA.
 """
 
-from .attention import (
-    Segments,
-    attention_pair,
-    attention_pair_lse,
-    attention_pair_reference,
-    merge_softmax,
-)
+from .attention import Segments, attention_pair, attention_pair_lse, attention_pair_reference, merge_softmax
 from .backend import REFERENCES, Kernels, choose, dispatch
 from .gather import gather_sum_activate_reference
 from .phi import gated_phi, gated_phi_reference

@@ -1,17 +1,14 @@
 """Separable attention's aggregations: per-channel segment softmax and weighted sum, and the
 operator ``matris::attention_pair`` that computes both of one attention step.
 
-``out[n, c] = Σ_{e: index[e] = n} softmax_e(logits[:, c])[e] · messages[e, c]``: this is S or T
-of spec §5 (:func:`softmax_aggregate_reference`, the PyTorch reference). The Triton forward
-kernel walks the edges of each segment in CSR order once, with an online softmax (running max,
-running sum, running weighted sum), so the normalised weights are never written to memory. It
-also writes the per-segment log-sum-exp, which is all the backward needs:
+``out[n, c] = Σ_{e: index[e] = n} softmax_e(logits[:, c])[e] · messages[e, c]``: S or T of spec §5 (reference:
+:func:`softmax_aggregate_reference`). The Triton forward kernel walks each segment's edges once (CSR order) with an
+online softmax (running max, sum, weighted sum; no weights stored) and writes the log-sum-exp the backward needs:
 
     p_e = exp(logits_e − lse[n]),   ∂L/∂m_e = p_e·G[n],   ∂L/∂logit_e = p_e·((m_e − out[n])·G[n] + G_lse[n])
 
-``matris::attention_pair``'s CUDA kernel runs it once per direction, and its backward is one
-edge-parallel Triton kernel for both directions. ``benchmarks/kernels.py --check`` compiles the
-kernels; ``tests/test_operators.py`` compares the operator with its reference.
+``matris::attention_pair``'s CUDA kernel runs it once per direction; its backward is one edge-parallel Triton kernel
+for both. ``benchmarks/kernels.py --check`` compiles the kernels; ``tests/test_operators.py`` checks the operator.
 """
 
 from __future__ import annotations
@@ -20,14 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import (
-    LIB,
-    operators_run,
-    recompute_backward,
-    register_triton,
-    tile,
-    triton_available,
-)
+from .backend import LIB, operators_run, recompute_backward, register_triton, tile, triton_available
 from .segment import scatter_sum, segment_max, segment_softmax
 
 
@@ -35,11 +25,8 @@ from .segment import scatter_sum, segment_max, segment_softmax
 class Segments:
     """Edges grouped by a node index, with the CSR view the Triton kernels need.
 
-    index: ``[E]`` int64 node of each edge; num_segments: number of nodes;
-    order: ``[E]`` int64 edges sorted by node (stable); offsets: ``[num_segments + 1]`` int64
-    start of each node's edges in ``order`` (int64 like every offset the kernels compute:
-    segment × channel products pass 2³¹ on the line graphs of large cells).
-    """
+    index ``[E]``: node of each edge; order ``[E]``: edges stably sorted by node; offsets ``[num_segments + 1]``: start
+    of each node's edges in ``order``. All int64, as every kernel offset (segment × channel passes 2³¹ on big cells)."""
 
     index: torch.Tensor
     num_segments: int
@@ -48,17 +35,15 @@ class Segments:
 
     @classmethod
     def from_index(cls, index: torch.Tensor, num_segments: int) -> "Segments":
-        """Sort once; the offsets come from a binary search of the sorted index (no host
-        synchronisation: ``bincount`` would read the maximum back on CUDA)."""
+        """Sort once; offsets by binary search of the sorted index (``bincount`` would sync the host on CUDA)."""
         sorted_index, order = torch.sort(index, stable=True)
         bounds = torch.arange(num_segments + 1, dtype=sorted_index.dtype, device=index.device)
         offsets = torch.searchsorted(sorted_index, bounds)
         return cls(index, num_segments, order, offsets)
 
     def permuted(self, index: torch.Tensor, shift: int) -> "Segments":
-        """The segments of ``index[k] = self.index[(k + shift) mod E]`` without a second sort:
-        the same offsets, the order shifted back (directed edges by source from the edges
-        by target, as edge ``k + B`` is edge ``k`` reversed)."""
+        """Segments of ``index[k] = self.index[(k + shift) mod E]`` without a second sort (same offsets, order shifted
+        back): directed edges by source from those by target, as edge ``k + B`` is edge ``k`` reversed."""
         e = self.order.shape[0]
         return Segments(index, self.num_segments, (self.order + (e - shift)) % e if e else self.order, self.offsets)
 
@@ -137,12 +122,10 @@ def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, ro
                              num_segments: int, res_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """PyTorch reference of both aggregations of one separable attention → (T, S) ``[n, C]``.
 
-    Logits ``α = [α_s ‖ α_t]`` ``[E, 2C]`` are ``rows·weightᵀ`` (rows ``[E, d]``, weight
-    ``[2C, d]``) or, with ``row_index``, ``rows[row_index]`` (rows already projected, ``[B, 2C]``).
-    ``T = softmax_aggregate_reference(α_t, m, target)``, ``S = softmax_aggregate_reference(α_s, m, source)``.
-    With ``res_weight`` ``[1, C]`` (line graph: rows are the edge features, d = C) also the
-    edges' residual update ``y' = m + res_weight ⊙ rows`` ``[E, C]``: (T, S, y').
-    """
+    Logits ``α = [α_s ‖ α_t]`` ``[E, 2C]`` are ``rows·weightᵀ`` (rows ``[E, d]``, weight ``[2C, d]``) or, with
+    ``row_index``, ``rows[row_index]`` (rows already projected, ``[B, 2C]``). T, S: :func:`softmax_aggregate_reference`
+    of ``α_t`` by ``target``, of ``α_s`` by ``source``. With ``res_weight`` ``[1, C]`` (line graph: rows are the edge
+    features, d = C) also the edges' residual update ``y' = m + res_weight ⊙ rows`` ``[E, C]``: (T, S, y')."""
     alpha = rows @ weight.T if row_index is None else rows.index_select(0, row_index)
     c = messages.shape[1]
     pair = (softmax_aggregate_reference(alpha[:, c:], messages, target, num_segments),
@@ -151,8 +134,7 @@ def attention_pair_reference(rows: torch.Tensor, weight: torch.Tensor | None, ro
 
 
 def segment_logsumexp(logits: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """``log Σ_{index[k] = n} exp(logits[k])`` per channel → ``[num_segments, C]`` (0 for a segment
-    without rows, as the fused kernels give)."""
+    """``log Σ_{index[k] = n} exp(logits[k])`` per channel → ``[num_segments, C]``, 0 without rows (as the kernels)."""
     top = segment_max(logits, index, num_segments)
     total = scatter_sum(torch.exp(logits - top.index_select(0, index)), index, num_segments)
     return torch.where(total > 0, top + torch.log(torch.where(total > 0, total, torch.ones_like(total))),
@@ -162,13 +144,10 @@ def segment_logsumexp(logits: torch.Tensor, index: torch.Tensor, num_segments: i
 def merge_softmax(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]) -> torch.Tensor:
     """The softmax aggregate of a segment from partial softmaxes over disjoint parts of its rows.
 
-    Each part is ``(N, D, s)`` ``[n, C]``: ``N = Σ exp(α − s)·m`` and ``D = Σ exp(α − s)`` over its
-    rows, relative to a shift ``s`` (None: 0; ``D`` None: 1). Returns ``Σ_k N_k·exp(s_k − S) /
-    Σ_k D_k·exp(s_k − S)`` with ``S = max_k s_k``, a constant that cancels; 0 where no part has
-    rows. Serves the line-graph steps computed by row chunks (one shift, the chunks' sums added:
-    ``N/D``) and across domain ranks (a part per end of a bond: ``(T, None, lse)`` from
-    :func:`attention_pair_lse`, with ``lse = −inf`` at an end without rows).
-    """
+    Each part is ``(N, D, s)`` ``[n, C]``: ``N = Σ exp(α − s)·m``, ``D = Σ exp(α − s)`` over its rows for a shift ``s``
+    (None: 0; ``D`` None: 1). Returns ``Σ_k N_k·exp(s_k − S) / Σ_k D_k·exp(s_k − S)``, ``S = max_k s_k``; 0 where no
+    part has rows. For line-graph row chunks (one shift, sums added) and domain ranks (a part per bond end:
+    ``(T, None, lse)`` of :func:`attention_pair_lse`, ``−inf`` without rows)."""
     shifts = [s for _, _, s in parts if s is not None]
     top = None
     if shifts:
@@ -184,12 +163,9 @@ def merge_softmax(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Ten
 
 def attention_pair_lse(rows, weight, row_index, messages, target, source, num_segments: int,
                        res_weight: torch.Tensor | None = None, *, fused: bool = True) -> tuple[torch.Tensor, ...]:
-    """:func:`attention_pair` that also returns each segment's log-sum-exp of the logits,
-    differentiable: ``(T, S, y' or None, lse_t, lse_s)`` (lse ``[n, C]``, 0 for an empty segment).
-    Two partial softmaxes of one segment (split across MPI ranks, :mod:`matris.domain`) combine
-    exactly as ``Σ_k T_k·exp(lse_k − L)``, ``L = log Σ_k exp(lse_k)``. The operator (its backward
-    folds ∂L/∂lse in: ``∂L/∂α += p·∂L/∂lse``) where asked for (``fused``) and it has a kernel
-    (:func:`.backend.operators_run`), else the reference."""
+    """:func:`attention_pair` plus the segments' differentiable log-sum-exps: ``(T, S, y' or None, lse_t, lse_s)``,
+    lse ``[n, C]`` (0 if empty). Parts of a segment on several MPI ranks (:mod:`matris.domain`) combine as
+    ``Σ_k T_k·exp(lse_k − L)``, ``L = log Σ_k exp(lse_k)``. The operator (``fused``, a kernel here), else reference."""
     if fused and messages.shape[0] and operators_run(messages, target, source, row_index, rows, weight, res_weight):
         out_t, out_s, y_new, _, lse_s, lse_t = torch.ops.matris.attention_pair(
             rows, weight, row_index, messages, target, source, num_segments, res_weight, [])
@@ -203,32 +179,22 @@ def attention_pair_lse(rows, weight, row_index, messages, target, source, num_se
 
 
 def attention_pair(rows, weight, row_index, messages, target, source, num_segments: int,
-                   res_weight: torch.Tensor | None = None,
-                   segments: "tuple[Segments, Segments] | None" = None, *, fused: bool = True
-                   ) -> tuple[torch.Tensor, ...]:
-    """:func:`attention_pair_reference` as the operator ``matris::attention_pair`` (C++ kernel in
-    ``csrc/cpu/attention.cpp``; where it cannot run, e.g. no compiler, the reference).
+                   res_weight: torch.Tensor | None = None, segments: "tuple[Segments, Segments] | None" = None, *,
+                   fused: bool = True) -> tuple[torch.Tensor, ...]:
+    """:func:`attention_pair_reference` as the operator ``matris::attention_pair`` (C++ kernel: csrc/cpu/attention.cpp).
 
-    One online pass over the edges (running maxima and sums per segment and channel), the line
-    graph's logits computed by a GEMM on each block of rows just before they are folded in. The
-    backward recomputes ``p = exp(α − lse)`` per row from the saved logits and log-sum-exp (the
-    formulas of the module docstring) and never builds an edge-sized tensor beyond the gradients
-    it returns (on the atom graph, ∂L/∂α before its sum to the bonds). Weight gradients (line graph)
-    come from the same pass: ``∂L/∂W = (∂L/∂α)ᵀ·rows`` and ``∂L/∂w = Σ G_y' ⊙ rows``. With
-    ``create_graph`` it recomputes the reference under autograd (exact second order).
-    ``res_weight`` (line graph only): also the residual update y' of the reference, computed in
-    the same pass over the rows (and its gradient folded into the backward's ∂L/∂m and ∂L/∂rows).
-    ``segments`` (by target, by source): the CSR order the CUDA kernel walks (made once per graph;
-    without it that kernel sorts the indices; the CPU kernel does not need it). ``fused`` False: the
-    reference (the call's choice, e.g. training on a CPU).
-    """
+    One online pass over the edges (running maxima and sums per segment and channel; line-graph logits by a GEMM per
+    block of rows). The backward recomputes ``p = exp(α − lse)`` per row (module docstring), builds no edge-sized tensor
+    beyond the gradients it returns and gives the line graph's ``∂L/∂W = (∂L/∂α)ᵀ·rows``, ``∂L/∂w = Σ G_y' ⊙ rows``;
+    with ``create_graph``, the reference under autograd. ``res_weight`` (line graph only): also y'. ``segments`` (by
+    target, by source): the CSR order the CUDA kernel walks, made once per graph (else it sorts). The reference where
+    the operator cannot run (e.g. no compiler) or ``fused`` is False."""
     n_edges = messages.shape[0]
     if res_weight is not None and row_index is not None:
         raise ValueError("attention_pair: res_weight is for the line-graph form (row_index None)")
     if not fused or n_edges == 0 or not operators_run(messages, target, source, row_index, rows, weight, res_weight):
         # not asked for, or no kernel here (no compiler, not float32/float64 tensors): the reference
         return attention_pair_reference(rows, weight, row_index, messages, target, source, num_segments, res_weight)
-    # the graph's CSR order for the CUDA kernel (which sorts the indices itself without it)
     csr = [t for seg in segments for t in (seg.order, seg.offsets)] if segments is not None else []
     out_t, out_s, y_new = torch.ops.matris.attention_pair(rows, weight, row_index, messages, target, source,
                                                           num_segments, res_weight, csr)[:3]
@@ -236,14 +202,10 @@ def attention_pair(rows, weight, row_index, messages, target, source, num_segmen
 
 
 # ---------------------------------------------------------------------------- registered operators
-# matris::attention_pair (forward: T, S, y' and what the backward reads) and
-# matris::attention_pair_backward (input gradients): CPU kernels in the C++ library
-# (csrc/cpu/attention.cpp), CUDA kernels in Triton (below). Autograd: the backward operator where only
-# input gradients are wanted (inference), else the reference under autograd (exact second order).
-# ``csr``: [target order, target offsets, source order, source offsets] of :class:`Segments` for the
-# CUDA kernel (the CPU kernel reads the indices; an empty list there).
-# Outputs: (T [n, C], S [n, C], y' [E, C] (empty without res_weight), α [E, 2C] (empty on the atom
-# graph, where α is ``rows`` read through ``row_index``), lse_s [n, C], lse_t [n, C]).
+# matris::attention_pair (T, S, y' and what the backward reads), matris::attention_pair_backward: C++ CPU kernels
+# (csrc/cpu/attention.cpp), Triton CUDA kernels (below); autograd: the backward operator, or with create_graph the
+# reference. ``csr``: [target order, target offsets, source order, source offsets] (:class:`Segments`; empty on CPU).
+# Outputs: (T, S, y' [E, C] or empty, α [E, 2C] or empty (atom graph: rows[row_index]), lse_s, lse_t); T, S, lse [n, C].
 LIB.define("attention_pair(Tensor rows, Tensor? weight, Tensor? row_index, Tensor messages, Tensor target, "
            "Tensor source, SymInt num_segments, Tensor? res_weight, Tensor[] csr) -> "
            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
@@ -303,10 +265,9 @@ def _attention_backward(ctx, g_t, g_s, g_y, _g_alpha=None, g_lse_s=None, g_lse_t
         return g[0], (g[1] if weight is not None else None), None, g[2], None, None, None, None, ctx.no_csr
     # weight gradients (first order, no graph): the projection's from ∂L/∂α, the residual's from G_y'
     want_w = ctx.want_weights
-    g_rows, g_m, g_alpha = torch.ops.matris.attention_pair_backward(g_t, g_s, g_y, rows, weight, row_index, m, target,
-                                                                    source, alpha, out_s, out_t, lse_s, lse_t,
-                                                                    res_weight, ctx.want_rows, ctx.want_messages,
-                                                                    want_w)
+    g_rows, g_m, g_alpha = torch.ops.matris.attention_pair_backward(
+        g_t, g_s, g_y, rows, weight, row_index, m, target, source, alpha, out_s, out_t, lse_s, lse_t, res_weight,
+        ctx.want_rows, ctx.want_messages, want_w)
     if with_lse and (ctx.want_rows or want_w):
         # ∂lse/∂α = p = exp(α − lse): one more term of ∂L/∂α, to the rows (and weight) as the kernel's own
         c = m.shape[1]
@@ -337,8 +298,7 @@ torch.library.register_autograd("matris::attention_pair", _attention_backward, s
 
 # ---------------------------------------------------------------------------- CUDA (Triton)
 def _attention_triton(rows, weight, row_index, messages, target, source, num_segments, res_weight, csr):
-    """The CUDA kernel of ``matris::attention_pair``: the C++ kernel's outputs, from the online-softmax
-    Triton kernel (once per direction, reading its half of α in place) and one GEMM for α."""
+    """CUDA kernel of ``matris::attention_pair``: a GEMM for α, the online softmax per direction on its half of α."""
     e, c = messages.shape
     messages = messages.contiguous()
     if csr:
@@ -383,8 +343,7 @@ def _attention_backward_triton(g_t, g_s, g_y, rows, weight, row_index, messages,
         else:
             g_rows = rows.new_zeros(rows.shape).index_add_(0, row_index, g_alpha)
     keep = want_weights and row_index is None  # ∂L/∂α per row: the projection's weight gradient
-    return (g_rows, g_m if want_messages else messages.new_empty((0,)),
-            g_alpha if keep else messages.new_empty((0,)))
+    return (g_rows, g_m if want_messages else messages.new_empty((0,)), g_alpha if keep else messages.new_empty((0,)))
 
 
 if triton_available():

@@ -1,15 +1,10 @@
 """Fused basis functions: Bessel × polynomial envelope, Fourier and SH angle bases (spec §3).
 
-Each basis is one operator (``matris::bessel``, ``fourier``, ``spherical``) with a CUDA kernel in
-Triton (below) and a CPU kernel in C++ (``csrc/cpu/basis.cpp``, the same formulas). Each kernel
-runs over rows and writes all K columns. A second kernel
-computes the first-order backward analytically: the derivative with respect to the
-input (bond length r; angle θ and SH radial argument ρ) and, per element, with respect
-to the learnable frequencies, which the wrapper then sums over rows. When a graph of the
-backward is wanted (create_graph, for training on forces), the backward recomputes the
-PyTorch reference under autograd instead, which gives exact second derivatives. The
-PyTorch references are below (the modules of ``matris/model/basis.py`` call them and the
-operators); ``benchmarks/kernels.py --check`` compares every path with them.
+Each basis is an operator (``matris::bessel``, ``fourier``, ``spherical``): a Triton CUDA kernel and a C++ CPU kernel
+(``csrc/cpu/basis.cpp``, same formulas), each writing all K columns of its rows. A second kernel gives the analytic
+first-order backward: ∂/∂input (bond length r; angle θ, SH radial argument ρ) and per-element ∂/∂frequencies, summed
+over rows by the wrapper; with create_graph (training on forces) it recomputes the reference under autograd (exact
+second order). ``matris/model/basis.py`` calls the references; ``benchmarks/kernels.py --check`` compares all paths.
 """
 
 from __future__ import annotations
@@ -19,30 +14,17 @@ import math
 
 import torch
 
-from .backend import (
-    LIB,
-    device_constants,
-    operators_run,
-    recompute_backward,
-    register_triton,
-    tile,
-    triton_available,
-)
+from .backend import LIB, device_constants, operators_run, recompute_backward, register_triton, tile, triton_available
 
 SQRT_PI = math.sqrt(math.pi)
 
 
 # ---------------------------------------------------------------------------- references
-# The PyTorch forms: what the kernels compute, the ground truth of their tests, the backward of
-# create_graph calls (exact second order) and the path where no kernel applies.
-# Coefficients c_* of the SH radial functions R_{n,j}: row n, root j (float32 values).
-# Source: the v0.9 reference release (see tests/fixtures/official-v0.9/sh_radial_coefficients.json).
+# The PyTorch forms: the kernels' ground truth, create_graph backward and no-kernel path. SH radial coefficients c_*
+# of R_{n,j}, row n, root j: v0.9's float32 values (tests/fixtures/official-v0.9/sh_radial_coefficients.json).
 SH_RADIAL_COEFFICIENTS: tuple[tuple[tuple[float, ...], ...], ...] = (
     (  # n = 0
-        (3.1415927410125732,),
-        (6.2831854820251465,),
-        (9.42477798461914,),
-        (12.566370964050293,),
+        (3.1415927410125732,), (6.2831854820251465,), (9.42477798461914,), (12.566370964050293,),
     ),
     (  # n = 1
         (-1.0244648456573486, 4.493409633636475, 0.22799275815486908, 4.493409633636475),
@@ -51,68 +33,35 @@ SH_RADIAL_COEFFICIENTS: tuple[tuple[tuple[float, ...], ...], ...] = (
         (-1.0025237798690796, 14.066193580627441, 0.0712718591094017, 14.066193580627441),
     ),
     (  # n = 2
-        (
-            -1.048079490661621, 5.763459205627441,
-            0.5455470681190491, 5.763459205627441,
-            0.09465618431568146, 5.763459205627441,
-        ),
-        (
-            -1.0186179876327515, 9.095011711120605,
-            0.33599230647087097, 9.095011711120605,
-            0.036942481994628906, 9.095011711120605,
-        ),
-        (
-            -1.010022759437561, 12.322940826416016,
-            0.24588839709758759, 12.322940826416016,
-            0.019953710958361626, 12.322940826416016,
-        ),
-        (
-            -1.0062896013259888, 15.514602661132812,
-            0.19458240270614624, 15.514602661132812,
-            0.01254188735038042, 15.514602661132812,
-        ),
+        (-1.048079490661621, 5.763459205627441, 0.5455470681190491, 5.763459205627441,
+         0.09465618431568146, 5.763459205627441),
+        (-1.0186179876327515, 9.095011711120605, 0.33599230647087097, 9.095011711120605,
+         0.036942481994628906, 9.095011711120605),
+        (-1.010022759437561, 12.322940826416016, 0.24588839709758759, 12.322940826416016,
+         0.019953710958361626, 12.322940826416016),
+        (-1.0062896013259888, 15.514602661132812, 0.19458240270614624, 15.514602661132812,
+         0.01254188735038042, 15.514602661132812),
     ),
     (  # n = 3
-        (
-            1.0694283246994019, 6.987932205200195,
-            0.9182358384132385, 6.987932205200195,
-            0.3285077214241028, 6.987932205200195,
-            0.047010719776153564, 6.987932205200195,
-        ),
-        (
-            1.0292173624038696, 10.417118072509766,
-            0.5928034782409668, 10.417118072509766,
-            0.1422666758298874, 10.417118072509766,
-            0.013657009229063988, 10.417118072509766,
-        ),
-        (
-            1.0165081024169922, 13.698022842407227,
-            0.4452502727508545, 13.698022842407227,
-            0.0812617763876915, 13.698022842407227,
-            0.0059323725290596485, 13.698022842407227,
-        ),
-        (
-            1.010696530342102, 16.923622131347656,
-            0.3583263158798218, 16.923622131347656,
-            0.05293286591768265, 16.923622131347656,
-            0.003127750474959612, 16.923622131347656,
-        ),
+        (1.0694283246994019, 6.987932205200195, 0.9182358384132385, 6.987932205200195,
+         0.3285077214241028, 6.987932205200195, 0.047010719776153564, 6.987932205200195),
+        (1.0292173624038696, 10.417118072509766, 0.5928034782409668, 10.417118072509766,
+         0.1422666758298874, 10.417118072509766, 0.013657009229063988, 10.417118072509766),
+        (1.0165081024169922, 13.698022842407227, 0.4452502727508545, 13.698022842407227,
+         0.0812617763876915, 13.698022842407227, 0.0059323725290596485, 13.698022842407227),
+        (1.010696530342102, 16.923622131347656, 0.3583263158798218, 16.923622131347656,
+         0.05293286591768265, 16.923622131347656, 0.003127750474959612, 16.923622131347656),
     ),
 )
 
-# 1/sqrt(2): the constant term of the Fourier basis, exact in the compute dtype as the official 1.0
-# code computes it (in float32 it rounds to the value v0.9 kept, 0.7071067690849304, so float32
-# results are those of both releases; in float64 they are 1.0's: see tests/test_parity.py).
+# Fourier constant 1/sqrt(2), exact in the compute dtype as in official 1.0 (float32: v0.9's too; tests/test_parity.py)
 FOURIER_CONSTANT = math.sqrt(0.5)
-# the constant of the v0.9 reference release, which kept the float32 value in float64 too
-FOURIER_CONSTANT_V09 = 0.7071067690849304
+FOURIER_CONSTANT_V09 = 0.7071067690849304  # v0.9 kept the float32 value in float64 too
 
 
 def polynomial_envelope(s: torch.Tensor, p: int) -> torch.Tensor:
-    """Smooth cutoff ``f(s)`` of order ``p`` for ``s = r / cutoff``; zero for ``s >= 1``.
-
-    ``f(s) = 1 − (p+1)(p+2)/2·s^p + p(p+2)·s^(p+1) − p(p+1)/2·s^(p+2)``.
-    """
+    """Smooth cutoff of order ``p`` for ``s = r / cutoff``, zero for ``s >= 1``:
+    ``f(s) = 1 − (p+1)(p+2)/2·s^p + p(p+2)·s^(p+1) − p(p+1)/2·s^(p+2)``."""
     a = (p + 1) * (p + 2) / 2
     b = p * (p + 2)
     c = p * (p + 1) / 2
@@ -129,8 +78,7 @@ def bessel_basis(r: torch.Tensor, frequencies: torch.Tensor, cutoff: float, p: i
 
 
 def fourier_basis(theta: torch.Tensor, frequencies: torch.Tensor, constant: float = FOURIER_CONSTANT) -> torch.Tensor:
-    """``[A]`` angles → ``[A, 2m+1]``: ``[c, sin(f θ)…, cos(f θ)…] / √π`` (``c`` the constant term,
-    :data:`FOURIER_CONSTANT` unless a checkpoint's release says otherwise)."""
+    """``[A]`` angles → ``[A, 2m+1]``: ``[c, sin(f θ)…, cos(f θ)…] / √π``, ``c`` e.g. :data:`FOURIER_CONSTANT`."""
     x = theta.unsqueeze(-1) * frequencies
     const = torch.full_like(theta, constant).unsqueeze(-1)
     return torch.cat([const, torch.sin(x), torch.cos(x)], dim=-1) / math.sqrt(math.pi)
@@ -143,18 +91,13 @@ def sh_radial_reference(n: int, c: tuple[float, ...], rho: torch.Tensor) -> torc
     if n == 1:
         return (c[0] * rho * torch.cos(c[1] * rho) + c[2] * torch.sin(c[3] * rho)) / rho**2
     if n == 2:
-        return (
-            c[0] * rho**2 * torch.sin(c[1] * rho) - c[2] * rho * torch.cos(c[3] * rho) + c[4] * torch.sin(c[5] * rho)
-        ) / rho**3
-    return (
-        c[0] * rho**3 * torch.cos(c[1] * rho)
-        - c[2] * rho**2 * torch.sin(c[3] * rho)
-        - c[4] * rho * torch.cos(c[5] * rho)
-        + c[6] * torch.sin(c[7] * rho)
-    ) / rho**4
+        return (c[0] * rho**2 * torch.sin(c[1] * rho) - c[2] * rho * torch.cos(c[3] * rho)
+                + c[4] * torch.sin(c[5] * rho)) / rho**3
+    return (c[0] * rho**3 * torch.cos(c[1] * rho) - c[2] * rho**2 * torch.sin(c[3] * rho)
+            - c[4] * rho * torch.cos(c[5] * rho) + c[6] * torch.sin(c[7] * rho)) / rho**4
 
 
-# the SH angular normalisations sqrt((2l+1)/(4π))-type factors of l = 0..3, as the kernel reads them
+# normalisations of Y_l (m = 0), l = 0..3, as the kernel reads them
 SH_NORMS = (0.5 * math.sqrt(1 / math.pi), math.sqrt(3 / (4 * math.pi)), math.sqrt(5 / (16 * math.pi)),
             math.sqrt(7 / (16 * math.pi)))
 
@@ -167,7 +110,7 @@ def legendre_reference(ell: int, t: torch.Tensor) -> torch.Tensor:
 
 
 def sh_basis(theta: torch.Tensor, rho: torch.Tensor, factor: torch.Tensor, max_l: int, max_n: int) -> torch.Tensor:
-    """``[A]`` angles and radial arguments → ``[A, max_l·max_n]``; see :class:`SphericalExpansion`."""
+    """``[A]`` angles and radial arguments → ``[A, max_l·max_n]``; see ``matris.model.basis.SphericalExpansion``."""
     t = torch.cos(theta)
     ys = [legendre_reference(ell, t) for ell in range(max_l)]
     feats = []
@@ -185,18 +128,15 @@ sh_reference = sh_basis
 
 @functools.lru_cache(maxsize=16)
 def sh_coefficient_table(dtype, device) -> torch.Tensor:
-    """``[4, 4, 8]`` coefficients c_i of R_{n,j}, zero-padded, as their float32 values.
-    Made once per dtype and device, directly on ``device`` (read-only; every SH launch uses it)."""
+    """``[4, 4, 8]`` float32 coefficients of R_{n,j}, zero-padded; cached per dtype and device (read-only)."""
     rows = [[[float(c) for c in coeffs] + [0.0] * (8 - len(coeffs)) for coeffs in n_rows]
             for n_rows in SH_RADIAL_COEFFICIENTS]
     return torch.tensor(rows, dtype=torch.float64, device=device).to(dtype).contiguous()
 
 
 # ---------------------------------------------------------------------------- registered operators
-# Defined here, their CUDA kernels in Triton (below; under TRITON_INTERPRET=1 their CPU kernels too), the
-# C++ library's CPU kernels registered when it loads (kernels/native.py); fake kernels and autograd:
-# single nodes under torch.compile. The backwards without a graph of the backward run the backward
-# operators; with one (create_graph), the references under autograd (exact second order).
+# CUDA kernels in Triton below (CPU too under TRITON_INTERPRET=1), CPU kernels from the C++ library (kernels/native.py);
+# fake kernels and autograd make single nodes under torch.compile. create_graph backward: the references.
 LIB.define("bessel(Tensor r, Tensor frequencies, float cutoff, int p) -> Tensor")
 LIB.define("bessel_backward(Tensor r, Tensor frequencies, float cutoff, int p, Tensor grad, bool freq_grad) "
            "-> (Tensor, Tensor)")
@@ -271,8 +211,7 @@ torch.library.register_autograd("matris::spherical", _sh_backward, setup_context
 
 
 def bessel(r, frequencies, cutoff: float, p: int, fused: bool = True):
-    """``[B]`` → ``[B, K]`` Bessel × envelope: the operator where asked for (``fused``) and it has a
-    kernel (:func:`.backend.operators_run`), else :func:`bessel_basis`."""
+    """``[B]`` → ``[B, K]`` Bessel × envelope: the operator (``fused`` and a kernel here), else :func:`bessel_basis`."""
     if not (fused and r.shape[0] and operators_run(r)):
         return bessel_basis(r, frequencies, cutoff, p)
     return torch.ops.matris.bessel(r, frequencies.to(r.dtype), float(cutoff), int(p))
@@ -316,8 +255,7 @@ if triton_available():
     def bessel_kernel(r_ptr, f_ptr, out_ptr, grad_ptr, grad_r_ptr, consts_ptr, n_rows,
                       K: tl.constexpr, KP: tl.constexpr, P: tl.constexpr, BACKWARD: tl.constexpr,
                       FREQ_GRAD: tl.constexpr, BLOCK: tl.constexpr):
-        """Forward: out[b, k]. Backward: grad_r[b] and, with FREQ_GRAD, per-element ∂/∂freq · grad
-        into out (skipped when the frequencies need no gradient, as in inference).
+        """Forward: out[b, k]. Backward: grad_r[b] and, with FREQ_GRAD, per-element ∂/∂freq · grad into out.
         consts: [cutoff, sqrt(2/cutoff)] in the working dtype (scalar arguments would be fp32)."""
         cutoff = tl.load(consts_ptr)
         norm = tl.load(consts_ptr + 1)
@@ -346,9 +284,8 @@ if triton_available():
             tl.store(out_ptr + offs, norm * sin_x / r[:, None] * env[:, None], mask=mask)
 
     @triton.jit
-    def fourier_kernel(t_ptr, f_ptr, out_ptr, grad_ptr, grad_t_ptr, consts_ptr, n_rows,
-                       M: tl.constexpr, MP: tl.constexpr, BACKWARD: tl.constexpr, FREQ_GRAD: tl.constexpr,
-                       BLOCK: tl.constexpr):
+    def fourier_kernel(t_ptr, f_ptr, out_ptr, grad_ptr, grad_t_ptr, consts_ptr, n_rows, M: tl.constexpr,
+                       MP: tl.constexpr, BACKWARD: tl.constexpr, FREQ_GRAD: tl.constexpr, BLOCK: tl.constexpr):
         """Columns: [c, sin(f_1θ)…sin(f_mθ), cos(f_1θ)…cos(f_mθ)] / √π; consts: [c, 1/√π]."""
         const = tl.load(consts_ptr)
         inv_sqrt_pi = tl.load(consts_ptr + 1)
@@ -429,8 +366,7 @@ if triton_available():
     @triton.jit
     def sh_kernel(t_ptr, rho_ptr, coef_ptr, out_ptr, grad_ptr, grad_t_ptr, grad_rho_ptr, consts_ptr, n_rows,
                   MAX_L: tl.constexpr, MAX_N: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
-        """Feature k = n·max_l + j is R_{n,j}(ρ)·Y_{k // max_n}(cos θ)·factor;
-        consts: [factor, Y_0…Y_3 normalisations] in the working dtype."""
+        """Feature k = n·max_l + j is R_{n,j}(ρ)·Y_{k // max_n}(cos θ)·factor; consts: [factor, Y_0…Y_3 norms]."""
         factor = tl.load(consts_ptr)
         rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         rmask = rows < n_rows
@@ -485,16 +421,15 @@ def _launch_fourier(theta, freq, grad, freq_grad=True, constant=0.0):
     if n:
         consts = device_constants((constant, 1 / SQRT_PI), theta.dtype, theta.device)
         fourier_kernel[_grid(n)](theta, freq, out, grad if grad is not None else out, grad_t, consts, n,
-                                 M=m, MP=max(1, triton.next_power_of_2(m)),
-                                 BACKWARD=grad is not None, FREQ_GRAD=grad is not None and freq_grad,
-                                 BLOCK=_block())
+                                 M=m, MP=max(1, triton.next_power_of_2(m)), BACKWARD=grad is not None,
+                                 FREQ_GRAD=grad is not None and freq_grad, BLOCK=_block())
     return (grad_t, out) if grad is not None else out
 
 
 def _launch_sh(theta, rho, factor, max_l, max_n, grad):
     n = theta.shape[0]
     coef = sh_coefficient_table(theta.dtype, theta.device)
-    # factor is the model's buffer (on the device already); the norms are made once per device
+    # factor: the model's buffer, on the device already; the norms are made once per device
     consts = torch.cat([factor.reshape(1).to(device=theta.device, dtype=theta.dtype),
                         device_constants(SH_NORMS, theta.dtype, theta.device)])
     if grad is None:

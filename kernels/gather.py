@@ -1,14 +1,10 @@
 """Φ's first layer on gathered projections: ``act(Σ_k P_k[idx_k] + b)``.
 
-With the projection rewrite (``matris.model.attention``), Φ's first layer is a sum of per-node
-projections gathered per edge, ``P_y[d2u] + P_t[tgt] + P_s[src] (+ P_c[angle_atom])``, plus
-the bias, followed by the activation. :func:`gather_sum_activate_reference` composes it from
-PyTorch ops, for every activation of the config (the model's first layer wherever Φ does not
-run as the operator :func:`matris.kernels.gated_phi`).
-
-The Triton kernel is SiLU's, for the CUDA kernels of ``matris::gated_phi`` and
-``matris::refine_edges``: it reads each projection row once through its index and writes
-``silu(pre)`` and ``silu'(pre)`` (what their backward multiplies by), each ``[n_rows, H]``.
+With the projection rewrite (``matris.model.attention``) that layer sums per-node projections gathered per edge and the
+bias, ``P_y[d2u] + P_t[tgt] + P_s[src] (+ P_c[angle_atom]) + b``, then activates; :func:`gather_sum_activate_reference`
+is its PyTorch form for every activation (where Φ is not :func:`matris.kernels.gated_phi`). The SiLU Triton kernel
+serves the CUDA kernels of ``matris::gated_phi`` and ``matris::refine_edges``: it reads each projection row once through
+its index and writes ``silu(pre)`` and ``silu'(pre)`` (their backward's factor), each ``[n_rows, H]``.
 """
 
 from __future__ import annotations
@@ -33,11 +29,9 @@ def activate(z: torch.Tensor, act: str) -> torch.Tensor:
 
 
 def gather_sum_activate_reference(terms: list[Term], bias: torch.Tensor | None, act: str) -> torch.Tensor:
-    """PyTorch reference: ``act(Σ_k P_k[idx_k] + b)``.
+    """PyTorch reference: ``act(Σ_k P_k[idx_k] + b)`` → ``[E, H]``.
 
-    terms: ``(P_k [n_k, H], idx_k [E] int64 or None)``; None means P_k is already ``[E, H]``.
-    bias: ``[H]`` or None. Returns ``[E, H]``.
-    """
+    terms: ``(P_k [n_k, H], idx_k [E] int64 or None)`` (None: P_k is already ``[E, H]``); bias: ``[H]`` or None."""
     out, owned = None, False
     for proj, index in terms:
         rows = proj if index is None else proj.index_select(0, index)
@@ -94,9 +88,7 @@ if triton_available():
 
 
 def activate_with_slope(terms: list[Term], bias: torch.Tensor | None, act: str, n_rows: int):
-    """``(silu(pre), silu'(pre))``, each ``[n_rows, H]``, with ``pre = Σ_k P_k[idx_k] + b`` (Triton; the
-    first layer of :func:`matris.kernels.gated_phi` and the FFN of ``matris::refine_edges`` on CUDA).
-    At most four terms; ``act`` must be ``"silu"``."""
+    """``(silu(pre), silu'(pre))``, each ``[n_rows, H]``, ``pre = Σ_k P_k[idx_k] + b`` (Triton kernel, ≤ 4 terms)."""
     if act != "silu":
         raise ValueError(f"activate_with_slope computes SiLU only, got {act!r}")
     projs, indices = [p for p, _ in terms], [i for _, i in terms]

@@ -1,26 +1,16 @@
 """The fused CPU operators' C++ kernels (``csrc/cpu/``), built once and registered with torch.
 
-The operators ``matris::gated_phi``, ``matris::attention_pair`` and ``matris::refine_edges`` (with
-their ``*_backward`` operators) are defined from Python (:mod:`.phi`, :mod:`.aggregate`,
-:mod:`.refine`, with their fake kernels, autograd and CUDA kernels in Triton);
-``csrc/cpu/{phi,attention,refine}.cpp`` register their CPU kernels with ``TORCH_LIBRARY_IMPL`` when
-the library built here is loaded. Each kernel runs its whole formula in one pass over the rows,
-every step on blocks of rows while they are in L2 (see the sources), in float32 and float64.
-Without the library (no compiler, or ``MATRIS_NATIVE=0``) the CPU path runs the PyTorch
-references; the tests compare the two.
+``matris::gated_phi``, ``matris::attention_pair``, ``matris::refine_edges`` and their ``*_backward`` are defined in
+Python (:mod:`.phi`, :mod:`.aggregate`, :mod:`.refine`, with autograd and Triton CUDA kernels); loading this library
+registers their CPU kernels (``csrc/cpu/{phi,attention,refine}.cpp``, ``TORCH_LIBRARY_IMPL``): each formula in one pass
+over L2-sized row blocks, float32 and float64. Without it (no compiler, ``MATRIS_NATIVE=0``) the PyTorch references run.
 
-The library is compiled on first use with ``$CXX`` (default ``c++``; C++20 and OpenMP, as torch
-extensions need: GCC ≥ 10 or Clang ≥ 12) against the running torch's headers,
-``-O3 -march=native -fopenmp``, and cached
-under ``$MATRIS_CACHE/native/<hash>/`` (default ``~/.cache/matris``; ``$MATRIS_NATIVE_CACHE``
-overrides the folder). The hash covers every source file, the compiler, the flags, the torch
-version and the CPU (``-march=native`` code must not run on another kind of CPU that shares the
-cache folder, e.g. a cluster's home directory), so it is built once per kind of machine and
-torch (tens of seconds), and a library built from other sources or for another
-torch is never loaded. The build writes to a temporary name and renames it, so concurrent
-processes never load a half-written file. ``MATRIS_NATIVE=0`` turns it off; ``MATRIS_NATIVE=1``
-makes a failed build an error instead of a one-time warning. Under ``TRITON_INTERPRET=1`` it is
-not loaded: the Triton kernels serve CPU tensors there.
+It is compiled on first use with ``$CXX`` (default ``c++``; C++20 and OpenMP: GCC ≥ 10 or Clang ≥ 12) with ``FLAGS``
+against the running torch's headers and cached under :func:`cache_root`, keyed by a hash of the sources, compiler,
+flags, torch version and CPU (``-march=native`` code must not run on another CPU sharing the cache, e.g. a cluster's
+home): built once per kind of machine and torch, a stale library is never loaded. It is written under a temporary name
+and renamed, so concurrent processes never load a half-written file. ``MATRIS_NATIVE=1`` makes a failed build an error
+instead of a one-time warning. Under ``TRITON_INTERPRET=1`` it is not loaded (the Triton kernels serve CPU tensors).
 """
 
 from __future__ import annotations
@@ -47,9 +37,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "cpu" / "basis.cpp", CSRC / "cpu" / "phi.cpp", CSRC / "cpu" / "attention.cpp",
            CSRC / "cpu" / "refine.cpp")
 HEADERS = (CSRC / "cpu" / "common.h",)
-# -mprefer-vector-width=512: GCC vectorises the loops for AVX-512 CPUs with 256-bit registers unless
-# told otherwise; the full width made the Φ operators 7-10% faster on a Xeon (the GEMM kernel has its
-# own intrinsics either way; without AVX-512 the flag changes nothing)
+# -mprefer-vector-width=512: full AVX-512 width (GCC's default is 256 bits) made the Φ operators 7-10% faster on a Xeon
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-std=c++20", "-fPIC", "-fno-math-errno",
          "-fno-trapping-math", "-fvisibility=hidden"]
 
@@ -59,8 +47,7 @@ class NativeBuildError(RuntimeError):
 
 
 def cache_root() -> Path:
-    """``$MATRIS_NATIVE_CACHE``, else ``$MATRIS_CACHE/native``, else ``$XDG_CACHE_HOME/matris/native``,
-    else ``~/.cache/matris/native``."""
+    """``$MATRIS_NATIVE_CACHE``, else ``$MATRIS_CACHE/native``, else ``${XDG_CACHE_HOME:-~/.cache}/matris/native``."""
     return Path(native_cache()).expanduser() if native_cache() else cache_home("native")
 
 
@@ -86,8 +73,7 @@ def _cpu_identity() -> str:
 
 
 def _torch_flags() -> tuple[list[str], list[str]]:
-    """Compile and link flags for an extension of the running torch (its headers, its C++ ABI, its
-    libraries: already loaded by ``import torch``, named for the linker and the run-time path)."""
+    """Compile and link flags for an extension of the running torch (its headers, C++ ABI and loaded libraries)."""
     from torch.utils import cpp_extension
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
@@ -99,8 +85,7 @@ def _torch_flags() -> tuple[list[str], list[str]]:
 
 
 def build(force: bool = False) -> Path:
-    """Compile the operators' sources (once per sources, compiler, flags, torch and CPU) and return
-    the library's path."""
+    """Compile the operators' sources (once per sources, compiler, flags, torch and CPU); return the library's path."""
     cxx, compile_flags, link_flags, lib = _target()
     if lib.is_file() and not force:
         return lib
@@ -119,8 +104,7 @@ def build(force: bool = False) -> Path:
 
 
 def _target() -> tuple[str, list[str], list[str], Path]:
-    """The compiler, its flags and where the library of these sources, compiler, flags, torch and
-    CPU is cached."""
+    """The compiler, its flags and the library's path in the cache, keyed by all that goes into the build."""
     cxx = _compiler()
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
@@ -144,8 +128,7 @@ def _say(text: str) -> None:
 
 @contextlib.contextmanager
 def _build_lock(folder: Path):
-    """Processes that start together (a SLURM array, DDP ranks) compile once: the others wait for
-    the first and load its library."""
+    """Processes that start together (a SLURM array, DDP ranks) compile once; the others wait and load its library."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): concurrent builds are still safe, only repeated
@@ -184,8 +167,7 @@ def _compile_and_link(cxx: str, compile_flags: list[str], link_flags: list[str],
 
 
 def library() -> Path | None:
-    """The loaded library's path, or None where it is turned off (``MATRIS_NATIVE=0``) or cannot be
-    built (warned once)."""
+    """The loaded library's path, or None where turned off (``MATRIS_NATIVE=0``) or not buildable (warned once)."""
     return _load()
 
 
@@ -213,10 +195,8 @@ def available() -> bool:
 
 
 def instruction_set() -> str:
-    """The vector code the library's float32 GEMM runs here: ``avx512``, ``avx2`` or ``portable``
-    (what ``-march=native`` found; float64 always runs the portable kernel, vectorised by the
-    compiler; flags that turn an instruction set off, e.g. ``-mno-avx512f``, count). Benchmarks
-    record it."""
+    """The vector code the library's float32 GEMM runs here (benchmarks record it): ``avx512``, ``avx2`` or
+    ``portable``, as ``-march=native`` found less flags like ``-mno-avx512f``; float64 always runs the portable one."""
     flags = _cpu_identity()
     if " avx512f" in flags and "-mno-avx512f" not in FLAGS:
         return "avx512"

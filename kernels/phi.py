@@ -1,51 +1,29 @@
-"""The whole gated Φ of an edge update (spec §5) as one operator: first layer, gathers,
-activation, second layers and the gated epilogue (on a CPU in one pass over the rows)
-(``matris::gated_phi``: C++ kernel in ``csrc/cpu/phi.cpp``, Triton kernels below for CUDA).
+"""The whole gated Φ of an edge update (spec §5) as one operator, ``matris::gated_phi`` (C++ kernel in
+``csrc/cpu/phi.cpp``, Triton kernels below for CUDA): first layer, gathers, activation, second layers, gated epilogue.
 
-    pre  = R·W_rᵀ + Σ_k P_k[idx_k] + b₁                 [E, 2H]  (core ‖ gate halves)
-    hid  = silu(pre)
-    core = hid_c·W_cᵀ + b_c,   gate = hid_g·W_gᵀ + b_g  [E, d]
-    out  = silu(N_c(core)) ⊙ σ(N_g(gate))               [E, d]
+    pre  = R·W_rᵀ + Σ_k P_k[idx_k] + b₁,   hid = silu(pre)    [E, 2H]  (core ‖ gate halves)
+    core = hid_c·W_cᵀ + b_c,   gate = hid_g·W_gᵀ + b_g       [E, d]
+    out  = silu(N_c(core)) ⊙ σ(N_g(gate))                    [E, d]
 
-R ``[E, d_r]`` is the per-row term (the angle features on the line graph; None when every
-term is gathered), ``P_k [n_k, 2H]`` the per-node projections of the projection rewrite
-(``matris.model.attention``) and N the norm: RMSNorm ``N(x) = x·r·w``, ``r = 1/sqrt(mean(x²) + eps)``,
-or LayerNorm ``N(x) = x̄·r·w + b`` with ``x̄ = x − mean(x)`` and ``r = 1/sqrt(mean(x̄²) + eps)``
-(the published 10M models). This is ``GatedMLP.forward_terms`` with SiLU.
-
-Why: on a CPU these tensors (29k angles × 256 floats for Si64) do not fit in cache, and the
-composed PyTorch ops make about fifteen passes over them in each direction, each allocating
-a fresh tensor. Here each thread runs every step on blocks of 24 of its rows while they are in
-L2 (the GEMMs in a register kernel that reads the weights packed once per call). The forward
-keeps ``silu'(pre)`` in place of ``pre`` (so the backward multiplies by it instead of
-recomputing it), ``core`` and ``gate`` (centred for LayerNorm), and the two row statistics r
-(4H + 2 floats per row, less than the composed ops keep); the backward reads them once per block:
+R ``[E, d_r]``: per-row term (angle features; None when all terms are gathered); ``P_k [n_k, 2H]``: per-node
+projections (``matris.model.attention``); N: RMSNorm ``N(x) = x·r·w``, ``r = 1/sqrt(mean(x²) + eps)``, or LayerNorm
+``N(x) = x̄·r·w + b``, ``x̄ = x − mean(x)``, ``r = 1/sqrt(mean(x̄²) + eps)`` (the published 10M models); this is
+``GatedMLP.forward_terms`` with SiLU. On a CPU these tensors (29k angles × 256 floats for Si64) overflow the cache and
+composed ops make ~15 passes each way, so each thread runs every step on blocks of 24 rows while in L2 (GEMMs in a
+register kernel, weights packed once per call). The forward keeps ``silu'(pre)``, ``core``, ``gate`` (centred for
+LayerNorm) and the row statistics r; the backward reads them once per block, summing ∂L/∂P_k every ``chunk`` rows
+(threads own channels: the same sums for any thread count):
 
     G_cn = silu'(cn) ⊙ σ(gn) ⊙ G,       G_gn = σ'(gn) ⊙ silu(cn) ⊙ G,      X_c = w_c ⊙ G_cn
     G_core = r_c·X_c − core·r_c³·mean(X_c ⊙ core) [− r_c·mean(X_c) for LayerNorm]   (likewise gate)
-    G_pre = silu'(pre) ⊙ [G_core·W_c ‖ G_gate·W_g]
-    G_R = G_pre·W_r,   G_{P_k} = index_add(idx_k, G_pre)
+    G_pre = silu'(pre) ⊙ [G_core·W_c ‖ G_gate·W_g],   G_R = G_pre·W_r,   G_{P_k} = index_add(idx_k, G_pre)
 
-The backward's ∂L/∂P_k are summed every ``chunk`` rows (threads own channel ranges, rows in
-order: the same sums for any thread count).
+Where weights train (first-order passes) the forward also keeps ``hid`` and the backward writes G_pre, G_core, G_gate,
+∂L/∂cn, ∂L/∂gn for :func:`_phi_weight_grads`; with ``create_graph`` it recomputes the reference under autograd.
 
-On CUDA the same operator runs three Triton kernels and cuBLAS: the first layer's gathers, bias
-and SiLU in one pass writing ``silu(pre)`` and ``silu'(pre)`` (:func:`.gather.activate_with_slope`,
-after ``R·W_rᵀ`` in one GEMM), the second layers as GEMMs, and the epilogue kernel below, which
-writes ``out``, the row statistics and the centred rows; its backward kernel gives
-``G_core``, ``G_gate`` from them, then GEMMs and ``index_add`` give the rest. Both forms return
-the same tensors (the tests compare them).
-
-The fused backward gives the input gradients and, where weights train (the first-order passes
-of a training step), the weight gradients from its per-row terms: the forward then also keeps
-``hid`` (``keep_hidden``), the backward writes G_pre, G_core, G_gate and ∂L/∂cn, ∂L/∂gn, and
-
-    ∂L/∂W_r = G_preᵀ·R,   ∂L/∂b₁ = Σ G_pre,   ∂L/∂W_c = G_coreᵀ·hid_c,   ∂L/∂b_c = Σ G_core
-    ∂L/∂w_c = Σ ∂L/∂cn ⊙ core·r_c,   ∂L/∂(norm bias) = Σ ∂L/∂cn          (likewise the gate)
-
-are GEMMs over the rows and column sums. When a graph of the backward is wanted (``create_graph``:
-the force loss's second order), it recomputes the PyTorch reference under autograd: exact second
-derivatives.
+On CUDA: a Triton pass for the gathers, bias and SiLU (:func:`.gather.activate_with_slope`, after one GEMM ``R·W_rᵀ``),
+cuBLAS for the second layers and the epilogue kernel below, whose backward gives ``G_core``, ``G_gate``; GEMMs and
+``index_add`` give the rest. Both forms return the same tensors (the tests compare them).
 """
 
 from __future__ import annotations
@@ -57,8 +35,7 @@ from .backend import LIB, device_constants, operators_run, recompute_backward, r
 from .gather import activate, activate_with_slope, gather_sum_activate_reference
 
 Term = tuple[torch.Tensor, "torch.Tensor | None"]
-# Rows per chunk of the backward's scatter: a [chunk, 2H] buffer of 4 MiB (4,096 float32 rows for
-# H = 128), measured fastest on a 2-core EPYC (1 MiB L2 per core, 32 MiB L3) against 0.25-32 MiB.
+# Rows per chunk of the backward's scatter: a [chunk, 2H] buffer of 4 MiB, the fastest of 0.25-32 MiB on a 2-core EPYC
 CHUNK_BYTES = 4 << 20
 
 
@@ -68,15 +45,10 @@ def gated_phi_reference(rows: torch.Tensor | None, row_weight: torch.Tensor | No
                         gate_norm: torch.Tensor, eps: float, *, norm: str = "rms",
                         core_norm_bias: torch.Tensor | None = None, gate_norm_bias: torch.Tensor | None = None,
                         act: str = "silu", dropout=None) -> torch.Tensor:
-    """PyTorch reference of the formula in the module docstring → ``[E, d]``; Φ of every model
-    configuration (``GatedMLP.forward_terms``): the operator's formula with SiLU, and any ``act``
-    of :data:`.gather.ACTIVATIONS` in place of both SiLUs, ``dropout`` (a module, or None) on ``hid``.
-
-    rows ``[E, d_r]`` and row_weight ``[2H, d_r]`` (or both None); terms ``(P_k [n_k, 2H],
-    idx_k [E])``; bias1 ``[2H]``; core/gate weight ``[d, H]`` and bias ``[d]``; core/gate
-    norm ``[d]`` (the norms' weights); eps the norms' epsilon. ``norm``: ``"rms"`` (RMSNorm) or
-    ``"layer"`` (LayerNorm, with the biases ``core_norm_bias``/``gate_norm_bias [d]``, None for none).
-    """
+    """PyTorch reference of the module docstring's formula → ``[E, d]`` for every model configuration: any ``act`` of
+    :data:`.gather.ACTIVATIONS` for both SiLUs, ``dropout`` (a module, or None) on ``hid``. rows ``[E, d_r]`` and
+    row_weight ``[2H, d_r]`` (or both None); terms ``(P_k [n_k, 2H], idx_k [E])``; bias1 ``[2H]``; core/gate weight
+    ``[d, H]``, bias and norm weight ``[d]``; ``norm`` ``"rms"`` or ``"layer"`` (biases ``*_norm_bias [d]`` or None)."""
     if rows is not None and not terms:  # Φ of one input (a concatenation): its two Linears, as nn.Linear computes
         h = bias1.shape[0] // 2
         hid = torch.cat([activate(F.linear(rows, row_weight[k:k + h], bias1[k:k + h]), act) for k in (0, h)], dim=1)
@@ -103,11 +75,9 @@ NORMS = ("rms", "layer")
 def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
               eps: float, chunk: int | None = None, *, norm: str = "rms", core_norm_bias=None,
               gate_norm_bias=None, act: str = "silu", dropout=None, fused: bool = True) -> torch.Tensor:
-    """Φ (same arguments as :func:`gated_phi_reference`; ``chunk``: rows per chunk of the
-    backward's scatter, default sized to the cache). At least one term or ``rows`` must be given.
-    Runs the operator ``matris::gated_phi`` (:mod:`.native`) where it applies (SiLU, no active
-    dropout) and has a kernel (float32/float64 CPU tensors with the C++ library, CUDA with Triton;
-    :func:`.backend.operators_run`) and asked for (``fused``); otherwise the reference."""
+    """Φ (arguments of :func:`gated_phi_reference`; ``chunk``: rows per chunk of the backward's scatter, default
+    sized to the cache); needs a term or ``rows``. Runs ``matris::gated_phi`` (:mod:`.native`) where it applies (SiLU,
+    no active dropout), has a kernel (:func:`.backend.operators_run`) and ``fused`` asks for it; else the reference."""
     if norm not in NORMS:
         raise ValueError(f"gated_phi: norm must be one of {NORMS}, got {norm!r}")
     n = rows.shape[0] if rows is not None else terms[0][1].shape[0]
@@ -125,7 +95,6 @@ def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weigh
         gate_norm_bias = gate_norm_bias if gate_norm_bias is not None else torch.zeros_like(gate_norm)
     else:
         core_norm_bias = gate_norm_bias = None
-    # training without a graph of the backward reads hid = silu(pre) for the second layers' weight gradients
     weights = (row_weight, bias1, core_weight, core_bias, gate_weight, gate_bias, core_norm, gate_norm,
                core_norm_bias, gate_norm_bias)
     keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in weights)
@@ -135,14 +104,8 @@ def gated_phi(rows, row_weight, terms, bias1, core_weight, core_bias, gate_weigh
 
 
 # ---------------------------------------------------------------------------- registered operators
-# matris::gated_phi (forward: the output and what the backward reads: slope = silu'(pre), core and gate
-# (centred for LayerNorm), r_c, r_g; σ(gn) is recomputed from gate and r_g; with keep_hidden also
-# hid = silu(pre), for the weight gradients) and matris::gated_phi_backward (input gradients; with
-# want_weights also G_pre [E, 2H], G_core, G_gate, ∂L/∂cn, ∂L/∂gn [E, d], whose GEMMs and column
-# sums are the weight gradients): CPU kernels in the C++ library (csrc/cpu/phi.cpp), CUDA kernels in
-# Triton (below). Autograd: the backward operator without a graph of the backward (inference, and
-# the first-order passes of a training step), else (create_graph) the reference under autograd:
-# exact second order.
+# matris::gated_phi → out, slope = silu'(pre), core, gate, r_c, r_g (σ(gn) recomputed), hid (with keep_hidden);
+# matris::gated_phi_backward → the input gradients and, with want_weights, :func:`_phi_weight_buffers`' terms.
 LIB.define("gated_phi(Tensor? rows, Tensor? row_weight, Tensor bias1, Tensor core_weight, Tensor core_bias, "
            "Tensor gate_weight, Tensor gate_bias, Tensor core_norm, Tensor gate_norm, Tensor? core_norm_bias, "
            "Tensor? gate_norm_bias, Tensor[] projections, Tensor[] indices, float eps, bool layer, SymInt chunk, "
@@ -240,9 +203,7 @@ def _phi_backward(ctx, grad, *_unused):
 
 
 def _phi_weight_grads(rows, hid, core, gate, r_c, r_g, layer, g_pre, g_core, g_gate, g_cn, g_gn):
-    """The gradients of (row_weight, bias1, core/gate weight and bias, core/gate norm weight and bias)
-    from the backward's row gradients (first order, no graph): GEMMs over the rows and column sums.
-    ``core``, ``gate``: the stored rows (centred for LayerNorm), so ``core·r_c`` is the normalised row."""
+    """The weights' gradients (in argument order) from the backward's row terms; ``core·r_c`` is the normalised row."""
     h = hid.shape[1] // 2
     g_rw = g_pre.T @ rows if rows is not None else None
     g_wc, g_wg = g_core.T @ hid[:, :h], g_gate.T @ hid[:, h:]
@@ -327,12 +288,9 @@ if triton_available():
     @triton.jit
     def phi_epilogue_kernel(core_ptr, gate_ptr, nc_ptr, ng_ptr, nbc_ptr, nbg_ptr, eps_ptr, grad_ptr, out_ptr,
                             rc_ptr, rg_ptr, gcore_ptr, ggate_ptr, gcn_ptr, ggn_ptr, n_rows, D, LAYER: tl.constexpr,
-                            BACKWARD: tl.constexpr, KEEP: tl.constexpr, BLOCK_R: tl.constexpr,
-                            BLOCK_D: tl.constexpr):
-        """The gated Φ's epilogue with SiLU, as the C++ kernel computes it. Forward: centres core and
-        gate in place (LayerNorm), writes r = 1/sqrt(mean(x²) + eps) per row and
-        out = silu(cn) ⊙ σ(gn). Backward: G_core and G_gate from G and those (σ(gn) recomputed);
-        KEEP: also ∂L/∂cn and ∂L/∂gn (the norms' weight gradients read them)."""
+                            BACKWARD: tl.constexpr, KEEP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The epilogue, as the C++ kernel computes it. Forward: centres core, gate in place (LayerNorm), writes r per
+        row and out. Backward: G_core, G_gate (σ(gn) recomputed); KEEP: also ∂L/∂cn, ∂L/∂gn (norm weight gradients)."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         rmask = rows < n_rows

@@ -1,30 +1,22 @@
-"""The edge side of Refine on the line graph (spec §5) as one operator
-(``matris::refine_edges``: C++ kernel in ``csrc/cpu/refine.cpp``, Triton kernels below for CUDA).
+"""The edge side of Refine on the line graph (spec §5) as one operator, ``matris::refine_edges`` (C++ kernel in
+``csrc/cpu/refine.cpp``, Triton kernels below for CUDA).
 
-    g     = q[src] ⊙ q[tgt]                        [E, C]   q = W_env·basis per bond [B, C]
-    u_g   = u ⊙ g
+    u_g   = u ⊙ g,   g = q[src] ⊙ q[tgt]            [E, C]   q = W_env·basis per bond [B, C]
     R[n]  = Σ_{tgt = n} u_g                          [n, C]   (goes to the node FFN)
     y'    = FFN(u_g if smooth else u) + w ⊙ y       [E, C]   FFN = Lin → SiLU → Lin
 
-``u`` is Φ's output. The composed PyTorch ops write about eight edge-sized tensors in the
-forward pass and more in the backward; here each block of rows goes through every step in
-cache, and every ``chunk`` rows the chunk's terms are summed into R (threads own channel ranges).
-The forward keeps the SiLU slope of the FFN's pre-activation ``[E, C]``; the backward recomputes
-``g`` per row:
+``u`` is Φ's output. Composed PyTorch ops write ~8 edge-sized tensors in the forward (more in the backward); here each
+block of rows goes through every step in cache, summed into R every ``chunk`` rows (threads own channel ranges). The
+forward keeps the SiLU slope of the FFN's pre-activation ``[E, C]``; the backward recomputes ``g`` per row:
 
     G_h  = silu'(h) ⊙ (G_y'·W₂),   G_in = G_h·W₁,   G_y = w ⊙ G_y'
     G_ug = G_R[tgt] (+ G_in if smooth),   G_u = G_ug ⊙ g (+ G_in if not smooth)
     G_q  = index_add(src, G_ug ⊙ u ⊙ q[tgt]) + index_add(tgt, G_ug ⊙ u ⊙ q[src])
 
-Where the weights train without a graph of the backward (a training step's first-order passes),
-the forward also keeps the FFN's activation a = silu(h + b₁), the backward writes G_h, and
-``∂L/∂W₂ = G_y'ᵀ·a``, ``∂L/∂W₁ = G_hᵀ·(u_g or u)``, ``∂L/∂w = Σ G_y' ⊙ y`` with the biases' column
-sums. With a graph of the backward wanted (``create_graph``), the reference is recomputed under
-autograd (exact second order).
-
-On CUDA a Triton kernel computes u_g (the envelope product, one pass), ``index_add`` sums R, the
-FFN runs as cuBLAS GEMMs with the bias and SiLU (and its slope) in the first layer's Triton kernel;
-the backward's per-row terms are one Triton kernel before two ``index_add`` into G_q.
+Where weights train (first-order passes) the forward also keeps the FFN's activation silu(h + b₁) and the backward
+writes G_h, for the weights' GEMMs and column sums; with ``create_graph`` the reference is recomputed under autograd.
+On CUDA a Triton kernel computes u_g, ``index_add`` sums R and G_q, and the FFN is cuBLAS GEMMs with bias and SiLU
+(and slope) in the first layer's Triton kernel; the backward's per-row terms are one Triton kernel.
 """
 
 from __future__ import annotations
@@ -41,12 +33,9 @@ CHUNK_BYTES = 2 << 20  # rows per chunk: 4,096 float32 rows of C = 128
 
 def refine_edges_reference(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=None, b1=None, w2=None,
                            b2=None, smooth: bool = False):
-    """PyTorch reference of the formulas above → ``(R [n, C], y' [E, C])``, or ``R`` alone
-    when ``y`` is None (no edge update: the model's last block).
-
-    u, y: ``[E, C]``; q: ``[B, C]``; src, tgt: ``[E]``; res_weight: ``[1, C]``; w1, w2:
-    ``[C, C]`` with biases ``[C]`` or None.
-    """
+    """PyTorch reference of the formulas above → ``(R [n, C], y' [E, C])``, or ``R`` alone when ``y`` is None (no
+    edge update: the model's last block). u, y ``[E, C]``; q ``[B, C]``; src, tgt ``[E]``; res_weight ``[1, C]``;
+    w1, w2 ``[C, C]`` with biases ``[C]`` or None."""
     u_g = u * (q.index_select(0, src) * q.index_select(0, tgt))
     agg = scatter_sum(u_g, tgt, num_segments)
     if y is None:
@@ -57,14 +46,12 @@ def refine_edges_reference(u, q, src, tgt, num_segments: int, y=None, res_weight
 
 def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=None, b1=None, w2=None, b2=None,
                  smooth: bool = False, chunk: int | None = None, *, fused: bool = True):
-    """:func:`refine_edges_reference` as the operator ``matris::refine_edges`` (``chunk``: rows per
-    chunk of the sums into R and ∂L/∂q); ``fused`` False (the call's choice),
-    or without a kernel here (no compiler, not float CPU tensors), the reference."""
+    """:func:`refine_edges_reference` as the operator ``matris::refine_edges`` (``chunk``: rows per chunk of the sums
+    into R and ∂L/∂q); the reference if not ``fused`` or without a kernel here (no compiler, not float CPU tensors)."""
     if not fused or u.shape[0] == 0 or not operators_run(u, q, src, tgt, y, res_weight, w1, b1, w2, b2):
         return refine_edges_reference(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2, smooth)
     if chunk is None:
         chunk = max(64, CHUNK_BYTES // (u.shape[1] * u.element_size()))
-    # training without a graph of the backward reads the FFN's hidden activation for W₂'s gradient
     keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (w1, b1, w2, b2))
     agg, y_new = torch.ops.matris.refine_edges(u, q, src, tgt, num_segments, y, res_weight, w1, b1, w2, b2,
                                                bool(smooth), int(chunk), keep)[:2]
@@ -72,13 +59,7 @@ def refine_edges(u, q, src, tgt, num_segments: int, y=None, res_weight=None, w1=
 
 
 # ---------------------------------------------------------------------------- registered operators
-# matris::refine_edges (forward: R, y', the FFN's SiLU slope and, with keep_hidden, its activation) and
-# matris::refine_edges_backward (input gradients; with want_weights also G_h, for the weight
-# gradients): CPU kernels in the C++ library (csrc/cpu/refine.cpp), CUDA kernels in Triton (below).
-# Autograd: the backward operator without a graph of the backward (inference, and the first-order
-# passes of a training step), else the reference under autograd (exact second order). Outputs:
-# (R [n, C], y' [E, C], silu'(h) [E, C_h], silu(h) [E, C_h] or empty); without ``y`` (no edge
-# update) the last three are empty.
+# outputs: refine_edges R, y', silu'(h), silu(h) (keep_hidden); its backward G_u, G_q, G_y, G_h; empty where not wanted
 LIB.define("refine_edges(Tensor u, Tensor q, Tensor src, Tensor tgt, SymInt num_segments, Tensor? y, "
            "Tensor? res_weight, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, bool smooth, SymInt chunk, "
            "bool keep_hidden) -> (Tensor, Tensor, Tensor, Tensor)")
@@ -142,7 +123,6 @@ def _refine_backward(ctx, g_agg, g_ynew, *_unused):
                                                                 want_w and g_ynew is not None)
     g_w = [None] * 5  # res_weight, w1, b1, w2, b2
     if want_w and g_ynew is not None:
-        # first order without a graph: GEMMs over the rows and column sums
         x = u * (q.index_select(0, src) * q.index_select(0, tgt)) if smooth else u  # the FFN's input
         g_w = [(g_ynew * y).sum(0).view(res_weight.shape), g_h.T @ x, g_h.sum(0) if b1 is not None else None,
                g_ynew.T @ act, g_ynew.sum(0) if b2 is not None else None]
@@ -213,11 +193,8 @@ if triton_available():
     @triton.jit
     def refine_edges_kernel(u_ptr, q_ptr, src_ptr, tgt_ptr, ug_ptr, gagg_ptr, gin_ptr, gu_ptr, tosrc_ptr, totgt_ptr,
                             E, C, BACKWARD: tl.constexpr, HAS_GIN: tl.constexpr, SMOOTH: tl.constexpr,
-                            WANT_U: tl.constexpr, WANT_Q: tl.constexpr, BLOCK_R: tl.constexpr,
-                            BLOCK_C: tl.constexpr):
-        """Forward: u_g = u ⊙ q[src] ⊙ q[tgt]. Backward: G_ug = G_R[tgt] (+ G_in if smooth),
-        G_u = G_ug ⊙ g (+ G_in if not smooth), and the rows G_ug ⊙ u ⊙ q[tgt] (to src) and
-        G_ug ⊙ u ⊙ q[src] (to tgt) that index_add sums into G_q."""
+                            WANT_U: tl.constexpr, WANT_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Forward: u_g. Backward (module docstring): G_u, and the rows to src and tgt that index_add sums into G_q."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         rmask = rows < E

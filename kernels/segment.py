@@ -1,8 +1,6 @@
 """Segment reductions over edges: the scatter-sum and per-channel softmax of spec §5.
 
-PyTorch reference implementations; they run on any device and are twice differentiable
-(training on forces differentiates through the force computation).
-"""
+PyTorch references, on any device and twice differentiable (training on forces differentiates through the forces)."""
 
 from __future__ import annotations
 
@@ -10,10 +8,7 @@ import torch
 
 
 def scatter_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """``out[n] = Σ_{index[k] = n} src[k]``.
-
-    src: ``[n_edges, C]``; index: ``[n_edges]`` (int64); returns ``[num_segments, C]``.
-    """
+    """``out[n] = Σ_{index[k] = n} src[k]``: src ``[n_edges, C]``, index ``[n_edges]`` int64 → ``[num_segments, C]``."""
     out = src.new_zeros((num_segments,) + tuple(src.shape[1:]))
     return out.index_add(0, index, src)
 
@@ -29,10 +24,8 @@ def segment_max(values: torch.Tensor, index: torch.Tensor, num_segments: int) ->
 def segment_softmax(logits: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Softmax over the edges that share ``index``, separately for every channel.
 
-    logits: ``[n_edges, C]``; index: ``[n_edges]``; returns ``[n_edges, C]`` whose rows with
-    the same index sum to one per channel. The segment maximum is subtracted for stability;
-    it is detached, as the softmax does not depend on it.
-    """
+    logits ``[n_edges, C]``, index ``[n_edges]`` → ``[n_edges, C]``, summing to one per segment and channel. The
+    segment maximum is subtracted for stability, detached (the softmax does not depend on it)."""
     if logits.shape[0] == 0:
         return logits
     w = torch.exp(logits - segment_max(logits, index, num_segments).index_select(0, index))

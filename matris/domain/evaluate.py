@@ -1,23 +1,17 @@
 """MatRIS on a domain decomposition: each rank evaluates its own atoms, bonds and angles, and the
-ranks exchange, inside every block, what the block reads from the others (the method, its
-exchanges and their volume: docs/lammps.md, "The domain decomposition").
+ranks exchange, inside every block, what the block reads from the others (the method, its exchanges and their volume:
+docs/lammps.md, "The domain decomposition").
 
-A rank owns its atoms (LAMMPS's local atoms) and the angles centred on them, and computes every
-bond with at least one owned end (a bond between two ranks on both, the same way). Its ghost atoms
-need only reach one bond (the ghost cutoff r_c + skin that LAMMPS gives any pair style).
-:func:`evaluate` runs the model's own forward with a :class:`RankHalo` that its blocks call at four
-points: the line-graph attention (each bond's softmax over the angles at both its ends, which two
-ranks may own: per end the aggregate ``T`` and log-sum-exp ``lse``, sent from the owner of the end's
-atom to its ghost copies and merged, :func:`matris.kernels.merge_softmax`), the line-graph Refine
-(the plain sums, the same way), and after the atom-graph attention and Refine (the ghost atoms'
-features refreshed from their owners). The backward pass runs each exchange's transpose
-(:func:`matris.domain.halo.forward_exchange`). Exact: the whole system's sums in another order.
-
-Bonds are named across ranks by integers (:mod:`matris.domain.halo`): a directed edge ``t ← s`` by
-``(tag_s, n_s − n_t)``, with ``n`` each atom's lattice shift from its owner. The owner of ``t``
-lists the short edges ending at ``t`` sorted by that name (its *slots*); a rank holding a ghost copy
-of ``t`` finds each of its own edges ending there among them once per evaluation.
-"""
+A rank owns its atoms (LAMMPS's local atoms) and the angles centred on them, and computes every bond with an owned end
+(a bond between two ranks on both); its ghost atoms need only reach one bond (LAMMPS's ghost cutoff r_c + skin).
+:func:`evaluate` runs the model's own forward with a :class:`RankHalo` that its blocks call at the four
+:data:`EXCHANGES`: the line-graph attention (a bond's softmax spans the angles at both its ends, which two ranks may
+own: per end the aggregate ``T`` and log-sum-exp ``lse`` go from the end atom's owner to its ghost copies and are
+merged, :func:`matris.kernels.merge_softmax`), the line-graph Refine (the plain sums, likewise), and after the
+atom-graph attention and Refine (ghost features refreshed from their owners). The backward runs each exchange's
+transpose (:func:`matris.domain.halo.forward_exchange`). Exact: the whole system's sums in another order. Bonds are
+named across ranks by integers, ``t ← s`` by ``(tag_s, n_s − n_t)`` (:mod:`matris.domain.halo`); the owner of ``t``
+lists the short edges ending at ``t`` by name (its *slots*), where ghost copies of ``t`` find theirs."""
 
 from __future__ import annotations
 
@@ -40,11 +34,8 @@ EXCHANGES = ("line_attention", "atom_attention", "line_refine", "atom_refine")
 
 @dataclass
 class Subdomain:
-    """What a rank holds: owned atoms first, then ghosts.
-
-    positions: ``[n, 3]`` Å (ghosts where the rank sees them: shifted images); atomic_numbers,
-    tags: ``[n]`` int64 (a tag names an atom on every rank); n_local: owned atoms.
-    """
+    """What a rank holds, owned atoms first, then ghosts: positions ``[n, 3]`` Å (ghosts where the rank sees them:
+    shifted images); atomic_numbers, tags ``[n]`` int64 (a tag names an atom on every rank); n_local: owned atoms."""
 
     positions: torch.Tensor
     atomic_numbers: torch.Tensor
@@ -56,15 +47,13 @@ class Subdomain:
 class RankGraph:
     """One rank's part of the atom graph and line graph, and its exchange plan.
 
-    bond_target, bond_source: ``[B]`` bonds with at least one owned end (directed edge ``k`` is
-    ``target ← source``, ``k + B`` the reverse); angle_*: ``[A]`` the angles at owned atoms.
-    short_bond: ``[S]`` the bonds no longer than r_3 (the only ones with angles); the line-graph
-    sums run over their directed edges, numbered ``j`` (short bond ``j`` as ``target ← source``) and
-    ``j + S``; angle_target_short, angle_source_short: ``[A]`` the angles' in that numbering.
-    pack_*: ``[P]`` the short directed edges ending at owned atoms → (atom, slot) of the payload
-    sent to ghost copies; unpack_*: ``[Q]`` those ending at ghosts ← (ghost, slot) received.
-    n_slots: slots per atom, the largest number of short bonds at any atom of any rank.
-    """
+    bond_target, bond_source: ``[B]`` bonds with an owned end (directed edge ``k`` is ``target ← source``, ``k + B``
+    the reverse); angle_*: ``[A]`` the angles at owned atoms. short_bond: ``[S]`` the bonds no longer than r_3 (the
+    only ones with angles); the line-graph sums run over their directed edges, numbered ``j`` (short bond ``j`` as
+    ``target ← source``) and ``j + S``; angle_target_short, angle_source_short: ``[A]`` the angles' in that numbering.
+    pack_*: ``[P]`` the short directed edges ending at owned atoms → (atom, slot) of the payload sent to ghost copies;
+    unpack_*: ``[Q]`` those ending at ghosts ← (ghost, slot) received. n_slots: slots per atom, the most short bonds
+    at any atom of any rank."""
 
     domain: Subdomain
     bond_target: torch.Tensor
@@ -88,8 +77,7 @@ class RankGraph:
         return self.domain.n_local
 
     def to(self, device: torch.device) -> "RankGraph":
-        """The graph's index tensors on ``device`` (where the model runs; the graph is built on the
-        host)."""
+        """The graph's index tensors on ``device`` (where the model runs; the graph is built on the host)."""
         moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
         return dataclasses.replace(self, **moved)
@@ -104,8 +92,7 @@ class RankGraph:
 
     @functools.cached_property
     def ends_without_angles(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[2S, 1]`` bool, per short directed edge: no angle has it as target (first) or source
-        (second) edge on this rank."""
+        """``[2S, 1]`` bool per short directed edge: no angle here has it as target (first) or source (second) edge."""
         n_e = 2 * self.short_bond.shape[0]
         return tuple((torch.zeros(n_e, dtype=torch.int64, device=index.device).index_add_(
             0, index, torch.ones_like(index)) == 0).unsqueeze(1)
@@ -114,9 +101,8 @@ class RankGraph:
 
 def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutoff: float,
                  three_body_cutoff: float) -> list[RankGraph]:
-    """Each rank's graph (bonds within ``cutoff`` with an owned end, angles within
-    ``three_body_cutoff`` at owned atoms) and the exchange plan; ``cell``: ``[3, 3]``, rows are the
-    periodic box's lattice vectors (Å). Collective: every rank calls it (two exchanges)."""
+    """Each rank's graph (bonds within ``cutoff`` with an owned end, angles within ``three_body_cutoff`` at owned
+    atoms) and exchange plan; ``cell`` ``[3, 3]``: rows are the box's lattice vectors (Å). Collective: two exchanges."""
     pieces = []
     for d in domains:
         x = d.positions.detach().to(torch.float64).cpu().numpy()
@@ -133,8 +119,7 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
         pieces.append((bt, bs, short, c[own], t_edge[own], s_edge[own]))
     images = image_indices(comm, [d.positions for d in domains], [d.n_local for d in domains], cell)
 
-    # the short directed edges and their names (tag_s, n_s − n_t), sorted per target atom
-    named = []
+    named = []  # the short directed edges and their names (tag_s, n_s − n_t), sorted per target atom
     for d, (bt, bs, short, *_), n in zip(domains, pieces, images):
         edges = torch.arange(2 * short.shape[0], device=short.device)  # the short directed edges' numbers
         tgt = torch.cat([bt[short], bs[short]])
@@ -147,8 +132,7 @@ def build_graphs(domains: list[Subdomain], comm: Comm, cell: torch.Tensor, cutof
         named.append((edges, tgt, key, slot))
     n_slots = int(comm.total([torch.tensor(int(s.max()) + 1 if s.numel() else 0) for *_, s in named], "max"))
 
-    # the owners' names by slot, to the ghost copies
-    payload = []
+    payload = []  # the owners' names by slot, to the ghost copies
     for d, (edges, tgt, key, slot) in zip(domains, named):
         buf = torch.full((d.n_local, max(n_slots, 1), 4), -1, dtype=torch.int64, device=tgt.device)
         own = tgt < d.n_local
@@ -193,9 +177,8 @@ def _lexsort(rows: torch.Tensor) -> torch.Tensor:
 
 def _exchange_edges(comm: Comm, graphs: list[RankGraph], values: list[list[torch.Tensor]], skip: bool
                     ) -> list[list[torch.Tensor]]:
-    """Per rank, tensors ``[2B, w_k]`` of sums per directed edge (nonzero only for edges ending at
-    owned atoms) → the same with the edges ending at ghosts filled from their owners: one exchange
-    of all of them, the rows of a slot side by side."""
+    """Per rank, tensors ``[2B, w_k]`` of sums per directed edge (nonzero only for edges ending at owned atoms) → the
+    same with the edges ending at ghosts filled from their owners: one exchange, a slot's rows side by side."""
     if skip:
         return values
     payload = []
@@ -213,9 +196,8 @@ def _exchange_edges(comm: Comm, graphs: list[RankGraph], values: list[list[torch
 
 @dataclass
 class RankResult:
-    """One rank's share: ``energy`` (eV, its owned atoms'), ``atomic`` ``[n_local]`` eV, and, on all
-    its atoms (owned and ghost, before ghost forces go to their owners), ``forces`` ``[n, 3]`` eV/Å
-    and per-atom ``virial`` ``[n, 6]`` eV (xx yy zz xy xz yz)."""
+    """One rank's share: ``energy`` (eV, its owned atoms'), ``atomic`` ``[n_local]`` eV; on all its atoms (ghosts'
+    not yet sent to their owners) ``forces`` ``[n, 3]`` eV/Å, per-atom ``virial`` ``[n, 6]`` eV (xx yy zz xy xz yz)."""
 
     energy: float
     atomic: torch.Tensor
@@ -224,11 +206,9 @@ class RankResult:
 
 
 def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] | None = None) -> list[RankResult]:
-    """Energies, forces and virials of the ranks in ``graphs`` (see the module docstring): the model's
-    own forward (:meth:`matris.MatRIS._energy`) on this process's ranks side by side, its blocks
-    exchanging through a :class:`RankHalo`. Collective: every rank calls it with its own graph.
-    ``skip`` = (block, step of :data:`EXCHANGES`): leave out that one exchange, to show that it is
-    needed."""
+    """Energies, forces and virials of the ranks in ``graphs``: the model's own forward (:meth:`matris.MatRIS._energy`)
+    on this process's ranks side by side, its blocks exchanging through a :class:`RankHalo`. Collective. ``skip`` =
+    (block, step of :data:`EXCHANGES`): leave out that one exchange, to show that it is needed."""
     dtype, dev = model.dtype, model.device
     graphs = [g if g.bond_target.device == dev else g.to(dev) for g in graphs]
     has_angles = int(comm.total([torch.tensor(int(g.angle_atom.shape[0])) for g in graphs])) > 0
@@ -251,9 +231,8 @@ def evaluate(model, graphs: list[RankGraph], comm: Comm, skip: tuple[int, str] |
 
 
 def _side_by_side(graphs: list[RankGraph], dtype: torch.dtype, dev: torch.device) -> GraphBatch:
-    """The ranks' graphs as one graph of one structure, atoms, bonds and angles rank after rank
-    (directed edge ``k`` of a rank's ``B`` bonds is ``start + k``, edge ``k + B`` is
-    ``total + start + k``); positions as each rank holds them (ghosts shifted: no periodic images)."""
+    """The ranks' graphs as one structure, atoms, bonds and angles rank after rank (a rank's directed edge ``k`` is
+    ``start + k``, edge ``k + B`` is ``total + start + k``); positions as held (ghosts shifted: no periodic images)."""
     n_atoms = [g.domain.positions.shape[0] for g in graphs]
     n_bonds = [g.num_bonds for g in graphs]
     atom_start, bond_start = _starts(n_atoms), _starts(n_bonds)
@@ -284,9 +263,9 @@ def _starts(sizes: list[int]) -> list[int]:
 
 
 class RankHalo:
-    """The exchanges of :func:`evaluate` as the blocks' hook (:class:`matris.model.block.HaloLines`) for
-    this process's ranks side by side (:func:`_side_by_side`). The line graph's ends are each rank's
-    short directed edges (``j`` and ``j + S`` the two ends of its short bond ``j``)."""
+    """The exchanges of :func:`evaluate` as the blocks' hook (:class:`matris.model.block.HaloLines`) for this process's
+    ranks side by side (:func:`_side_by_side`). Line-graph ends: each rank's short directed edges
+    (``j`` and ``j + S`` the two ends of its short bond ``j``)."""
 
     def __init__(self, comm: Comm, graphs: list[RankGraph], has_angles: bool, skip: tuple[int, str] | None):
         self.comm, self.graphs, self.has_angles, self.skip, self.block = comm, graphs, has_angles, skip, 0
@@ -339,10 +318,9 @@ class RankHalo:
 
 def bond_forces_and_virials(v: torch.Tensor, dv: torch.Tensor, target: torch.Tensor, source: torch.Tensor,
                             n_atoms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forces ``[N, 3]`` (eV/Å) and per-atom virials ``[N, 6]`` (eV; xx yy zz xy xz yz, as LAMMPS
-    stores them) from the bond vectors ``v = x_target − x_source`` ``[B, 3]`` and the energy's
-    gradient ``dv = ∂E/∂v``: the force on the target is −∂E/∂v, on the source +∂E/∂v; the virial
-    ``W = −Σ_b v_b ⊗ ∂E/∂v_b`` goes half to each of a bond's atoms."""
+    """Forces ``[N, 3]`` (eV/Å) and per-atom virials ``[N, 6]`` (eV; xx yy zz xy xz yz, as LAMMPS stores them) from
+    bond vectors ``v = x_target − x_source`` ``[B, 3]`` and ``dv = ∂E/∂v``: force −∂E/∂v on the target, +∂E/∂v on the
+    source; the virial ``W = −Σ_b v_b ⊗ ∂E/∂v_b`` goes half to each of a bond's atoms."""
     v, dv = v.detach(), dv.detach()
     forces = v.new_zeros((n_atoms, 3)).index_add_(0, target, -dv).index_add_(0, source, dv)
     w = -(v.unsqueeze(2) * dv.unsqueeze(1))  # [B, 3, 3]
@@ -352,8 +330,8 @@ def bond_forces_and_virials(v: torch.Tensor, dv: torch.Tensor, target: torch.Ten
 
 
 def _atomic_reference(model, graphs: list[RankGraph], comm: Comm) -> list[torch.Tensor]:
-    """Each owned atom's share of the reference energy (spec §6): its element's for intensive
-    models; an equal share of the whole system's mean reference otherwise (two sums over ranks)."""
+    """Each owned atom's share of the reference energy (spec §6): its element's for intensive models; otherwise an
+    equal share of the whole system's mean reference (two sums over ranks)."""
     z = [g.domain.atomic_numbers[: g.n_local].to(model.device) for g in graphs]
     if model.reference_energy is None:
         return [torch.zeros(len(x), dtype=model.dtype, device=model.device) for x in z]

@@ -1,26 +1,17 @@
 """Ghost atoms, their identity across ranks, and the exchanges between owners and ghost copies.
 
-A rank holds its *owned* atoms (``[0, n_local)``) and *ghost* atoms (``[n_local, n)``): periodic
-images or other ranks' atoms within the ghost cutoff, as LAMMPS gives them. Data moves only
-between an owned atom and its ghost copies, by two operations (LAMMPS's ``forward_comm`` and
-``reverse_comm`` of a pair style):
+A rank holds its *owned* atoms (``[0, n_local)``) and *ghost* atoms (``[n_local, n)``): periodic images or other
+ranks' atoms within the ghost cutoff, as LAMMPS gives them. Data moves only between an owned atom and its ghost copies,
+by LAMMPS's ``forward_comm`` and ``reverse_comm`` of a pair style: :meth:`Comm.forward` gives every ghost row its
+owner's row (``[n_local, …]`` per rank → ``[n_ghost, …]``); :meth:`Comm.reverse`, the transpose, gives every owner
+the sum of its ghost copies' rows. Both take a list with one entry per rank that *this process* runs: one in LAMMPS
+(each MPI rank its own), all of them in :class:`matris.lammps.ranks.SimulatedComm` (tests, decompositions without MPI);
+the model's code is the same in both. :func:`forward_exchange` is the forward operation as an autograd node whose
+backward is the reverse one, so the force pass sends the ghost copies' gradients back to their owners.
 
-- :meth:`Comm.forward`: every ghost row receives its owner's row (``[n_local, …]`` per rank →
-  ``[n_ghost, …]``);
-- :meth:`Comm.reverse`: the transpose: every owner receives the sum of its ghost copies' rows.
-
-Both work on a list with one entry per rank that *this process* runs: one in LAMMPS (each MPI rank
-its own), all of them in :class:`matris.lammps.ranks.SimulatedComm` (every rank in one process, for
-tests and for checking a decomposition without MPI). The model's code is the same in both.
-
-:func:`forward_exchange` is the forward operation as an autograd node whose backward is the
-reverse operation, so the force pass sends the gradients of ghost copies back to their owners.
-
-Identity. A ghost is an image of its owner's atom shifted by a lattice vector: its *image index*
-``n`` (integers, :func:`image_indices`) is found by exchanging the owners' positions once, so a
-bond is named on every rank by integers: ``(tag of the far atom, n_far − n_near)`` seen from its
-near atom. Ranks agree on those names without comparing floating-point positions.
-"""
+Identity. A ghost is its owner's atom shifted by a lattice vector: its *image index* ``n`` (integers,
+:func:`image_indices`) comes from exchanging the owners' positions once, so a bond is named on every rank by integers,
+``(tag of the far atom, n_far − n_near)`` seen from its near atom, without comparing floating-point positions."""
 
 from __future__ import annotations
 
@@ -37,13 +28,11 @@ class Comm(Protocol):
         ...
 
     def reverse(self, ghost: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Per rank ``[n_ghost, *shape]`` → per rank ``[n_local, *shape]``: each owned atom's ghost
-        copies' rows, summed over all ranks."""
+        """Per rank ``[n_ghost, *shape]`` → ``[n_local, *shape]``: each owned atom's copies' rows, summed over ranks."""
         ...
 
     def total(self, values: list[torch.Tensor], op: str = "sum") -> torch.Tensor:
-        """The sum (``op="sum"``) or maximum (``"max"``) over all ranks of a per-rank tensor (an MPI
-        allreduce); the same value on every rank."""
+        """The sum (``op="sum"``) or maximum (``"max"``) over all ranks of a per-rank tensor (MPI allreduce)."""
         ...
 
 
@@ -60,8 +49,7 @@ class _Forward(torch.autograd.Function):
 
 
 def forward_exchange(comm: Comm, local: list[torch.Tensor]) -> list[torch.Tensor]:
-    """:meth:`Comm.forward` as a differentiable operation: the gradient of a ghost row goes back
-    to its owner's row (the reverse exchange), summed over all copies."""
+    """:meth:`Comm.forward`, differentiable: ghost rows' gradients go back to their owners (the reverse exchange)."""
     if not any(t.requires_grad for t in local):
         return comm.forward(local)
     return list(_Forward.apply(comm, *local))
@@ -78,9 +66,9 @@ def refreshed(comm: Comm, rows: list[torch.Tensor], n_local: list[int], skip: bo
 
 def image_indices(comm: Comm, positions: list[torch.Tensor], n_local: list[int], cell: torch.Tensor
                   ) -> list[torch.Tensor]:
-    """Per rank ``[n, 3]`` int64: each atom's lattice shift from its owner's position (0 for owned
-    atoms), ``round((x_ghost − x_owner)·L⁻¹)``; cell: ``[3, 3]`` rows are the lattice vectors.
-    Exact: a ghost is its owner shifted by whole lattice vectors, up to rounding."""
+    """Per rank ``[n, 3]`` int64: each atom's lattice shift from its owner (0 if owned),
+    ``round((x_ghost − x_owner)·L⁻¹)`` (exact: ghosts are shifted by whole lattice vectors); ``cell`` ``[3, 3]``: rows
+    are the lattice vectors."""
     owners = comm.forward([x[:k] for x, k in zip(positions, n_local)])
     inverse = torch.linalg.inv(cell.to(torch.float64))
     out = []

@@ -1,15 +1,11 @@
 """Separable attention (spec §5): a per-channel softmax over the edges of each node.
 
-Each softmax runs over the edges that share a node, so the cost is linear in the number
-of edges. Used on the atom graph (nodes = atoms, edges = directed edges) and on the line
-graph (nodes = bonds, edges = angles).
+Each softmax runs over the edges that share a node, so the cost is linear in the number of edges. Used on the atom
+graph (nodes = atoms, edges = directed edges) and on the line graph (nodes = bonds, edges = angles).
 
-Φ, the gated MLP of the attention's and of Refine's updates, is here too. Its first Linear acts on
-a concatenation ``[y0 ‖ x[tgt] ‖ x[src]]``; ``forward_terms`` computes it as ``W_y·y0 + (W_t·x)[tgt]
-+ (W_s·x)[src]``: the node terms are projected once per node and gathered per edge, so the wide
-concatenation is never built (3–4× fewer multiply-adds in the first layer, and nothing edge-sized
-saved for its backward).
-"""
+Φ, the gated MLP of the attention's and Refine's updates, is here too. ``forward_terms`` computes its first Linear on
+``[y0 ‖ x[tgt] ‖ x[src]]`` as ``W_y·y0 + (W_t·x)[tgt] + (W_s·x)[src]`` (node terms projected per node, gathered per
+edge), never building the wide concatenation (3–4× fewer first-layer multiply-adds, nothing edge-sized saved)."""
 
 from __future__ import annotations
 
@@ -29,12 +25,9 @@ def pool_directed(m: torch.Tensor) -> torch.Tensor:
 
 
 class SeparableAttention(nn.Module):
-    """``(x, y) → (x', y')`` for node features x ``[n_nodes, d_x]`` and edge features y.
-
-    On the atom graph (:meth:`forward`) y holds one row per bond ``[B, d_y]`` and edge rows are
-    the ``2B`` directed edges (``y0 = y[d2u]``); on the line graph (:meth:`line_part`, a part of
-    the block's decomposition, :mod:`matris.model.block`) y is ``[A, d_y]`` for some angles.
-    """
+    """``(x, y) → (x', y')`` for node features x ``[n_nodes, d_x]`` and edge features y: per bond ``[B, d_y]`` on the
+    atom graph (:meth:`forward`; edge rows are the ``2B`` directed edges, ``y0 = y[d2u]``), ``[A, d_y]`` for some angles
+    on the line graph (:meth:`line_part`, part of :mod:`matris.model.block`'s decomposition)."""
 
     def __init__(self, config, d_x: int, d_y: int, d_hidden: int):
         super().__init__()
@@ -47,9 +40,8 @@ class SeparableAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, d2u: torch.Tensor,
                 k: Kernels, rows: RowRecompute | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The atom-graph step: atoms ``x`` ``[N, d_x]``, bonds ``y`` ``[B, d_y]``, the directed edges'
-        atoms ``tgt``, ``src`` and bonds ``d2u`` ``[2B]``; ``k``: the call's kernels (with the CUDA
-        kernels' CSR segments); ``rows``: Φ recomputed by row chunks in the backward passes."""
+        """Atom-graph step: atoms ``x`` ``[N, d_x]``, bonds ``y`` ``[B, d_y]``, directed edges' atoms ``tgt``, ``src``
+        and bonds ``d2u`` ``[2B]``; ``k``: kernels (with CSR segments); ``rows``: Φ recomputed by row chunks."""
         m = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], rows, k.fused)
         # the logits are linear in y0 = y[d2u]: projected per bond, read per directed edge
         t_agg, s_agg = attention_pair(y @ self._logit_weight().T, None, d2u, m, tgt, src, x.shape[0],
@@ -57,11 +49,9 @@ class SeparableAttention(nn.Module):
         return self.node_update(x, t_agg, s_agg), torch.addcmul(pool_directed(m), self.edge_res_weight, y)
 
     def line_part(self, y: torch.Tensor, x: torch.Tensor, angles, k: Kernels, partial: bool = False):
-        """The line-graph step's per-angle part on angles ``y`` ``[a, d_y]`` with their bonds'
-        features ``x`` ``[n, d_x]`` (``angles``: :class:`matris.model.block.Angles`, its local
-        numbering): each bond's softmax over these angles ``(T, lse_t, S, lse_s)`` ``[n, d_y]`` and the
-        angles' update ``y' = m + w ⊙ y``. ``partial``: the log-sum-exps too (a part of the angles,
-        merged by the caller); else they are None and ``T``, ``S`` final."""
+        """Line-graph per-angle part on angles ``y`` ``[a, d_y]``, their bonds' features ``x`` ``[n, d_x]`` (``angles``:
+        :class:`matris.model.block.Angles`, local numbering): each bond's softmax over them ``(T, lse_t, S, lse_s)``
+        ``[n, d_y]`` and the angles' update ``y' = m + w ⊙ y``; ``partial``: with log-sum-exps (the caller merges)."""
         m = self.edge_nonlinear_update.forward_terms([(y, None), (x, angles.tgt), (x, angles.src)], fused=k.fused)
         if partial:
             t, s, y_new, lse_t, lse_s = attention_pair_lse(y, self._logit_weight(), None, m, angles.tgt, angles.src,
@@ -78,9 +68,8 @@ class SeparableAttention(nn.Module):
 
     @torch.no_grad()
     def logit_max(self, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, n: int, chunk: int):
-        """Each bond's largest logit per channel over its angles ``y`` (target side, source side;
-        0 for a bond without angles) ``[n, d_y]`` each: the split softmax's shift, by chunks of
-        angles (the logits of all angles at once would be ``[A, 2·d_y]``)."""
+        """Each bond's largest logit per channel over its angles ``y`` (target side, source side; 0 for a bond without
+        angles) ``[n, d_y]`` each: the split softmax's shift, by chunks of angles (all at once: ``[A, 2·d_y]``)."""
         d = y.shape[-1]
         w_st = self._logit_weight()
         shift = [y.new_full((n, d), float("-inf")) for _ in range(2)]
@@ -109,9 +98,8 @@ Term = tuple[torch.Tensor, "torch.Tensor | None"]
 
 
 def _projections(weight: torch.Tensor, terms: list[Term], col: int) -> list[Term]:
-    """``[(f_k · W[:, cols_k]ᵀ, idx_k)]`` for ``terms`` (``(features [n_k, d_k], index [n_edges] or
-    None)``, None: already per edge) placed from column ``col`` of ``weight``: Φ's first layer on
-    the concatenation ``cat([f_k[idx_k]])`` is the sum of these, gathered."""
+    """``[(f_k · W[:, cols_k]ᵀ, idx_k)]`` for ``terms`` (``(features [n_k, d_k], index [n_edges] or None)``, None: per
+    edge) from column ``col`` of ``weight``: Φ's first layer on ``cat([f_k[idx_k]])`` is their gathered sum."""
     out = []
     for feat, index in terms:
         width = feat.shape[-1]
@@ -121,10 +109,7 @@ def _projections(weight: torch.Tensor, terms: list[Term], col: int) -> list[Term
 
 
 def project_terms(module: nn.Module, terms: list[Term], col: int) -> list[Term]:
-    """The first-layer projections ``(f_k · W[:, cols_k]ᵀ [n_k, Σ out], idx_k)`` of Φ's ``terms``
-    placed from column ``col`` of its input: what ``forward_terms(..., projected=)`` takes. The atom
-    graph's Φ recomputed by row chunks (:func:`recomputed_phi`) takes the per-node terms so, projected
-    once per step rather than once per chunk of rows."""
+    """:func:`_projections` by Φ's first-layer weight (``[n_k, Σ out]`` each): ``forward_terms``'s ``projected=``."""
     return _projections(first_weight(module), terms, col)
 
 
@@ -136,8 +121,7 @@ def first_weight(module: nn.Module) -> torch.Tensor:
 
 
 class GatedMLP(nn.Module):
-    """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias: the operator
-    :func:`matris.kernels.gated_phi` (its kernel where one applies, else its reference)."""
+    """``Φ(z) = act(Norm_c(MLP_c(z))) ⊙ σ(Norm_g(MLP_g(z)))``, MLPs with bias: :func:`matris.kernels.gated_phi`."""
 
     def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str, norm_type: str, dropout: float):
         super().__init__()
@@ -148,14 +132,12 @@ class GatedMLP(nn.Module):
         self.act_name, self.norm_type = act, norm_type
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        # one input (the node updates): its two Linears, the reference, bit for bit the published code
-        return self.forward_terms([(z, None)], fused=False)
+        return self.forward_terms([(z, None)], fused=False)  # node updates: the reference, bit for bit as published
 
     def forward_terms(self, terms: list[Term], projected: list[Term] = (), fused: bool = True) -> torch.Tensor:
-        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation (the
-        per-row term, index None, is multiplied inside the operator; the others are projected per
-        node and gathered). ``projected``: further terms, already projected (:func:`project_terms`), after ``terms``.
-        ``fused``: the operator's kernel where it has one (False: its reference)."""
+        """``forward(cat([f[idx] for f, idx in terms]))`` without building the concatenation (the per-row term, index
+        None, is multiplied inside the operator; the others are projected per node and gathered). ``projected``:
+        further terms, already projected (:func:`project_terms`), after ``terms``. ``fused=False``: the reference."""
         c0, g0 = self.mlp_core.layers[0], self.mlp_gate.layers[0]
         c3, g3 = self.mlp_core.layers[3], self.mlp_gate.layers[3]
         weight = first_weight(self)
@@ -173,8 +155,7 @@ class GatedMLP(nn.Module):
 
 
 class NormedMLP(nn.Sequential):
-    """``Norm(MLP(z))``, the ``graph_conv_mlp='MLP'`` variant of Φ; keys ``0.layers.*`` and ``1``.
-    It has no fused form: the composed PyTorch ops on every device."""
+    """``Norm(MLP(z))``: Φ for ``graph_conv_mlp='MLP'``, keys ``0.layers.*`` and ``1``; no fused form (PyTorch ops)."""
 
     def forward_terms(self, terms: list[Term], projected: list[Term] = (), fused: bool = True) -> torch.Tensor:
         """As :meth:`GatedMLP.forward_terms` (no fused form: ``fused`` is ignored)."""
@@ -185,39 +166,29 @@ class NormedMLP(nn.Sequential):
 
 
 def phi(config, d_in: int, d_hidden: int, d_out: int) -> nn.Module:
-    """Φ of a block: the gated MLP, or ``Norm(MLP(z))`` for ``graph_conv_mlp='MLP'``.
-
-    The plain variant is an ``nn.Sequential`` so its keys read ``.0.layers.*`` and ``.1``.
-    """
+    """Φ of a block: :class:`GatedMLP`, or :class:`NormedMLP` (an ``nn.Sequential``) for ``graph_conv_mlp='MLP'``."""
     if config.graph_conv_mlp == "GateMLP":
         return GatedMLP(d_in, d_hidden, d_out, config.activation_type, config.norm_type, config.dropout)
-    return NormedMLP(
-        MLP(d_in, d_hidden, d_out, config.activation_type, config.use_bias, config.dropout),
-        norm(config.norm_type, d_out),
-    )
+    return NormedMLP(MLP(d_in, d_hidden, d_out, config.activation_type, config.use_bias, config.dropout),
+                     norm(config.norm_type, d_out))
 
 
 def term_rows(terms: list[Term]) -> int:
-    """The rows of Φ on ``terms`` (``(features, index)`` pairs, as :func:`_projections`): the length
-    of the first index, or of the first features where every term is per row."""
+    """The rows of Φ on ``terms`` (as in :func:`_projections`): the first index's length, else the first features'."""
     return next((i.shape[0] for _, i in terms if i is not None), terms[0][0].shape[0])
 
 
 def call_phi(module: nn.Module, terms: list[Term], rows: RowRecompute | None, fused: bool) -> torch.Tensor:
-    """``module.forward_terms(terms, fused=fused)``; ``rows``: recomputed by row chunks in the backward
-    passes where the rows make several chunks."""
+    """``module.forward_terms(terms, fused=fused)``; ``rows``: recomputed by row chunks in backward (if several)."""
     if rows is None or not rows.splits(term_rows(terms)):
         return module.forward_terms(terms, fused=fused)
     return recomputed_phi(module, terms, rows.kernels.fused, rows.chunk)
 
 
 def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> torch.Tensor:
-    """``module.forward_terms(terms)`` (Φ: ``terms`` as in :func:`_projections`)
-    as a node recomputed ``chunk`` rows at a time in the backward passes: inside a block's
-    second-order recomputation, Φ's intermediates (the widest of the block) are then alive for one
-    chunk of rows only. The terms gathered per row are projected by the first layer here, once,
-    and the node takes the projections (per chunk they would be projected again). ``fast``: the
-    fused operators where no weight gradient is wanted."""
+    """``module.forward_terms(terms)`` (``terms`` as in :func:`_projections`) recomputed ``chunk`` rows at a time in the
+    backward passes: in a block's second-order recomputation Φ's intermediates (the block's widest) live one chunk at a
+    time. Gathered terms are projected here, once, not per chunk. ``fast``: fused ops where no weight grad is wanted."""
     n_rows = term_rows(terms)
     lead = [] if terms[0][1] is not None else [terms[0]]  # a per-row term stays in the node
     rest = project_terms(module, terms[len(lead):], sum(f.shape[-1] for f, _ in lead))
@@ -236,7 +207,7 @@ def recomputed_phi(module: nn.Module, terms: list, fast: bool, chunk: int) -> to
 
 
 class _PhiTerms(nn.Module):
-    """Φ's ``forward_terms`` as a module call returning a tuple (the form :func:`recomputed` takes)."""
+    """Φ's ``forward_terms`` as a module returning a tuple: the form :func:`matris.model.recompute.recomputed` takes."""
 
     def __init__(self, phi: nn.Module):
         super().__init__()

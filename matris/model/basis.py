@@ -1,14 +1,9 @@
 """Radial and angular basis functions (spec §3).
 
-All functions take lengths in Å and angles in radians and return ``[n, K]`` tensors in the
-dtype of their input. These PyTorch forms are the references; the operators of
-``matris.kernels.basis`` (Triton kernels on CUDA, C++ kernels on a CPU) compute the same values
-(``fused=False``: the references). Constants that
-the reference keeps in float32 (SH coefficients and factor, Gaussian centres) enter float64
-computations as their float32 values, so float64 results match the reference to rounding; the
-Fourier basis's constant term is 1/√2 in the compute dtype, as in the official 1.0 code. The
-formulas themselves are written once, as the references in ``matris.kernels.basis``.
-"""
+Lengths in Å, angles in radians; outputs ``[n, K]`` in the input's dtype. The formulas are written once, as the PyTorch
+references in ``matris.kernels.basis``, whose operators (Triton kernels on CUDA, C++ on a CPU) compute the same values
+(``fused=False``: the references). Constants the reference keeps in float32 (SH coefficients and factor, Gaussian
+centres) enter float64 as their float32 values, so float64 results match the reference to rounding."""
 
 from __future__ import annotations
 
@@ -60,8 +55,7 @@ class FourierExpansion(nn.Module):
 
     def __init__(self, num_angular: int, learnable: bool = True, constant: float = FOURIER_CONSTANT):
         super().__init__()
-        # the constant term c: 1/√2 exactly (official 1.0); the v0.9 release kept its float32 value
-        # (FOURIER_CONSTANT_V09), which its float64 fixtures are matched with
+        # c = 1/√2 in the compute dtype (official 1.0); v0.9 kept its float32 value (FOURIER_CONSTANT_V09, its fixtures)
         self.constant = float(constant)
         _frequencies(self, torch.arange(1, (num_angular - 1) // 2 + 1, dtype=torch.float32), learnable)
 
@@ -70,11 +64,8 @@ class FourierExpansion(nn.Module):
 
 
 class SphericalExpansion(nn.Module):
-    """SH angle basis: feature ``k = n·max_l + j`` is ``R_{n,j}(ρ) · Y_{⌊k/max_n⌋}(cos θ) · s``.
-
-    ``ρ`` is the radial argument (``|u_src| / r_c`` in published models), ``s`` the stored
-    float32 ``factor``. Output ``[n_angles, max_l·max_n]``.
-    """
+    """SH angle basis: feature ``k = n·max_l + j`` is ``R_{n,j}(ρ) · Y_{⌊k/max_n⌋}(cos θ) · s``, ``ρ`` the radial
+    argument (``|u_src| / r_c`` in published models), ``s`` the float32 ``factor``; ``[n_angles, max_l·max_n]``."""
 
     def __init__(self, max_l: int, max_n: int, cutoff: float):
         super().__init__()

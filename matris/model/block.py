@@ -1,28 +1,21 @@
 """One interaction block (spec §5), written once as its parts; every memory path drives the same parts.
 
-A block maps atoms ``h`` ``[N, d_n]``, bonds ``e`` ``[B, d_e]`` and angles ``a`` ``[A, d_t]`` to new
-ones in four steps, in the order of :meth:`InteractionBlock.forward` (the one place it is written):
-line-graph attention, atom-graph attention, line-graph Refine, atom-graph Refine. Each line-graph
-step is
+A block maps atoms ``h`` ``[N, d_n]``, bonds ``e`` ``[B, d_e]`` and angles ``a`` ``[A, d_t]`` to new ones in four
+steps (:meth:`InteractionBlock.forward`, the one place they are written): line-graph attention, atom-graph attention,
+line-graph Refine, atom-graph Refine. The atom-graph steps are per bond and atom; each line-graph step is
 
-- a **per-angle part** (:meth:`~InteractionBlock.line_attention`, :meth:`~InteractionBlock.line_refine`):
-  row-wise in the angles given their bonds' and atoms' features, so it runs on any chunk of angles
-  (:class:`Angles`, which reads and writes only the bonds and atoms the chunk touches). It is the
-  widest work of the model (~20 angles per bond);
-- a **reduction into the bonds**: Refine's sums ``R`` are added over chunks; the attention's softmax
-  per bond is merged from the chunks' partial softmaxes in one form: a chunk gives ``(T_c, lse_c)``
-  (its softmax aggregate and log-sum-exp, :func:`matris.kernels.attention_pair_lse`), which relative
-  to the bond's largest logit ``s`` (:meth:`~matris.model.attention.SeparableAttention.logit_max`)
-  are the sums ``N_c = T_c·exp(lse_c − s)``, ``D_c = exp(lse_c − s)`` (:meth:`Angles.sums`); the
-  softmax is ``ΣN_c / ΣD_c`` (``s`` cancels);
+- a **per-angle part** (:meth:`~InteractionBlock.line_attention`, :meth:`~InteractionBlock.line_refine`), the model's
+  widest work (~20 angles per bond): row-wise in the angles given their bonds' and atoms' features, so it runs on any
+  chunk of angles (:class:`Angles`, reading and writing only the bonds and atoms the chunk touches);
+- a **reduction into the bonds**: Refine's sums ``R`` added over chunks; the attention's softmax merged from the
+  chunks' ``(T_c, lse_c)`` (aggregate and log-sum-exp, :func:`matris.kernels.attention_pair_lse`), which relative to
+  the bond's largest logit ``s`` (:meth:`~matris.model.attention.SeparableAttention.logit_max`) are the sums
+  ``N_c = T_c·exp(lse_c − s)``, ``D_c = exp(lse_c − s)`` (:meth:`Angles.sums`): the softmax is ``ΣN_c / ΣD_c``;
 - the **bonds' update** from those (:meth:`~InteractionBlock.bonds_attended`, ``bonds_refined``).
 
-The atom-graph steps are per bond and atom. A memory path is a driver of the per-angle parts
-(:class:`Lines`): all angles at once (levels 0 and 1; level 1 recomputes each step in the backward
-pass), a domain rank's angles with its halo's merges as the reduction (:class:`HaloLines`), each part
-a node recomputed by chunks (training's rows, :class:`RowLines`), or chunks streamed without a graph
-with one hand-written backward (levels 2–3, :mod:`matris.model.stream`).
-"""
+A memory path drives the per-angle parts: all angles at once (:class:`Lines`, levels 0 and 1), a domain rank's with
+the halo's merges (:class:`HaloLines`), nodes recomputed by chunks (training's rows, :class:`RowLines`), or chunks
+streamed without a graph with a hand-written backward (levels 2–3, :mod:`matris.model.stream`)."""
 
 from __future__ import annotations
 
@@ -45,10 +38,9 @@ from .refine import Refine
 class Angles:
     """Some angles (all, a chunk, a rank's) in a local numbering of the bonds and atoms they touch.
 
-    tgt, src ``[a]``: each angle's target and source bond, local (``n`` local bonds); atom ``[a]``: its
-    centre atom, local; bonds ``[n]``, atoms: the bond and atom of each local number (None: the
-    numbering is the graph's); rows: the angles' slice (None: all); present: (by target, by source)
-    ``[n, 1]`` whether a local bond has angles here (None: one part holds all of every bond's)."""
+    tgt, src ``[a]``: each angle's local target and source bond (of ``n``); atom ``[a]``: its local centre atom; bonds
+    ``[n]``, atoms: the bond and atom of each local number (None: the graph's); rows: the angles' slice (None: all);
+    present: (by target, by source) ``[n, 1]`` if a local bond has angles here (None: it holds all of each bond's)."""
 
     tgt: torch.Tensor
     src: torch.Tensor
@@ -61,8 +53,7 @@ class Angles:
 
     @classmethod
     def chunk(cls, g: "BlockGraph", rows: slice) -> "Angles":
-        """The angles ``rows`` of ``g`` with the bonds and atoms they touch: a pass over all chunks
-        costs the angles', not chunks × bonds."""
+        """The angles ``rows`` of ``g`` on the bonds and atoms they touch (all chunks: O(A) work, not chunks × B)."""
         t, s = g.angle_target_bond[rows], g.angle_source_bond[rows]
         bonds, local = torch.unique(torch.cat([t, s]), return_inverse=True)
         atoms, atom = torch.unique(g.angle_atom[rows], return_inverse=True)
@@ -81,9 +72,8 @@ class Angles:
         return x.new_zeros((n_bonds, x.shape[1])).index_copy(0, self.bonds, x)
 
     def sums(self, t: torch.Tensor, lse: torch.Tensor, side: int, shift: torch.Tensor):
-        """``(N, D)`` ``[n, C]`` of one side's partial softmax ``(T, lse)`` (side 0: by target, 1: by
-        source) relative to the local bonds' ``shift`` (see the module docstring); 0 at a bond
-        without angles on that side here."""
+        """``(N, D)`` ``[n, C]`` of one side's partial softmax ``(T, lse)`` (side 0: by target, 1: by source) relative
+        to the local bonds' ``shift`` (module docstring); 0 at a bond without angles on that side here."""
         d = torch.exp(torch.where(self.present[side], lse - shift, float("-inf")))
         return t * d, d
 
@@ -93,20 +83,14 @@ class BlockGraph:
     """Indices and bases that every block reads, computed once per forward pass.
 
     edge_target, edge_source: ``[2B]`` atoms of each directed edge; edge_bond: ``[2B]`` d2u.
-    angle_atom, angle_target_bond, angle_source_bond: ``[A]``.
-    rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
+    angle_atom, angle_target_bond, angle_source_bond: ``[A]``. rbf_pair, rbf_3b: ``[B, K]`` radial bases of the bonds.
     kernels: the call's kernels (:class:`matris.kernels.Kernels`, with the CUDA kernels' CSR segments).
-    checkpoint: 1 recomputes each of the four steps in the backward pass (inference memory level 1,
-    same numbers); 0 keeps their activations.
-    rows: training's block recomputation recomputes, inside it, the per-angle parts and the atom
-    graph's Φ by row chunks (:class:`RowLines`; None: as the rest of the block).
-    halo: a domain decomposition's rank (:class:`matris.domain.evaluate.RankHalo`; None for a whole
-    system): the line graph's local numbering is its bonds' ends (``angle_target_end``,
-    ``angle_source_end`` ``[A]``, ``n_ends``, ``end_bond``), its ``line_softmax`` and ``line_sums``
-    merge their results into the bonds', its ``atoms`` refreshes the ghost atoms' features after the
-    atom-graph steps; ``has_angles`` is global.
-    lines: the driver of the per-angle parts (default: :class:`Lines`, or :class:`HaloLines`).
-    """
+    checkpoint: 1 recomputes each of the four steps in the backward pass (inference memory level 1, same numbers).
+    rows: in training's block recomputation, the per-angle parts and atom-graph Φ by row chunks (:class:`RowLines`).
+    halo: a domain rank (:class:`matris.domain.evaluate.RankHalo`; None: a whole system): the line graph numbered by
+    its bonds' ends (``angle_target_end``, ``angle_source_end`` ``[A]``, ``n_ends``, ``end_bond``), ``line_softmax``,
+    ``line_sums`` merge into the bonds', ``atoms`` refreshes ghost atoms after atom-graph steps; ``has_angles``: global.
+    lines: the driver of the per-angle parts (default: :class:`Lines`, or :class:`HaloLines`)."""
 
     edge_target: torch.Tensor
     edge_source: torch.Tensor
@@ -165,10 +149,8 @@ class InteractionBlock(nn.Module):
     def forward(
         self, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, g: BlockGraph, last: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``last``: the model's last block, whose Refine steps skip FFN_edge (their bond and angle
-        updates reach no output; ``e`` and ``a`` come back as the attention left them)."""
-        # a bond without angles (a dimer, or a whole batch without any) takes the line-graph steps'
-        # update of empty sums, as in the official MatRIS 1.0: the same alone and in any batch
+        """``last``: the last block; its Refine skips FFN_edge (unread): ``e``, ``a`` return as attention left them."""
+        # a bond without angles takes the update of empty sums, as in official MatRIS 1.0: the same alone or batched
         if g.has_angles:
             e, a = _step(g, g.lines.attention, self, e, a, g)
         else:
@@ -187,9 +169,8 @@ class InteractionBlock(nn.Module):
 
     # the per-angle parts: on the angles ``angles`` (rows ``a`` of them) and their bonds' and atoms' rows
     def line_attention(self, a, e, angles: Angles, k: Kernels, partial: bool = False):
-        """``(T, lse_t, S, lse_s, a_mid)``: the bonds' softmax over these angles (``partial``: with
-        the log-sum-exps, for a merge) and the angles' update (see
-        :meth:`matris.model.attention.SeparableAttention.line_part`)."""
+        """``(T, lse_t, S, lse_s, a_mid)``: the bonds' softmax over these angles (``partial``: with the log-sum-exps,
+        for a merge) and the angles' update (:meth:`matris.model.attention.SeparableAttention.line_part`)."""
         return self.attn_block_line_graph.line_part(a, angles.of_bonds(e), angles, k, partial)
 
     def line_refine(self, a, h, e, rbf_3b, angles: Angles, k: Kernels, last: bool = False):
@@ -215,8 +196,7 @@ class InteractionBlock(nn.Module):
 
 
 def _step(g: BlockGraph, fn, *args):
-    """One step of a block; at memory level 1 recomputed in the backward pass (its kernels are an
-    argument, so the recomputation runs the same ones)."""
+    """One step of a block; at memory level 1 recomputed in the backward pass (on the same kernels: an argument)."""
     if g.checkpoint:
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
@@ -235,8 +215,7 @@ class Lines:
 
 
 class HaloLines(Lines):
-    """A domain rank's angles, numbered by its bonds' ends: the per-end results merged across
-    ranks by the halo (the partial softmaxes in the form of the module docstring)."""
+    """A domain rank's angles by its bonds' ends, merged across ranks by the halo (in the module docstring's form)."""
 
     def attention(self, block, e, a, g):
         t, lse_t, s, lse_s, a_mid = block.line_attention(a, e, g.angles(), g.kernels, partial=True)
@@ -248,9 +227,8 @@ class HaloLines(Lines):
 
 
 class RowLines(Lines):
-    """Inside training's block recomputation: each per-angle part is one node recomputed
-    ``g.rows.chunk`` angles at a time in the backward passes (:func:`matris.model.recompute.recomputed`),
-    so only one chunk's angle rows are alive; the reduction's sums are the node's summed outputs."""
+    """Inside training's block recomputation: each per-angle part is one node recomputed ``g.rows.chunk`` angles at a
+    time in the backward passes (:func:`matris.model.recompute.recomputed`); the sums are its summed outputs."""
 
     def attention(self, block, e, a, g):
         n_angles, rows = a.shape[0], g.rows
@@ -276,8 +254,7 @@ class RowLines(Lines):
 
 
 def _arguments(g: BlockGraph, extra):
-    """The ``arguments`` of a recomputed :class:`_Part`: its inputs, the chunk of ``rows`` (None:
-    all), the graph's bonds and ``extra``; the row recomputation's fast kernels or the references."""
+    """A recomputed :class:`_Part`'s ``arguments``: inputs, chunk of ``rows`` (None: all), bonds, ``extra``, kernels."""
     n_angles = g.angle_atom.shape[0]
 
     def arguments(inputs, use_fast, rows):
@@ -288,9 +265,8 @@ def _arguments(g: BlockGraph, extra):
 
 
 class _Part(nn.Module):
-    """A per-angle part on a chunk of angles with its reduction into all bonds, as a module call
-    returning a tuple (the form :func:`matris.model.recompute.recomputed` takes): ``"attention"``
-    ``(a, e, angles, n_bonds, shift, k)`` → ``(N_t, D_t, N_s, D_s)`` ``[B, d_t]`` and ``a_mid``;
+    """A per-angle part on a chunk reduced into all bonds, as a module for :func:`matris.model.recompute.recomputed`:
+    ``"attention"`` ``(a, e, angles, n_bonds, shift, k)`` → ``(N_t, D_t, N_s, D_s)`` ``[B, d_t]``, ``a_mid``;
     ``"refine"`` ``(a, h, e, rbf_3b, angles, n_bonds, last, k)`` → ``R`` ``[B, d_t]`` (and ``a_next``)."""
 
     def __init__(self, block: InteractionBlock, part: str):
@@ -314,19 +290,15 @@ class _Part(nn.Module):
 
 def checkpointed_block(block: nn.Module, h: torch.Tensor, e: torch.Tensor, a: torch.Tensor, fast: BlockGraph,
                        exact: BlockGraph, last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``block(h, e, a, graph, last)`` with its activations recomputed in the backward passes
-    (:mod:`matris.model.recompute`). ``fast`` and ``exact``: the same graph with the call's fast kernels and
-    with the references (and the nested row recomputations); their ``rbf_pair`` and ``rbf_3b`` are
-    the bases the block reads."""
+    """``block(h, e, a, graph, last)`` with activations recomputed in the backward (:mod:`matris.model.recompute`);
+    ``fast``, ``exact``: the graph on the fast kernels / the references (and nested rows), with the bases it reads."""
 
     def arguments(inputs, use_fast, rows):
         h_, e_, a_, rbf_pair, rbf_3b = inputs
         g = dataclasses.replace(fast if use_fast else exact, rbf_pair=rbf_pair, rbf_3b=rbf_3b)
         return (h_, e_, a_, g), {"last": last}
 
-    # where rows nest (the rows mode, rows that make several chunks) the first-order pass runs the
-    # composed call, whose nested row nodes run theirs fast chunk by chunk: a whole block's rows
-    # on the fast kernels would hold hundreds of MB per block of a 64-atom cell
+    # nested rows: first order runs composed, its row nodes fast by chunk (all rows fast: 100s of MB at 64 atoms)
     rc = exact.rows
     nests = rc is not None and (rc.splits(exact.angle_atom.shape[0]) or rc.splits(exact.edge_target.shape[0]))
     return recompute.recomputed(block, arguments, [h, e, a, fast.rbf_pair, fast.rbf_3b], fast_first_order=not nests)

@@ -15,16 +15,12 @@ NORMS = ("rms", "layer")
 
 @dataclass
 class MatRISConfig:
-    """Hyper-parameters of MatRIS, with the names and defaults of published checkpoints.
+    """Hyper-parameters of MatRIS, with the names and defaults of published checkpoints (lengths in Å).
 
-    Lengths are in Å. ``to_dict()`` gives the ``config`` entry of a checkpoint.
-
-    It is also read as the official MatRIS ``model.config`` dict is: ``config["pairwise_cutoff"]``,
-    ``config.get(...)``, ``dict(config)``, ``MatRIS(**config)``, and it pickles as a plain mapping
-    of its fields, so ``torch.save({"config": model.config, "state_dict": model.state_dict()}, path)``,
-    the official way to save a model, writes a checkpoint that ``torch.load(weights_only=True)``
-    reads in either package (the official loader and :meth:`MatRIS.load`).
-    """
+    ``to_dict()`` gives a checkpoint's ``config`` entry. It also reads as the official ``model.config`` dict does
+    (``config["pairwise_cutoff"]``, ``config.get(...)``, ``dict(config)``, ``MatRIS(**config)``) and pickles as a plain
+    mapping of its fields, so the official ``torch.save({"config": model.config, "state_dict": ...}, path)`` writes a
+    checkpoint that ``torch.load(weights_only=True)`` reads in either package (official loader, :meth:`MatRIS.load`)."""
 
     num_layers: int = 6
     node_feat_dim: int = 128
@@ -75,10 +71,8 @@ class MatRISConfig:
         if self.norm_type not in NORMS:
             problems.append(f"norm_type must be one of {NORMS} ('batch' is not supported), got {self.norm_type!r}")
         if not 0 < self.three_body_cutoff <= self.pairwise_cutoff:
-            problems.append(
-                "need 0 < three_body_cutoff <= pairwise_cutoff, "
-                f"got {self.three_body_cutoff} and {self.pairwise_cutoff}"
-            )
+            problems.append("need 0 < three_body_cutoff <= pairwise_cutoff, "
+                            f"got {self.three_body_cutoff} and {self.pairwise_cutoff}")
         if not self.is_conservation:
             problems.append("is_conservation=False (direct force/stress heads) is not supported; "
                             "no published model uses it")
@@ -87,17 +81,13 @@ class MatRISConfig:
 
     @classmethod
     def published_10m(cls, **overrides: Any) -> "MatRISConfig":
-        """The architecture of the published MatRIS-10M models (-OAM, -MP, -OMAT).
+        """The architecture of the published MatRIS-10M models (-OAM, -MP, -OMAT); a checkpoint's own config wins.
 
-        10 blocks of width 128, Bessel radial basis (7, envelope 8), the Fourier three-body basis
-        (7 terms, learnable frequencies), GateMLP with SiLU and LayerNorm, Linear layers without
-        biases, energy head (256, 128, 128), r_c = 6 Å, r_3 = 4.5 Å, reference energies of 94
-        elements. It has 10,443,411 parameters without the reference energies (the count the
-        official 1.0 loader prints) and 10,443,505 with them (the count of the v0.9 loader and of
-        Matbench Discovery). The count cannot tell the energy head apart from (256, 192) or
-        (128, 256, 128), which give the same number; the official 1.0 code (PyPI wheel) builds the
-        published checkpoints with this one. Checkpoints carry their own config, which always wins.
-        """
+        10 blocks of width 128, Bessel radial basis (7, envelope 8), Fourier three-body basis (7 terms, learnable
+        frequencies), GateMLP with SiLU and LayerNorm, bias-free Linears, energy head (256, 128, 128), r_c = 6 Å,
+        r_3 = 4.5 Å, reference energies of 94 elements: 10,443,411 parameters without the reference energies (official
+        1.0 loader), 10,443,505 with them (v0.9 loader, Matbench Discovery). Heads (256, 192) and (128, 256, 128) give
+        the same count; the official 1.0 code (PyPI wheel) builds the published checkpoints with this one."""
         values = dict(num_layers=10, node_feat_dim=128, edge_feat_dim=128, three_body_feat_dim=128,
                       mlp_hidden_dims=(256, 128, 128), use_bias=False, distance_expansion="Bessel",
                       three_body_expansion="Fourier", num_radial=7, num_angular=7, envelope_exponent=8,
@@ -142,9 +132,8 @@ class MatRISConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     def __reduce_ex__(self, protocol):
-        # pickled as an OrderedDict of the fields (one of the types torch.load(weights_only=True)
-        # allows): checkpoints that hold a config load anywhere; MatRIS.__setstate__ and
-        # from_dict turn the mapping back into a config
+        # pickled as an OrderedDict of the fields (a type torch.load(weights_only=True) allows), so checkpoints that
+        # hold a config load anywhere; MatRIS.__setstate__ and from_dict turn the mapping back into a config
         return (collections.OrderedDict, (), None, None, iter(self.to_dict().items()))
 
     def __copy__(self) -> "MatRISConfig":

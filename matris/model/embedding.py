@@ -52,8 +52,7 @@ class EdgeEmbedding(nn.Module):
         self.swish_layer = SwishLayer(d, d)
 
     def forward(self, bond_length: torch.Tensor, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """bond_length ``[B]`` Å → (e ``[B, d_e]``, rbf_pair ``[B, K]``, rbf_3b ``[B, K]``); ``fused``:
-        the basis operators' kernels (False: their references)."""
+        """bond_length ``[B]`` Å → (e ``[B, d_e]``, rbf_pair ``[B, K]``, rbf_3b ``[B, K]``); ``fused``: kernels."""
         rbf_pair = self.pairwise_rbf_expansion(bond_length, fused)
         rbf_3b = self.threebody_rbf_expansion(bond_length, fused)
         e = self.swish_layer(self.edge_init_norm(self.edge_linear2(self.edge_linear1(rbf_pair))))

@@ -1,5 +1,4 @@
-"""Small building blocks: activations, norms and MLPs (Φ, built from them, is in
-:mod:`matris.model.attention`)."""
+"""Small building blocks: activations, norms and MLPs (Φ, built from them, is in :mod:`matris.model.attention`)."""
 
 from __future__ import annotations
 
@@ -8,15 +7,9 @@ from torch import nn
 
 
 def activation(name: str) -> nn.Module:
-    """The activation module for a config ``activation_type``."""
-    table = {
-        "relu": nn.ReLU,
-        "silu": nn.SiLU,
-        "gelu": nn.GELU,  # exact erf form
-        "softplus": nn.Softplus,
-        "sigmoid": nn.Sigmoid,
-        "tanh": nn.Tanh,
-    }
+    """The activation module for a config ``activation_type`` (GELU: the exact erf form)."""
+    table = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU, "softplus": nn.Softplus, "sigmoid": nn.Sigmoid,
+             "tanh": nn.Tanh}
     return table[name]()
 
 

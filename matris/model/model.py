@@ -29,19 +29,13 @@ from .readout import EnergyHead, MagmomHead, ReferenceEnergy
 from .recompute import RowRecompute
 
 EV_PER_A3_TO_GPA = 160.21766208
-# Keeps arccos differentiable for collinear bonds (spec §2).
-ANGLE_SHRINK = 1 - 1e-6
+ANGLE_SHRINK = 1 - 1e-6  # keeps arccos differentiable for collinear bonds (spec §2)
 @dataclass
 class ModelOutput:
-    """Predictions for a batch of ``S`` structures and ``N`` atoms.
-
-    energy: ``[S]`` eV (reference term included); energy_per_atom: ``[S]`` eV/atom;
-    forces: ``[N, 3]`` eV/Å; stress: ``[S, 3, 3]`` GPa, positive = tensile, NaN for
-    structures without a 3-D cell; magmoms: ``[N]`` μB (None when not computed: by default
-    only for models trained on them); atomic_energies: ``[N]`` eV, each atom's share of its
-    structure's energy (when asked for; they sum to ``energy``); node_features: atom features
-    after the embedding and after each block (when asked for).
-    """
+    """Predictions for ``S`` structures and ``N`` atoms: energy ``[S]`` eV (reference term included); energy_per_atom
+    ``[S]`` eV/atom; forces ``[N, 3]`` eV/Å; stress ``[S, 3, 3]`` GPa, positive = tensile, NaN without a 3-D cell;
+    magmoms ``[N]`` μB (None if not computed: by default only if trained on them); when asked for, atomic_energies
+    ``[N]`` eV (each atom's share; they sum to ``energy``) and node_features (after the embedding and each block)."""
 
     energy: torch.Tensor
     energy_per_atom: torch.Tensor
@@ -55,10 +49,8 @@ class ModelOutput:
 class MatRIS(CheckpointIO, nn.Module):
     """The MatRIS interatomic potential (spec §4–§6); module names mirror published checkpoints.
 
-    ``targets``: what the weights were trained on, ``"efsm"`` (default) or ``"efs"`` (the
-    magmom head is untrained: magnetic moments are not offered). ``name``: how error
-    messages name the model (set by the loaders to the model name or file).
-    """
+    ``targets``: what the weights were trained on, ``"efsm"`` (default) or ``"efs"`` (untrained magmom head: no
+    magnetic moments offered). ``name``: how error messages name the model (the loaders set the model name or file)."""
 
     def __init__(self, config: MatRISConfig | Mapping[str, Any] | None = None, *args: Any, **kwargs: Any):
         super().__init__()
@@ -74,9 +66,8 @@ class MatRIS(CheckpointIO, nn.Module):
         self.options = RunOptions()  # kernels, memory and TF32 (how it runs, not what it computes)
         self.targets: str = DEFAULT_TARGETS
         self.name: str = "MatRIS"
-        # see compile(): torch.compile options (None: eager) and the compiled energy function
-        self._compile_options: dict | None = None
-        self._compiled = None
+        self._compile_options: dict | None = None  # compile()'s torch.compile options (None: eager)
+        self._compiled = None  # the compiled energy function
 
     def set_reference_width(self, n: int) -> None:
         """Per-element reference energies for ``n`` elements (a checkpoint's width, whatever its config says)."""
@@ -89,13 +80,11 @@ class MatRIS(CheckpointIO, nn.Module):
         super().__setattr__(name, value)
 
     def __setstate__(self, state: dict) -> None:
-        # a config pickles as a plain mapping (MatRISConfig.__reduce_ex__): a whole pickled model gets it back
-        config = state.get("config")
+        config = state.get("config")  # pickled as a plain mapping (MatRISConfig.__reduce_ex__): made a config again
         if config is not None and not isinstance(config, MatRISConfig):
             state["config"] = MatRISConfig.from_dict(dict(config))
         super().__setstate__(state)
 
-    # ------------------------------------------------------------------ properties
     @property
     def dtype(self) -> torch.dtype:
         return self.atom_embedding.embedding.weight.dtype
@@ -124,10 +113,8 @@ class MatRIS(CheckpointIO, nn.Module):
         return z if self.reference_energy is None else min(z, self.reference_energy.num_elements)
 
     def check_elements(self, graph: GraphBatch) -> None:
-        """Raise :class:`MatRISInputError` if a structure holds an element beyond
-        :attr:`max_atomic_number`. Reads the atomic numbers on the host, so it runs only for
-        models that cover fewer elements than every structure may hold (Z ≤ 94 is checked
-        when structures are read); for the others it costs nothing."""
+        """Raise :class:`MatRISInputError` for an element beyond :attr:`max_atomic_number`. Reads Z on the host, so only
+        for models covering fewer than Z ≤ 94 (the limit checked when structures are read); free for the others."""
         limit = self.max_atomic_number
         if limit >= MAX_Z or graph.num_atoms == 0:
             return
@@ -168,13 +155,10 @@ class MatRIS(CheckpointIO, nn.Module):
         ref = set() if self.reference_energy is None else {id(p) for p in self.reference_energy.parameters()}
         return sum(p.numel() for p in self.parameters() if id(p) not in ref)
 
-    # ------------------------------------------------------------------ forward
     def forward(self, graph: GraphBatch | Sequence[Any], *args: Any, **kwargs: Any) -> ModelOutput | dict[str, Any]:
-        """``model(graph, ...)``: :meth:`evaluate` of a :class:`GraphBatch` (our call, returning a
-        :class:`ModelOutput`), or the official MatRIS call ``model([graph, ...], task="ef",
-        is_training=False, mode="fast", activation_checkpoint=False, tf32=False)`` on a list of
-        :class:`matris.graph.RadiusGraph`, returning the official prediction dict
-        (:func:`matris.official.forward_graphs`)."""
+        """:meth:`evaluate` of a :class:`GraphBatch` (→ :class:`ModelOutput`), or the official MatRIS call
+        ``model([graph, ...], task="ef", is_training=False, mode="fast", activation_checkpoint=False, tf32=False)`` on a
+        list of :class:`matris.graph.RadiusGraph` → the official dict (:func:`matris.official.forward_graphs`)."""
         if isinstance(graph, GraphBatch):
             return self.evaluate(graph, *args, **kwargs)
         from ..official import forward_graphs
@@ -192,16 +176,10 @@ class MatRIS(CheckpointIO, nn.Module):
         compute_atomic_energies: bool = False,
         options: RunOptions | None = None,
     ) -> ModelOutput:
-        """Energy, forces, stress and magnetic moments of every structure in ``graph``.
-
-        ``compute_magmoms``: default (None) only when the model was trained on them
-        (:attr:`predicts_magmoms`); True computes the head's output anyway (training it).
-        ``create_graph`` keeps the graph of the force computation for a loss on forces (training;
-        default False, whatever ``self.training`` says: a model in ``train()`` mode for its dropout
-        does not pay for the graph unless asked). ``compute_atomic_energies``: also each atom's energy
-        ``[N]`` (the readout's per-atom term plus the atom's reference energy; they sum to the
-        structure's energy). ``options``: :class:`RunOptions` for this call (default: ``self.options``).
-        """
+        """Energy, forces, stress and magnetic moments of every structure in ``graph``. ``compute_magmoms``: None
+        (default) only if :attr:`predicts_magmoms`, True computes the head anyway (training it). ``create_graph``: keep
+        the force graph for a loss on forces (default False, even in ``train()`` mode). ``compute_atomic_energies``:
+        also each atom's energy ``[N]`` (readout plus reference). ``options``: this call's :class:`RunOptions`."""
         if options is not None:
             kept, self.options = self.options, options
             try:
@@ -216,10 +194,8 @@ class MatRIS(CheckpointIO, nn.Module):
         g = graph if graph.positions.dtype == self.dtype and graph.positions.device == self.device else graph.to(
             self.device, self.dtype
         )
-        # forces and stress are derivatives: they need autograd even under torch.no_grad()
         with torch.enable_grad() if (compute_forces or compute_stress) else contextlib.nullcontext():
-            # Without create_graph the outputs are detached, so no weight gradient can ever be
-            # asked for: freezing the weights for the call lets the fused backwards skip them.
+            # without create_graph no weight gradient can be asked for: frozen weights let the fused backwards skip them
             frozen = contextlib.nullcontext() if create_graph else self._frozen_weights()
             with frozen, self._tf32_context(g.positions.device):
                 return self._forward(g, compute_forces, compute_stress, compute_magmoms, create_graph,
@@ -238,8 +214,7 @@ class MatRIS(CheckpointIO, nn.Module):
                 p.requires_grad_(True)
 
     def check_precision(self) -> None:
-        """Refuse half precision (a bf16/fp16 model, or autocast) with a clear error before any
-        kernel runs: forces and stress are derivatives that need float32 or float64."""
+        """Refuse half precision (bf16/fp16 model, or autocast) before any kernel runs: derivatives need fp32/fp64."""
         problem = None
         if self.dtype not in (torch.float32, torch.float64):
             problem = f"the model is in {self.dtype}"
@@ -259,29 +234,23 @@ class MatRIS(CheckpointIO, nn.Module):
         if compute_forces:
             positions = positions.detach().requires_grad_(True)
         strain = None
-        if compute_stress:
-            # zero symmetric strain ε = ½(s + sᵀ) per structure; ∂E/∂s gives the virial
+        if compute_stress:  # zero symmetric strain ε = ½(s + sᵀ) per structure; ∂E/∂s gives the virial
             strain = torch.zeros(n_struct, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
-        # decided on the host, outside the (possibly compiled) energy function: the one place it is chosen
+        # chosen once, on the host, outside the (possibly compiled) energy function
         kernels, fast = dispatch(positions.device, self.options.kernels, create_graph)
         level = memory.inference_level(self, g, positions.dtype, create_graph, kernels.name,
                                        backward=compute_forces or compute_stress)
-        # the compiled backward keeps what its partitioner chooses, not what the memory levels recompute
-        # (measured: 17 GB against 4.8 GB eager for Si512): below level 0 the call runs eagerly
         compiled = self._compile_options is not None and not create_graph and not return_node_features
-        if compiled and level > 0:
+        if compiled and level > 0:  # the compiled backward ignores the memory levels (17 GB vs 4.8 GB eager, Si512)
             compiled = False
             if not getattr(self, "_eager_notice", False):  # said once
                 self._eager_notice = True
                 log.info(f"{g.n_atoms.sum().item()} atoms need memory level {level}, which runs eagerly "
                          "(compiled code keeps every activation); smaller structures use the compiled code")
-        # training on forces: blocks (and rows) recomputed in the backward passes, the fast kernels
-        # where no weight gradient is wanted (the forward, the input gradients of the force computation)
+        # training on forces: blocks (and rows) recomputed in the backward, fast kernels where no weight grad is wanted
         recompute_mode = memory.training_mode(self, create_graph, g, positions.dtype)
         if compiled:
             if self._compiled is None:
-                # the first compiled call traces and generates code for tens of seconds to minutes
-                # (CPU): say so rather than look hung
                 log.info("compiling the model with torch.compile on its first call (tens of seconds to a few "
                          "minutes; later calls and MD steps reuse it)")
                 self._compiled = torch.compile(self._energy, **self._compile_options)
@@ -310,8 +279,7 @@ class MatRIS(CheckpointIO, nn.Module):
             )
             if compute_forces:
                 out.forces = -grads[0]
-            if compute_stress:
-                # |a · (b × c)|: the triple product (a batched det may synchronise on some backends)
+            if compute_stress:  # volume |a · (b × c)|: a batched det may synchronise on some backends
                 volume = torch.linalg.vecdot(g.cell[:, 0], torch.linalg.cross(g.cell[:, 1], g.cell[:, 2])).abs()
                 valid = g.pbc.any(dim=1) & (volume > 1e-8)
                 volume = torch.where(valid, volume, torch.ones_like(volume))
@@ -334,9 +302,8 @@ class MatRIS(CheckpointIO, nn.Module):
         return self.reference_energy(g.atomic_numbers, g.atom_batch, g.n_atoms)
 
     def _atomic_reference(self, g: GraphBatch, ref: torch.Tensor) -> torch.Tensor:
-        """Each atom's share ``[N]`` (eV) of its structure's reference term ``ref`` ``[S]``: its
-        element's reference energy for intensive models (whose total reference is the sum of
-        those), an equal share of the total reference otherwise (spec §6)."""
+        """Each atom's share ``[N]`` (eV) of its structure's reference term ``ref`` ``[S]`` (spec §6): its element's
+        reference energy for intensive models, an equal share of ``ref`` otherwise."""
         if self.reference_energy is None:
             return torch.zeros_like(g.positions[:, 0])
         if self.config.is_intensive:
@@ -346,27 +313,22 @@ class MatRIS(CheckpointIO, nn.Module):
     def _energy(self, g: GraphBatch, positions: torch.Tensor, strain: torch.Tensor | None, level: int,
                 kernels: Kernels, return_node_features: bool = False, bond_vectors: torch.Tensor | None = None,
                 recompute: Kernels | None = None, row_chunks: bool = False, halo=None):
-        """The model's energy ``[S]`` (eV, reference term excluded), the normalised atom
-        features ``[N, d_n]``, the per-block features and the per-atom energies ``[N]`` (eV,
-        reference excluded; they sum to the energy), as differentiable functions of
-        ``positions`` ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None). ``kernels``: the call's
-        (:func:`matris.kernels.dispatch`). This is the region :meth:`compile` compiles. ``bond_vectors``
-        (``[B, 3]``, x_target − x_source − image shift) replaces the ones made from ``positions``
-        and ``strain``, so that the energy's gradient with respect to each bond is available
-        (per-bond forces, per-atom virials). ``recompute`` (training on forces): recompute each
-        block in the backward passes (:mod:`matris.model.recompute`), running these kernels where no
-        weight gradient is wanted and ``kernels`` elsewhere; ``row_chunks``: and inside each block
-        the per-angle work by row chunks (recompute mode ``"rows"``). ``halo``: ``g`` is a domain
-        decomposition's rank (or ranks) and the blocks exchange through it (:mod:`matris.domain`)."""
+        """Energy ``[S]`` (eV, reference excluded), normalised atom features ``[N, d_n]``, per-block features and
+        per-atom energies ``[N]`` (eV, reference excluded, summing to the energy), differentiable in ``positions``
+        ``[N, 3]`` and ``strain`` ``[S, 3, 3]`` (or None); :meth:`compile` compiles this. ``kernels``: from
+        :func:`matris.kernels.dispatch`. ``bond_vectors`` ``[B, 3]`` (x_target − x_source − image shift) replace those
+        from ``positions``/``strain``, giving the energy's gradient per bond (per-bond forces, per-atom virials).
+        ``recompute`` (training on forces): recompute each block in the backward (:mod:`matris.model.recompute`), with
+        these kernels where no weight gradient is wanted; ``row_chunks``: per-angle work by row chunks too (``"rows"``).
+        ``halo``: ``g`` is a domain decomposition's rank(s); the blocks exchange through it (:mod:`matris.domain`)."""
         cell = g.cell
         if strain is not None:
             eps = (strain + strain.transpose(1, 2)) / 2
             positions = positions + torch.einsum("ni,nij->nj", positions, eps[g.atom_batch])
             cell = cell + torch.bmm(cell, eps)
 
-        # bond vectors v = x_i − (x_j + n·L) of the forward edges; reverse edges are −v
         bond_batch = g.bond_batch
-        if bond_vectors is None:
+        if bond_vectors is None:  # bond vectors v = x_i − (x_j + n·L) of the forward edges; reverse edges are −v
             shift = torch.einsum("bi,bij->bj", g.bond_image, cell[bond_batch])
             v = positions[g.bond_target] - positions[g.bond_source] - shift
         else:
@@ -408,8 +370,7 @@ class MatRIS(CheckpointIO, nn.Module):
         if recompute is not None:  # training's block recomputation: the fast kernels, and the references
             fast = dataclasses.replace(bg, kernels=recompute)
             exact = dataclasses.replace(bg, kernels=REFERENCES)
-            if row_chunks:
-                # the per-angle parts and the atom graph's Φ by row chunks inside each block's recomputation
+            if row_chunks:  # the per-angle parts and the atom graph's Φ by row chunks in each block's recomputation
                 rows = RowRecompute(memory.chunk_rows(self, g.num_angles), recompute)
                 exact = dataclasses.replace(exact, rows=rows, lines=RowLines())
         features = {"embedding": h} if return_node_features else {}
@@ -434,28 +395,16 @@ class MatRIS(CheckpointIO, nn.Module):
 
         h_norm = self.readout_norm(h)
         atomic_energy = self.energy_head(h_norm)
-        # [S], eV. One spare slot: with a single structure Inductor's CPU code generator (torch
-        # 2.13) folds the index of a size-1 scatter to a constant and fails; the sum is the same.
-        s_pad = g.num_structures + 1
+        s_pad = g.num_structures + 1  # one spare slot: Inductor's CPU codegen (torch 2.13) fails on a size-1 scatter
         e_model = atomic_energy.new_zeros(s_pad).index_add(0, g.atom_batch, atomic_energy)[: g.num_structures]
         return e_model, h_norm, features, atomic_energy
 
-    # ------------------------------------------------------------------ compilation and TF32
     def compile(self, dynamic: bool = True, fullgraph: bool = False, **kwargs: Any) -> "MatRIS":
-        """Compile the energy computation with ``torch.compile`` (in place; returns ``self``).
-
-        Dynamic shapes (``dynamic=True``) let MD steps with changing numbers of atoms, bonds and
-        angles reuse one compiled graph (a new graph is made at most for the first resizes).
-        The compiled region is :meth:`_energy` (structure tensors → energy); forces and stress
-        are its derivatives, computed by the compiled backward. It runs the fused operators
-        (``torch.ops.matris``: the C++ loops on a CPU, the Triton kernels on CUDA), registered
-        so that the graph does not break around them, and Inductor compiles what lies between.
-        Used for inference only: calls that keep the graph of the forces (training) run eagerly,
-        since compiled graphs do not support double backward; so do structures that need a memory
-        level below 0 (:mod:`matris.memory`), whose recomputation the compiled backward would not keep.
-        Extra ``kwargs`` go to ``torch.compile`` (``backend``, ``mode``...). Compilation happens on the first call and
-        takes tens of seconds.
-        """
+        """Compile :meth:`_energy` with ``torch.compile``, in place; returns ``self``. ``dynamic`` lets MD steps with
+        changing numbers of atoms, bonds and angles reuse one graph; forces and stress come from the compiled backward;
+        the fused ``torch.ops.matris`` operators (C++ on CPU, Triton on CUDA) are registered so as not to break the
+        graph. Inference only: training calls (no double backward) and memory levels below 0 (:mod:`matris.memory`) run
+        eagerly. ``kwargs`` go to ``torch.compile``; the first call compiles (tens of seconds)."""
         from .compile import apply_defaults
 
         apply_defaults()  # equal sizes need not stay equal between calls (one graph for more MD steps)
@@ -469,15 +418,13 @@ class MatRIS(CheckpointIO, nn.Module):
         return self._compile_options is not None
 
     def __getstate__(self):
-        # copies and pickles keep the compile options, not the compiled function (made again on use)
         state = dict(self.__dict__)
-        state["_compiled"] = None
+        state["_compiled"] = None  # copies/pickles keep the compile options; the function is made again on use
         return state
 
     @contextlib.contextmanager
     def _tf32_context(self, device: torch.device):
-        """TF32 matmuls for the duration of a call when ``options.tf32`` is set and the model
-        runs on CUDA; the global setting is restored afterwards (never changed elsewhere)."""
+        """TF32 matmuls during a call when ``options.tf32`` is set, on CUDA; the global setting is restored after."""
         if not (self.options.tf32 and device.type == "cuda"):
             yield
             return
@@ -490,13 +437,9 @@ class MatRIS(CheckpointIO, nn.Module):
         finally:
             setattr(matmul, name, before)
 
-    # ------------------------------------------------------------------ prediction
     def predict(self, structures: Sequence[Any] | Any, batch_size: int = 16, **kwargs: Any):
-        """Predict energy, forces, stress and magnetic moments of Atoms/Structures.
-
-        See :func:`matris.predict.predict` for the arguments; returns a list of
-        :class:`matris.predict.Prediction` (one for a single structure).
-        """
+        """Predict energy, forces, stress and magnetic moments of Atoms/Structures (see :func:`matris.predict.predict`):
+        a list of :class:`matris.predict.Prediction` (one for a single structure)."""
         from ..predict import predict
 
         return predict(self, structures, batch_size=batch_size, **kwargs)

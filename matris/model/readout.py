@@ -36,9 +36,8 @@ class MagmomHead(nn.Module):
     def __init__(self, d_in: int, act: str, dropout: float):
         super().__init__()
         self.magmom_head = nn.Module()
-        self.magmom_head.layers = nn.Sequential(
-            nn.Linear(d_in, 2 * d_in), activation(act), nn.Dropout(dropout), nn.Linear(2 * d_in, 1)
-        )
+        self.magmom_head.layers = nn.Sequential(nn.Linear(d_in, 2 * d_in), activation(act), nn.Dropout(dropout),
+                                                nn.Linear(2 * d_in, 1))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """``[N, d_n]`` → ``[N]`` magnetic moments, μB."""
@@ -46,10 +45,7 @@ class MagmomHead(nn.Module):
 
 
 class ReferenceEnergy(nn.Module):
-    """Fixed per-element reference, ``ref = w · (composition counts / N)``, eV/atom; key ``fc.weight``.
-
-    ``num_elements``: the width ``K`` of ``w`` (elements Z = 1..K); published models use 94.
-    """
+    """Fixed per-element reference ``w · (element counts / N)``, eV/atom, Z = 1..``num_elements``; key ``fc.weight``."""
 
     def __init__(self, num_elements: int = NUM_ELEMENTS):
         super().__init__()

@@ -1,54 +1,34 @@
-"""Activation recomputation for training on forces, exact to second order: per block, and per
-chunk of rows inside it.
+"""Activation recomputation for training on forces, exact to second order: per block, and per chunk of rows inside it.
 
-Training on forces differentiates twice: the forces are ``−∂E/∂x`` with ``create_graph``, and the
-loss on them is differentiated again. Kept whole, that graph holds every intermediate of every
-block (the forward's and the first backward's): 16 GB for a 16-atom rocksalt oxide (15,872
-angles) with the published 10M architecture, about 60 GB for a 64-atom one (the memory model's
-prediction; ``benchmarks/train_memory.py``, ``benchmarks/results/train_memory.json``).
-``torch.utils.checkpoint`` does not help here: the first backward recomputes a block and its
-``create_graph`` graph then keeps the recomputed tensors alive until the second.
+Training on forces differentiates twice: the forces ``−∂E/∂x`` with ``create_graph``, then the loss on them. Kept
+whole, that graph holds every intermediate of every block: 16 GB for a 16-atom rocksalt oxide (15,872 angles) with the
+published 10M architecture, ~60 GB predicted for 64 atoms (``benchmarks/train_memory.py``). ``torch.utils.checkpoint``
+does not help: the first backward's ``create_graph`` graph keeps the recomputed tensors alive until the second.
 
 Here a block is one autograd node whose backward is itself one differentiable node:
 
-- :class:`_Block` (forward): the block without a graph; it keeps only its inputs ``(h, e, a,
-  rbf_pair, rbf_3b)`` and the parameters (references).
-- its backward, inside the force computation (``create_graph``): :class:`_BlockVJP`, whose forward
-  recomputes the block and returns the input gradients ``J_xᵀ·G`` without a graph (input gradients
-  only: the fused kernels' own backwards), keeping only the upstream gradients ``G``.
-- :class:`_BlockVJP`'s backward, in the loss's backward: the block recomputed with autograd, its
-  input gradients with ``create_graph``, and those differentiated against the incoming
-  gradients: the second-order terms (``∂/∂x``, ``∂/∂G``, ``∂/∂θ``) of that block alone.
-- :class:`_Block`'s backward without a graph (the energy terms of the loss): the block recomputed
-  with autograd on the fast kernels, first-order gradients of inputs and parameters.
+- :class:`_Block` (forward): the block without a graph; keeps only inputs ``(h, e, a, rbf_pair, rbf_3b)`` and params.
+- its backward, inside the force computation (``create_graph``): :class:`_BlockVJP`, whose forward recomputes the block
+  and returns the input gradients ``J_xᵀ·G`` without a graph (the fused kernels' own backwards), keeping only ``G``.
+- :class:`_BlockVJP`'s backward (the loss's): the block recomputed with autograd, its input gradients with
+  ``create_graph`` differentiated against the incoming ones: its second-order terms (``∂/∂x``, ``∂/∂G``, ``∂/∂θ``).
+- :class:`_Block`'s backward without a graph (the loss's energy terms): the block recomputed with autograd on the fast
+  kernels, first-order gradients of inputs and parameters.
 
-That is ``model.options.training_recompute = "blocks"`` (:data:`matris.settings.RECOMPUTE_MODES`). With
-``"rows"`` the same node nests: inside a block's recomputation with autograd, the widest work of
-the block is such a node too, recomputed :data:`matris.memory.CHUNK_ROWS` rows at a time in its backward passes
-(the gradients of row-wise tensors written at their rows, the others summed over the chunks),
-where its rows make more than one chunk (a single chunk would save nothing and cost the nested
-node's two extra passes):
+That is ``model.options.training_recompute = "blocks"`` (:data:`matris.settings.RECOMPUTE_MODES`). With ``"rows"`` the
+same node nests: inside a block's recomputation its widest work is such a node too, recomputed by
+:data:`matris.memory.CHUNK_ROWS` rows (:class:`_Gathered`) where they make several chunks (:meth:`RowRecompute.splits`):
 
-- each line-graph step's per-angle part (:class:`matris.model.block.RowLines`): Φ, the logits and
-  partial softmax or the envelope and FFN_edge, the angles' update, and the sums into bonds (the
-  split softmax's ``N`` and ``D`` relative to each bond's largest logit, which cancels: summed over
-  chunks, see :mod:`matris.model.block`), each chunk on the bonds and atoms it touches only;
-- the atom graph's Φ on the directed bonds (:func:`matris.model.attention.recomputed_phi`), which
-  takes the per-node terms of Φ's first layer already projected
-  (:func:`matris.model.attention.project_terms`, once per step), so a chunk's recomputation
-  multiplies only its own rows.
+- each line-graph step's per-angle part (:class:`matris.model.block.RowLines`), each chunk on the bonds and atoms it
+  touches only, its sums into the bonds in the form of :mod:`matris.model.block`;
+- the atom graph's Φ on the directed bonds (:func:`matris.model.attention.recomputed_phi`), with Φ's first-layer
+  per-node terms projected once per step (:func:`matris.model.attention.project_terms`): a chunk multiplies its rows.
 
-So at any moment the intermediates of one block are alive, those per angle for one chunk of
-rows only, next to the inputs and upstream gradients of all blocks (a few per-angle rows each):
-the numbers are in ``benchmarks/results/train_memory.json``. The nesting adds three passes of the
-fast kernels to the backward: a forward, an input-gradient pass and a first-order pass with weight
-gradients (the nested node's own backward inside the block's second-order one). The first-order
-recomputations run the call's fast kernels (the fused CPU operators or the Triton kernels, whose
-backwards give the weight gradients too); the second-order one the composed ops, the references of
-the same formulas: the gradients equal the un-checkpointed ones to float rounding
-(``tests/test_recompute.py`` checks 1e-12 in float64, with the second-order terms, with the rows
-in several chunks).
-"""
+So at any moment one block's intermediates are alive (per angle, one chunk's), next to all blocks' inputs and upstream
+gradients (numbers in ``benchmarks/results/train_memory.json``). The nesting adds three fast-kernel passes to the
+backward (forward, input gradients, first order with weight gradients). First-order recomputations run the call's fast
+kernels (fused CPU operators or Triton); the second-order one the composed ops, references of the same formulas: the
+gradients equal the un-checkpointed ones to float rounding (``tests/test_recompute.py``: 1e-12 in float64)."""
 
 from __future__ import annotations
 
@@ -63,34 +43,27 @@ from ..kernels import Kernels
 
 @dataclass(frozen=True)
 class RowRecompute:
-    """A block's per-row work (Φ, the line-graph steps) recomputed ``chunk`` rows at a time in the
-    backward passes (training's ``rows`` mode; the atom graph's Φ in :mod:`matris.model.stream`);
-    ``kernels``: those where no weight gradient is wanted (the call's fast ones)."""
+    """A block's per-row work (Φ, the line-graph steps) recomputed ``chunk`` rows at a time in the backward passes
+    (training's ``rows`` mode; the atom graph's Φ in :mod:`matris.model.stream`); ``kernels``: the call's fast ones."""
 
     chunk: int
     kernels: Kernels
 
     def splits(self, n_rows: int) -> bool:
-        """Whether ``n_rows`` rows make more than one chunk: a single chunk is computed as the rest of
-        the block (recomputing it as a node of its own would save no memory and cost three passes:
-        its forward and input gradients with the fast kernels, its first-order backward)."""
+        """Whether ``n_rows`` make more than one chunk (one chunk as its own node would save nothing, cost 3 passes)."""
         return n_rows > self.chunk
 
 
 @dataclass(eq=False)
 class _Spec:
-    """What a recomputation needs besides tensors: ``module`` and ``arguments(inputs, fast, rows)``,
-    which gives the positional and keyword arguments of a call of ``module`` on the differentiable
-    ``inputs`` with the call's fast kernels (``fast``) or the composed ops, on the rows ``rows`` (a
-    slice, or None: all); ``names``: the module's parameter names, in the order the parameters are
-    passed. ``chunk`` > 0: the module is row-wise (row k of each output depends on row k of the
-    inputs marked in ``row_inputs`` and on whole other inputs only), and the backward passes
-    recompute it ``chunk`` rows at a time, so only one chunk's intermediates are alive.
-    ``row_outputs``: which outputs are row-wise (None: all); the others are sums over the rows
-    (``scatter_sum`` into nodes), whose upstream gradient every chunk reads whole. ``fast_first_order``:
-    the first-order backward with weight gradients runs the fast call (False: the composed call,
-    where that call nests row-chunked nodes whose own first-order backwards run fast, chunk by chunk:
-    the fast call would hold a whole block's rows)."""
+    """What a recomputation needs besides tensors: ``module`` and ``arguments(inputs, fast, rows)``, giving the args
+    and kwargs of a call of ``module`` on the differentiable ``inputs`` with the call's fast kernels (``fast``) or the
+    composed ops, on the rows ``rows`` (a slice, or None: all); ``names``: the parameter names, in passing order.
+    ``chunk`` > 0: the module is row-wise (row k of each output depends on row k of the inputs marked in ``row_inputs``
+    and on whole other inputs only) and the backward passes recompute it ``chunk`` rows at a time. ``row_outputs``:
+    which outputs are row-wise (None: all); the others are sums over the rows (``scatter_sum`` into nodes), whose
+    upstream gradient every chunk reads whole. ``fast_first_order``: the first-order backward runs the fast call (False:
+    the composed one, which nests row-chunked nodes running fast chunk by chunk; the fast call would hold all rows)."""
 
     module: nn.Module
     arguments: object
@@ -103,9 +76,8 @@ class _Spec:
     fast_first_order: bool = True
 
     def run(self, fast: bool, inputs, params=None, rows: slice | None = None):
-        """The module on ``inputs`` (sliced to ``rows`` already where row-wise); ``params`` (tensors
-        in the order of ``names``) replace its parameters for the call (detached copies: no weight
-        gradient)."""
+        """The module on ``inputs`` (row-wise ones already cut to ``rows``); ``params`` (in the order of ``names``)
+        replace its parameters for the call (detached copies: no weight gradient)."""
         args, kwargs = self.arguments(inputs, fast, rows)
         if params is None:
             return tuple(self.module(*args, **kwargs))
@@ -122,8 +94,7 @@ class _Spec:
         return (True,) * n_out if self.row_outputs is None else self.row_outputs
 
     def cut(self, grads, rows: slice | None):
-        """The upstream gradients of the outputs for the rows ``rows``: a row-wise output's cut, a
-        summed output's whole."""
+        """The outputs' upstream gradients for ``rows``: a row-wise output's cut, a summed output's whole."""
         if rows is None:
             return list(grads)
         return [g[rows] if (g is not None and r) else g for g, r in zip(grads, self.output_rows(len(grads)))]
@@ -136,8 +107,7 @@ class _Spec:
 
 
 class _Gathered:
-    """The gradients of chunked recomputations, put together: a row-wise tensor's chunks are written
-    at their rows, the other tensors' summed."""
+    """Chunked recomputations' gradients put together: row-wise ones written at their rows, the others summed."""
 
     def __init__(self, like, row_wise):
         self.like, self.row_wise = like, row_wise
@@ -157,11 +127,9 @@ class _Gathered:
 
 def recomputed(module: nn.Module, arguments, inputs: list, chunk: int = 0, row_inputs=(), n_rows: int = 0,
                row_outputs=None, fast_first_order: bool = True) -> tuple[torch.Tensor, ...]:
-    """``module(*args, **kwargs)`` (a tuple of tensors), ``args, kwargs = arguments(inputs, True, None)``,
-    as one autograd node that keeps only ``inputs`` and recomputes the rest in the backward passes
-    (see the module docstring); ``arguments(inputs, False, rows)`` must give the same call with the
-    composed ops. ``chunk``, ``row_inputs``, ``n_rows``, ``row_outputs``, ``fast_first_order``: see
-    :class:`_Spec` (a row-wise module recomputed ``chunk`` of its ``n_rows`` rows at a time)."""
+    """``module(*args, **kwargs)`` (a tuple of tensors), ``args, kwargs = arguments(inputs, True, None)``, as one
+    autograd node keeping only ``inputs`` and recomputing the rest in the backward passes (module docstring);
+    ``arguments(inputs, False, rows)`` must give the same call with the composed ops. Others: :class:`_Spec`."""
     named = list(module.named_parameters())
     names, params = tuple(n for n, _ in named), [p for _, p in named]
     spec = _Spec(module, arguments, names, len(inputs), chunk, tuple(row_inputs), n_rows,
@@ -189,10 +157,9 @@ def _grads(outputs, inputs, grad_outputs, create_graph=False):
 
 
 def _forward_by_rows(spec: _Spec, inputs) -> tuple[torch.Tensor, ...]:
-    """The module's outputs without a graph, computed chunk by chunk where it is row-wise (only one
-    chunk's intermediates alive: row-wise outputs written at their rows, the others summed), else
-    at once: on the call's fast kernels, or, where rows nest inside (``fast_first_order`` False),
-    on the composed call, whose nested row nodes compute their own chunks."""
+    """The module's outputs without a graph: chunk by chunk where row-wise (row-wise outputs written at their rows, the
+    others summed), else at once on the fast kernels, or, where rows nest inside (``fast_first_order`` False), on the
+    composed call, whose nested row nodes compute their own chunks."""
     if len(spec.slices()) == 1:
         return spec.run(spec.fast_first_order, inputs)
     out = None
@@ -243,8 +210,7 @@ class _Block(torch.autograd.Function):
 
 
 class _BlockVJP(torch.autograd.Function):
-    """``G → ∂(Σ out·G)/∂inputs`` of one recomputed module (a block: ``(G_h, G_e, G_a)`` → the
-    gradients of ``(h, e, a, rbf_pair, rbf_3b)``), a differentiable node (see the module docstring)."""
+    """``G → ∂(Σ out·G)/∂inputs`` of a recomputed module, differentiable (a block: ``(G_h, G_e, G_a)`` → 5 inputs)."""
 
     @staticmethod
     def forward(ctx, spec: _Spec, needs, n_out: int, *args):

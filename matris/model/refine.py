@@ -12,12 +12,9 @@ from .recompute import RowRecompute
 
 
 class Refine(nn.Module):
-    """``(x, y) → (x', y')`` with ``u = Φ(z)``, ``u_g = u ⊙ g``, ``R[n] = Σ_{tgt=n} u_g``.
-
-    ``d_extra`` is the width of the atom features concatenated on the line graph
-    (``z = [y0 ‖ h[c] ‖ x[tgt] ‖ x[src]]``); 0 on the atom graph. ``num_basis`` is the
-    width of the radial basis that ``W_env`` (``learnable_envelope``) maps to ``d_y``.
-    """
+    """``(x, y) → (x', y')`` with ``u = Φ(z)``, ``u_g = u ⊙ g``, ``R[n] = Σ_{tgt=n} u_g``. ``d_extra``: the width of
+    the atom features concatenated on the line graph (``z = [y0 ‖ h[c] ‖ x[tgt] ‖ x[src]]``), 0 on the atom graph;
+    ``num_basis``: the radial basis width that ``W_env`` (``learnable_envelope``) maps to ``d_y``."""
 
     def __init__(self, config, d_x: int, d_y: int, d_hidden: int, num_basis: int, d_extra: int = 0,
                  smooth_delta_edge: bool = False):
@@ -33,10 +30,8 @@ class Refine(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor, tgt: torch.Tensor, src: torch.Tensor, basis: torch.Tensor,
                 d2u: torch.Tensor, k: Kernels, rows: RowRecompute | None = None, update_edges: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The atom-graph step: atoms ``x``, bonds ``y`` ``[B, d_y]`` and their radial basis ``basis``
-        ``[B, K]`` (g = W_env·basis[d2u]); ``tgt``, ``src``, ``d2u`` ``[2B]`` as
-        :meth:`matris.model.attention.SeparableAttention.forward`. ``update_edges=False`` returns ``y``
-        unchanged without computing FFN_edge: the last block's edge update reaches no output."""
+        """Atom-graph step: bonds ``y`` ``[B, d_y]``, basis ``basis`` ``[B, K]`` (g = W_env·basis[d2u]), the rest as in
+        :meth:`matris.model.attention.SeparableAttention.forward`; ``update_edges=False``: ``y`` kept (last block)."""
         u = call_phi(self.edge_nonlinear_update, [(y, d2u), (x, tgt), (x, src)], rows, k.fused)
         u_g = u * self.learnable_envelope(basis).index_select(0, d2u)
         x_new = self.node_update(x, scatter_sum(u_g, tgt, x.shape[0]))
@@ -47,12 +42,10 @@ class Refine(nn.Module):
 
     def line_part(self, y: torch.Tensor, x: torch.Tensor, h: torch.Tensor, basis: torch.Tensor, angles, k: Kernels,
                   update_edges: bool = True):
-        """The line-graph step's per-angle part on angles ``y`` ``[a, d_y]``, given their bonds'
-        features ``x`` and basis ``basis`` ``[n, ·]`` and their atoms' ``h`` (``angles``:
-        :class:`matris.model.block.Angles`, its local numbering): the bonds' sums over these angles
-        ``R = Σ_{tgt} u ⊙ q[src] ⊙ q[tgt]`` ``[n, d_y]`` (``q = W_env·basis``) and the angles' update
-        ``y'`` (``update_edges`` False: ``y``). One operator (:func:`matris.kernels.refine_edges`)
-        unless FFN_edge has active dropout (training), which the composed ops apply."""
+        """Line-graph per-angle part on angles ``y`` ``[a, d_y]`` with their bonds' ``x`` and ``basis`` ``[n, ·]`` and
+        atoms' ``h`` (``angles``: :class:`matris.model.block.Angles`): bonds' sums ``R = Σ_{tgt} u ⊙ q[src] ⊙ q[tgt]``
+        ``[n, d_y]`` (``q = W_env·basis``) and the angles' update ``y'`` (``y`` if not ``update_edges``). One operator,
+        :func:`matris.kernels.refine_edges`, unless FFN_edge's dropout is active (training): then the composed ops."""
         q = self.learnable_envelope(basis)
         terms = [(y, None), (h, angles.atom), (x, angles.tgt), (x, angles.src)]
         u = self.edge_nonlinear_update.forward_terms(terms, fused=k.fused)

@@ -1,35 +1,17 @@
 """Inference's lowest memory levels: the angles streamed through the blocks by chunks.
 
-The angles dominate memory: diamond Si at the published three-body cutoff has ~450 angles per
-atom and ~20 per bond, and one angle state ``a`` ``[A, d_t]`` is 512 B per angle in float32.
-Here the blocks run as one autograd node (:func:`streamed`) that keeps, per angle, only
+The angles dominate memory (diamond Si at the published three-body cutoff: ~450 per atom, ~20 per bond; 512 B each
+for ``a`` ``[A, d_t]`` in float32). The blocks run as one autograd node (:func:`streamed`) keeping per angle only the
+input states of the blocks in ``kept`` (level 2: all; the lowest level: every ``every``-th; block 0's is recomputed
+from θ) and, in the backward pass, a gradient buffer ``∂E/∂a`` and a buffer for the states between kept ones; per bond
+and block, :class:`_Cached`. All else per angle lives for one chunk at a time.
 
-- the angle state at the input of some blocks (``kept``: every block at level 2, every
-  ``every``-th at the lowest level; block 0's is the embedding of θ, recomputed from it),
-- and during the backward pass one gradient buffer ``∂E/∂a`` and, between kept states, one
-  buffer that the states in between are recomputed into,
-
-and, per bond and block, what the angles' passes cannot give back in time: the block's input
-atoms ``h``, the features after its atom-graph attention, Refine's sums ``R`` and the softmax's
-shifts (each bond's largest logit). Everything else per angle lives for one chunk at a time.
-
-The forward is the block's own (:meth:`matris.model.block.InteractionBlock.forward`) with the
-per-angle parts driven by chunks without a graph (:class:`_StreamLines`): the split softmax's sums
-and Refine's sums added chunk by chunk (the form of :mod:`matris.model.block`), the angles' states
-written in place. The backward is written here, once, block by block from the last, in two passes
-over the chunks of angles per block:
-
-1. the line attention's part recomputed without a graph (its angles' update, and the bonds' sums
-   again), and Refine's part differentiated: ``∂E/∂a_mid`` replaces ``∂E/∂a_{k+1}`` in the gradient
-   buffer, chunk by chunk, and the bonds' and atoms' features collect their gradients;
-2. after the bonds' and atoms' parts are differentiated (the atom-graph Φ by row chunks,
-   :mod:`matris.model.recompute`), the line attention's part differentiated, each chunk's sums
-   receiving their share of ``∂E/∂N``, ``∂E/∂D``: ``∂E/∂a_k`` replaces ``∂E/∂a_mid``.
-
-The angles' forward work runs three times (the forward pass and each backward pass) and its
-backward once, against once and once keeping everything; between kept states, the states in
-between are recomputed from the last kept one (block by block, in place).
-"""
+The forward is :meth:`matris.model.block.InteractionBlock.forward` with :class:`_StreamLines` driving the per-angle
+parts by chunks without a graph. The backward (:class:`_Backward`), block by block from the last, makes two passes
+over the chunks: (1) the line attention recomputed and Refine's per-angle part differentiated (``∂E/∂a_mid`` replaces
+``∂E/∂a_{k+1}`` in the buffer); (2) after the bonds' and atoms' parts (the atom-graph Φ by row chunks), the line
+attention's per-angle part differentiated, each chunk's sums taking their share of ``∂E/∂N``, ``∂E/∂D`` (``∂E/∂a_k``
+replaces ``∂E/∂a_mid``). So the angles' forward work runs three times, their backward once."""
 
 from __future__ import annotations
 
@@ -47,11 +29,8 @@ from .recompute import RowRecompute, _detached, _grads
 
 @dataclass(eq=False)
 class Plan:
-    """What :func:`streamed` runs: the model's ``blocks`` and angle ``embedding`` on ``graph`` (with
-    the call's kernels), keeping the angle state at the input of the blocks in ``kept`` (block 0's is
-    recomputed from the embedding), by ``chunk`` angles; ``params``: the parameters that want
-    gradients (none at inference). The backward's recomputations run the atom graph's Φ by row
-    chunks (``rows``)."""
+    """What :func:`streamed` runs: the model's ``blocks`` and angle ``embedding`` on ``graph`` (with its kernels), by
+    ``chunk`` angles; ``kept``: the blocks whose input angle states are kept; ``params``: those wanting gradients."""
 
     blocks: nn.ModuleList
     embedding: nn.Module
@@ -70,8 +49,7 @@ class Plan:
         self.rows = dataclasses.replace(g, rows=RowRecompute(self.chunk, g.kernels))
         self.chunks = [g.chunk(slice(lo, min(lo + self.chunk, self.n_angles)))
                        for lo in range(0, self.n_angles, self.chunk)]
-        # each chunk in its own numbering, for its bonds' and atoms' rows gathered beforehand: neither
-        # the gradients of all bonds nor their projections are ever made per chunk
+        # chunks in local numbering on pre-gathered rows: no gradients or projections of all bonds per chunk
         self.local = [dataclasses.replace(ch, bonds=None, atoms=None) for ch in self.chunks]
 
     def embed(self, theta, rho, ch: Angles):
@@ -80,23 +58,13 @@ class Plan:
     def graph_with(self, rbf_pair, rows: bool = False) -> BlockGraph:
         return dataclasses.replace(self.rows if rows else self.graph, rbf_pair=rbf_pair)
 
-    # the bonds' and atoms' parts of block k that the backward differentiates, in the block's order
-    def middle(self, k, h, e, sums, rows: bool = False):
-        """The bonds' update by the split softmax's sums ``(N_t, D_t, N_s, D_s)``, then the atom-graph
-        attention: ``(h, e)``."""
-        b = self.blocks[k]
-        e = b.bonds_attended(e, *merged(sums))
-        return b.atom_attention(h, e, self.graph_with(self.graph.rbf_pair, rows))
-
     def tail(self, k, h, e, r, rbf_pair, rows: bool = False):
-        """The bonds' update by Refine's sums ``r``, then the atom-graph Refine: ``(h, e)``."""
+        """Block k's bonds' update by Refine's sums ``r``, then the atom-graph Refine: ``(h, e)``."""
         b = self.blocks[k]
         return b.atom_refine(h, b.bonds_refined(e, r), self.graph_with(rbf_pair, rows), k == self.last)
 
     def attention_sums(self, k, a, e, shift, out=None, theta=None, rho=None):
-        """The split softmax's sums ``[N_t, D_t, N_s, D_s]`` ``[B, d_t]`` of block k over all chunks of
-        the angles ``a`` (None: block 0's, embedded per chunk from ``theta``, ``rho``), without a graph;
-        ``out``: also the angles' update written there."""
+        """Block k's sums ``[N_t, D_t, N_s, D_s]`` ``[B, d_t]`` by chunks of ``a`` (None: embedded); ``out``: a_mid."""
         b = self.blocks[k]
         sums = [e.new_zeros((self.n_bonds, self.width)) for _ in range(4)]
         for ch, local in zip(self.chunks, self.local):
@@ -109,8 +77,7 @@ class Plan:
         return sums
 
     def refine_rows(self, k, a, h, e, rbf_3b, ch: Angles, local: Angles):
-        """``(R, a_next)`` of the chunk (the last block: ``(R, a)``) from its atoms' rows of ``h`` and
-        its bonds' of ``e`` and ``rbf_3b`` (already gathered)."""
+        """``(R, a_next)`` of the chunk (last block: ``(R, a)``) from its gathered rows of ``h``, ``e``, ``rbf_3b``."""
         return self.blocks[k].line_refine(a, h, e, rbf_3b, local, self.kernels, k == self.last)
 
 
@@ -127,9 +94,7 @@ def merged(sums):
 
 @dataclass
 class _Cached:
-    """Per bond (and atom) of one block: its atoms' input features, its features after the
-    atom-graph attention, Refine's sums over the angles and the softmax's shifts (its bonds' input
-    features are the previous block's output, recomputed from that block's: :meth:`_Backward.inputs`)."""
+    """Per bond/atom of a block: input ``h``; ``h1``, ``e2`` after atom attention; Refine's ``r``; softmax shifts."""
 
     h: torch.Tensor
     h1: torch.Tensor = None
@@ -139,9 +104,7 @@ class _Cached:
 
 
 class _StreamLines(Lines):
-    """The per-angle parts of one block of the streamed forward: by chunks without a graph, the
-    angles' updates written into ``mid`` (in place where the input state is not kept), what the
-    backward reads recorded in ``cached``."""
+    """A block's per-angle parts by chunks, no graph: updates into ``mid``, what the backward reads into ``cached``."""
 
     def __init__(self, plan: Plan, k: int, mid: torch.Tensor, cached: _Cached):
         self.plan, self.k, self.mid, self.cached = plan, k, mid, cached
@@ -158,8 +121,7 @@ class _StreamLines(Lines):
         cached.h1, cached.e2 = h, e
         r = torch.zeros_like(e)
         for ch, local in zip(plan.chunks, plan.local):
-            out = plan.refine_rows(self.k, a[ch.rows], ch.of_atoms(h), ch.of_bonds(e), ch.of_bonds(g.rbf_3b), ch,
-                                   local)
+            out = plan.refine_rows(self.k, a[ch.rows], ch.of_atoms(h), ch.of_bonds(e), ch.of_bonds(g.rbf_3b), ch, local)
             r.index_add_(0, ch.bonds, out[0])
             if not last:
                 a[ch.rows] = out[1]
@@ -168,9 +130,8 @@ class _StreamLines(Lines):
 
 
 def streamed(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b) -> tuple[torch.Tensor, ...]:
-    """The atoms' features after each block ``(h_1 … h_K)`` ``[N, d_n]`` from the embeddings ``h``
-    ``[N, d_n]``, ``e`` ``[B, d_e]``, the angles ``theta``, ``rho`` ``[A]`` and the bases ``rbf_pair``,
-    ``rbf_3b`` ``[B, K]``, as one autograd node (see the module docstring)."""
+    """The atoms after each block ``(h_1 … h_K)`` ``[N, d_n]`` from ``h`` ``[N, d_n]``, ``e`` ``[B, d_e]``, the angles
+    ``theta``, ``rho`` ``[A]`` and bases ``rbf_pair``, ``rbf_3b`` ``[B, K]``, as one autograd node (see the module)."""
     inputs = (h, e, theta, rho, rbf_pair, rbf_3b, *plan.params)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):  # no backward: nothing kept
         with torch.no_grad():
@@ -179,8 +140,7 @@ def streamed(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b) -> tuple[torch.Tens
 
 
 def _forward(plan: Plan, h, e, theta, rho, rbf_pair, rbf_3b, keep: bool = True):
-    """The blocks by chunks without a graph: ``(h_1 … h_K)``, and (``keep``) the kept angle states and
-    the blocks' per-bond tensors the backward pass reads."""
+    """The blocks by chunks without a graph: ``(h_1 … h_K)``, and (``keep``) the kept angle states and ``_Cached``s."""
     cur = theta.new_empty(plan.n_angles, plan.width)
     for ch in plan.chunks:
         cur[ch.rows] = plan.embed(theta, rho, ch)
@@ -249,8 +209,7 @@ class _Backward:
         return self.cache[k].h, self.plan.tail(k - 1, prev.h1, prev.e2, prev.r, self.rbf_pair)[1]
 
     def angle_state(self, k):
-        """``a_k`` ``[A, d_t]``: kept, or recomputed from the last kept state before it (block by
-        block, in place); None for block 0 (the embedding, recomputed per chunk)."""
+        """``a_k`` ``[A, d_t]``: kept, or recomputed in place from the last kept one; None for block 0 (embedded)."""
         plan = self.plan
         if k in self.kept or k == 0:
             return self.kept.get(k)
@@ -318,7 +277,7 @@ class _Backward:
         self.g_rbf_3b = _add(self.g_rbf_3b, g_ref[2])
         del g_ref
 
-        # the atom-graph attention, then the line attention's update of the bonds (one graph alive at a time)
+        # the atom-graph attention, then the line attention's bonds' update (one graph alive at a time)
         with torch.enable_grad():
             leaves = _detached([h_k, plan.blocks[k].bonds_attended(e_k, *merged(sums))], [True, True])
             out = plan.blocks[k].atom_attention(*leaves, plan.graph_with(self.rbf_pair, rows=True))
@@ -371,9 +330,7 @@ class _Backward:
 
 
 def _release(like: torch.Tensor) -> None:
-    """Give the heap's free memory back to the system between passes (CPU, glibc): a pass's
-    transients of many sizes otherwise leave holes that the process's resident memory keeps, about
-    a fifth more than what is alive at this level's peak (measured on Si512)."""
+    """Return the heap's free memory between passes (CPU, glibc): else its holes keep ~1/5 above the peak (Si512)."""
     if like.device.type == "cpu":
         heap.release_memory()
 
