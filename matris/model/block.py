@@ -9,8 +9,10 @@ line-graph Refine, atom-graph Refine. The atom-graph steps are per bond and atom
   chunk of angles (:class:`Angles`, reading and writing only the bonds and atoms the chunk touches);
 - a **reduction into the bonds**: Refine's sums ``R`` added over chunks; the attention's softmax merged from the
   chunks' ``(T_c, lse_c)`` (aggregate and log-sum-exp, :func:`matris.kernels.attention_pair_lse`), which relative to
-  the bond's largest logit ``s`` (:meth:`~matris.model.attention.SeparableAttention.logit_max`) are the sums
-  ``N_c = T_c·exp(lse_c − s)``, ``D_c = exp(lse_c − s)`` (:meth:`Angles.sums`): the softmax is ``ΣN_c / ΣD_c``;
+  a shift ``s`` per bond are the sums ``N_c = T_c·exp(lse_c − s)``, ``D_c = exp(lse_c − s)`` (:meth:`Angles.sums`):
+  the softmax is ``ΣN_c / ΣD_c``. ``s`` is the bond's largest logit where each chunk is its own autograd node
+  (:meth:`~matris.model.attention.SeparableAttention.logit_max`), or, streamed, its largest ``lse_c`` so far, the
+  earlier sums rescaled as it grows (:class:`matris.model.stream.Softmax`);
 - the **bonds' update** from those (:meth:`~InteractionBlock.bonds_attended`, ``bonds_refined``).
 
 A memory path drives the per-angle parts: all angles at once (:class:`Lines`, levels 0 and 1), a domain rank's with

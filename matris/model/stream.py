@@ -63,18 +63,17 @@ class Plan:
         b = self.blocks[k]
         return b.atom_refine(h, b.bonds_refined(e, r), self.graph_with(rbf_pair, rows), k == self.last)
 
-    def attention_sums(self, k, a, e, shift, out=None, theta=None, rho=None):
-        """Block k's sums ``[N_t, D_t, N_s, D_s]`` ``[B, d_t]`` by chunks of ``a`` (None: embedded); ``out``: a_mid."""
+    def attention_sums(self, k, a, e, out=None, theta=None, rho=None) -> "Softmax":
+        """Block k's split softmax by chunks of ``a`` (None: embedded) (:class:`Softmax`); ``out``: a_mid."""
         b = self.blocks[k]
-        sums = [e.new_zeros((self.n_bonds, self.width)) for _ in range(4)]
+        soft = Softmax(self.n_bonds, self.width, e)
         for ch, local in zip(self.chunks, self.local):
             y = a[ch.rows] if a is not None else self.embed(theta, rho, ch)
             t, lse_t, s, lse_s, a_mid = b.line_attention(y, ch.of_bonds(e), local, self.kernels, partial=True)
-            for total, part in zip(sums, chunk_sums(ch, t, lse_t, s, lse_s, shift)):
-                total.index_add_(0, ch.bonds, part)
+            soft.add(ch, t, lse_t, s, lse_s)
             if out is not None:
                 out[ch.rows] = a_mid
-        return sums
+        return soft
 
     def refine_rows(self, k, a, h, e, rbf_3b, ch: Angles, local: Angles):
         """``(R, a_next)`` of the chunk (last block: ``(R, a)``) from its gathered rows of ``h``, ``e``, ``rbf_3b``."""
@@ -86,6 +85,32 @@ def chunk_sums(ch: Angles, t, lse_t, s, lse_s, shift):
     return (*ch.sums(t, lse_t, 0, ch.of_bonds(shift[0])), *ch.sums(s, lse_s, 1, ch.of_bonds(shift[1])))
 
 
+class Softmax:
+    """A block's split softmax over all angles, merged chunk by chunk as they come: ``sums`` ``(N_t, D_t, N_s, D_s)``
+    ``[B, d_t]`` relative to ``shift`` ``(s_t, s_s)``, each bond's largest chunk log-sum-exp so far (the form of
+    :meth:`Angles.sums`; the earlier sums rescaled where it grows). No pass over the angles for the largest logit,
+    and nothing per bond kept for the backward, which merges the same chunks the same way again."""
+
+    def __init__(self, n_bonds: int, width: int, like: torch.Tensor):
+        self.sums = [like.new_zeros((n_bonds, width)) for _ in range(4)]
+        self.shift = [like.new_full((n_bonds, width), float("-inf")) for _ in range(2)]
+
+    def add(self, ch: Angles, t, lse_t, s, lse_s):
+        for side, (x, lse) in enumerate(((t, lse_t), (s, lse_s))):
+            lse = torch.where(ch.present[side], lse, float("-inf"))
+            old = self.shift[side].index_select(0, ch.bonds)
+            top = torch.maximum(old, lse)
+            ref = torch.where(torch.isinf(top), 0.0, top)  # no angles yet on this side
+            scale, w = torch.exp(old - ref), torch.exp(lse - ref)
+            n, d = self.sums[2 * side], self.sums[2 * side + 1]
+            n.index_copy_(0, ch.bonds, n.index_select(0, ch.bonds) * scale + x * w)
+            d.index_copy_(0, ch.bonds, d.index_select(0, ch.bonds) * scale + w)
+            self.shift[side].index_copy_(0, ch.bonds, top)
+
+    def merged(self):
+        return merged(self.sums)
+
+
 def merged(sums):
     """``(T, S)`` from the split softmax's sums ``(N_t, D_t, N_s, D_s)`` (0 at a bond without angles)."""
     n_t, d_t, n_s, d_s = sums
@@ -94,13 +119,12 @@ def merged(sums):
 
 @dataclass
 class _Cached:
-    """Per bond/atom of a block: input ``h``; ``h1``, ``e2`` after atom attention; Refine's ``r``; softmax shifts."""
+    """Per bond/atom of a block: input ``h``; ``h1``, ``e2`` after atom attention; Refine's ``r``."""
 
     h: torch.Tensor
     h1: torch.Tensor = None
     e2: torch.Tensor = None
     r: torch.Tensor = None
-    shift: list = None
 
 
 class _StreamLines(Lines):
@@ -110,11 +134,7 @@ class _StreamLines(Lines):
         self.plan, self.k, self.mid, self.cached = plan, k, mid, cached
 
     def attention(self, block, e, a, g):
-        plan = self.plan
-        shift = block.attn_block_line_graph.logit_max(a, g.angle_target_bond, g.angle_source_bond, plan.n_bonds,
-                                                      plan.chunk)
-        self.cached.shift = shift
-        return block.bonds_attended(e, *merged(plan.attention_sums(self.k, a, e, shift, out=self.mid))), self.mid
+        return block.bonds_attended(e, *self.plan.attention_sums(self.k, a, e, out=self.mid).merged()), self.mid
 
     def refine(self, block, h, e, a, g, last):
         plan, cached = self.plan, self.cached
@@ -252,14 +272,13 @@ class _Backward:
             upstream = g_a.__getitem__
         wants = [True, True, self.rbf_3b.requires_grad]
         g_ref = [torch.zeros_like(x) if w else None for x, w in zip((cached.h1, cached.e2, self.rbf_3b), wants)]
-        sums = [e_k.new_zeros((plan.n_bonds, plan.width)) for _ in range(4)]
+        soft = Softmax(plan.n_bonds, plan.width, e_k)
         att = plan.blocks[k].line_attention
         for ch, local in zip(plan.chunks, plan.local):
             rows = ch.rows
             y = a[rows] if a is not None else plan.embed(self.theta, self.rho, ch)
             t, lse_t, s, lse_s, y_mid = att(y, ch.of_bonds(e_k), local, plan.kernels, partial=True)
-            for total, part in zip(sums, chunk_sums(ch, t, lse_t, s, lse_s, cached.shift)):
-                total.index_add_(0, ch.bonds, part)
+            soft.add(ch, t, lse_t, s, lse_s)
             with torch.enable_grad():
                 gathered = [ch.of_atoms(cached.h1), ch.of_bonds(cached.e2), ch.of_bonds(self.rbf_3b)]
                 ins = _detached([y_mid, *gathered], [True] + wants)
@@ -279,18 +298,19 @@ class _Backward:
 
         # the atom-graph attention, then the line attention's bonds' update (one graph alive at a time)
         with torch.enable_grad():
-            leaves = _detached([h_k, plan.blocks[k].bonds_attended(e_k, *merged(sums))], [True, True])
+            leaves = _detached([h_k, plan.blocks[k].bonds_attended(e_k, *soft.merged())], [True, True])
             out = plan.blocks[k].atom_attention(*leaves, plan.graph_with(self.rbf_pair, rows=True))
             g_hk, g_e1, *g_p = _grads(out, leaves + params, [g_h1, g_e2])
         self._add_params(g_p)
         del out, leaves
         with torch.enable_grad():
-            leaves = _detached([e_k, *sums], [True] * 5)
+            leaves = _detached([e_k, *soft.sums], [True] * 5)
             g_ek, *g_sums = _grads([plan.blocks[k].bonds_attended(leaves[0], *merged(leaves[1:]))], leaves + params,
                                    [g_e1])
         g_sums, g_p = g_sums[:4], g_sums[4:]
         self._add_params(g_p)
-        del leaves, sums
+        shift = soft.shift
+        del leaves, soft
 
         _release(g_a)
         # pass 2: the line attention's per-angle part differentiated
@@ -306,7 +326,7 @@ class _Backward:
                     y = ins[0]
                 e_in = _detached([ch.of_bonds(e_k)], [True])
                 t, lse_t, s, lse_s, y_new = att(y, e_in[0], local, plan.kernels, partial=True)
-                parts = chunk_sums(ch, t, lse_t, s, lse_s, cached.shift)
+                parts = chunk_sums(ch, t, lse_t, s, lse_s, shift)
                 ups = [g.index_select(0, ch.bonds) if g is not None else None for g in g_sums]
                 got = _grads([*parts, y_new], ins + e_in + params, [*ups, g_a[rows]])
             if a is None:
