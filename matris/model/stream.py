@@ -86,29 +86,32 @@ def chunk_sums(ch: Angles, t, lse_t, s, lse_s, shift):
 
 
 class Softmax:
-    """A block's split softmax over all angles, merged chunk by chunk as they come: ``sums`` ``(N_t, D_t, N_s, D_s)``
-    ``[B, d_t]`` relative to ``shift`` ``(s_t, s_s)``, each bond's largest chunk log-sum-exp so far (the form of
-    :meth:`Angles.sums`; the earlier sums rescaled where it grows). No pass over the angles for the largest logit,
-    and nothing per bond kept for the backward, which merges the same chunks the same way again."""
+    """A block's split softmax over all angles, merged chunk by chunk as they come: per side (by target, by source)
+    the aggregate ``agg`` and log-sum-exp ``lse`` ``[B, d_t]`` over the chunks so far
+    (:func:`matris.kernels.merge_softmax`). As the sums of :meth:`Angles.sums` they are ``(N, D) = (agg, 1)``
+    relative to ``shift = lse``. No pass over the angles for a shift, and nothing per bond kept for the backward,
+    which merges the same chunks the same way again."""
 
     def __init__(self, n_bonds: int, width: int, like: torch.Tensor):
-        self.sums = [like.new_zeros((n_bonds, width)) for _ in range(4)]
+        self.agg = [like.new_zeros((n_bonds, width)) for _ in range(2)]
         self.shift = [like.new_full((n_bonds, width), float("-inf")) for _ in range(2)]
 
     def add(self, ch: Angles, t, lse_t, s, lse_s):
         for side, (x, lse) in enumerate(((t, lse_t), (s, lse_s))):
             lse = torch.where(ch.present[side], lse, float("-inf"))
-            old = self.shift[side].index_select(0, ch.bonds)
-            top = torch.maximum(old, lse)
-            ref = torch.where(torch.isinf(top), 0.0, top)  # no angles yet on this side
-            scale, w = torch.exp(old - ref), torch.exp(lse - ref)
-            n, d = self.sums[2 * side], self.sums[2 * side + 1]
-            n.index_copy_(0, ch.bonds, n.index_select(0, ch.bonds) * scale + x * w)
-            d.index_copy_(0, ch.bonds, d.index_select(0, ch.bonds) * scale + w)
-            self.shift[side].index_copy_(0, ch.bonds, top)
+            agg, top = self.agg[side], self.shift[side]
+            old_agg, old_lse = agg.index_select(0, ch.bonds), top.index_select(0, ch.bonds)
+            agg.index_copy_(0, ch.bonds, merge_softmax([(old_agg, None, old_lse), (x, None, lse)]))
+            top.index_copy_(0, ch.bonds, torch.logaddexp(old_lse, lse))
+
+    @property
+    def sums(self) -> list:
+        """``(N_t, D_t, N_s, D_s)`` relative to :attr:`shift`."""
+        ones = torch.ones_like(self.agg[0])
+        return [self.agg[0], ones, self.agg[1], ones]
 
     def merged(self):
-        return merged(self.sums)
+        return tuple(self.agg)
 
 
 def merged(sums):
