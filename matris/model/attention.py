@@ -48,11 +48,22 @@ class SeparableAttention(nn.Module):
                                       segments=k.atom_segments, fused=k.fused)
         return self.node_update(x, t_agg, s_agg), torch.addcmul(pool_directed(m), self.edge_res_weight, y)
 
-    def line_part(self, y: torch.Tensor, x: torch.Tensor, angles, k: Kernels, partial: bool = False):
+    def line_part(self, y: torch.Tensor, x: torch.Tensor, angles, k: Kernels, partial: bool = False, shift=None):
         """Line-graph per-angle part on angles ``y`` ``[a, d_y]``, their bonds' features ``x`` ``[n, d_x]`` (``angles``:
         :class:`matris.model.block.Angles`, local numbering): each bond's softmax over them ``(T, lse_t, S, lse_s)``
-        ``[n, d_y]`` and the angles' update ``y' = m + w ⊙ y``; ``partial``: with log-sum-exps (the caller merges)."""
+        ``[n, d_y]`` and the angles' update ``y' = m + w ⊙ y``; ``partial``: with log-sum-exps (the caller merges).
+        ``shift`` ``(s_t, s_s)`` ``[n, d_y]``: instead the sums ``(N_t, D_t, N_s, D_s)`` relative to it
+        (:meth:`matris.model.block.Angles.sums`), straight from the logits: ``w = exp(α − s)``, ``N = Σ w·m``,
+        ``D = Σ w`` (a shorter graph to differentiate twice than through ``lse``: training's rows)."""
         m = self.edge_nonlinear_update.forward_terms([(y, None), (x, angles.tgt), (x, angles.src)], fused=k.fused)
+        if shift is not None:
+            alpha_s, alpha_t = (y @ self._logit_weight().T).split(y.shape[-1], dim=-1)
+            sums = []
+            for alpha, top, index in ((alpha_t, shift[0], angles.tgt), (alpha_s, shift[1], angles.src)):
+                w = torch.exp(alpha - top.index_select(0, index))
+                sums += [m.new_zeros(angles.n, m.shape[1]).index_add(0, index, w * m),
+                         w.new_zeros(angles.n, w.shape[1]).index_add(0, index, w)]
+            return (*sums, torch.addcmul(m, self.edge_res_weight, y))
         if partial:
             t, s, y_new, lse_t, lse_s = attention_pair_lse(y, self._logit_weight(), None, m, angles.tgt, angles.src,
                                                            angles.n, res_weight=self.edge_res_weight, fused=k.fused)

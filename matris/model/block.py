@@ -170,10 +170,12 @@ class InteractionBlock(nn.Module):
         return h, e, a
 
     # the per-angle parts: on the angles ``angles`` (rows ``a`` of them) and their bonds' and atoms' rows
-    def line_attention(self, a, e, angles: Angles, k: Kernels, partial: bool = False):
+    def line_attention(self, a, e, angles: Angles, k: Kernels, partial: bool = False, shift=None):
         """``(T, lse_t, S, lse_s, a_mid)``: the bonds' softmax over these angles (``partial``: with the log-sum-exps,
-        for a merge) and the angles' update (:meth:`matris.model.attention.SeparableAttention.line_part`)."""
-        return self.attn_block_line_graph.line_part(a, angles.of_bonds(e), angles, k, partial)
+        for a merge; ``shift`` (all bonds): the sums relative to it) and the angles' update
+        (:meth:`matris.model.attention.SeparableAttention.line_part`)."""
+        local = None if shift is None else [angles.of_bonds(x) for x in shift]
+        return self.attn_block_line_graph.line_part(a, angles.of_bonds(e), angles, k, partial, local)
 
     def line_refine(self, a, h, e, rbf_3b, angles: Angles, k: Kernels, last: bool = False):
         """``(R, a_next)``: Refine's sums over these angles ``[n, d_e]`` and the angles' update."""
@@ -281,9 +283,7 @@ class _Part(nn.Module):
     def forward(self, *args):
         if self.part == "attention":
             a, e, angles, n_bonds, shift, k = args
-            t, lse_t, s, lse_s, a_mid = self.block.line_attention(a, e, angles, k, partial=True)
-            sums = [*angles.sums(t, lse_t, 0, angles.of_bonds(shift[0])),
-                    *angles.sums(s, lse_s, 1, angles.of_bonds(shift[1]))]
+            *sums, a_mid = self.block.line_attention(a, e, angles, k, shift=shift)
             return (*[angles.to_bonds(x, n_bonds) for x in sums], a_mid)
         a, h, e, rbf_3b, angles, n_bonds, last, k = args
         r, a_next = self.block.line_refine(a, h, e, rbf_3b, angles, k, last)
