@@ -48,14 +48,21 @@ class SeparableAttention(nn.Module):
                                       segments=k.atom_segments, fused=k.fused)
         return self.node_update(x, t_agg, s_agg), torch.addcmul(pool_directed(m), self.edge_res_weight, y)
 
-    def line_part(self, y: torch.Tensor, x: torch.Tensor, angles, k: Kernels, partial: bool = False, shift=None):
+    def line_part(self, y: torch.Tensor, x: torch.Tensor | None, angles, k: Kernels, partial: bool = False, shift=None,
+                  projected=None):
         """Line-graph per-angle part on angles ``y`` ``[a, d_y]``, their bonds' features ``x`` ``[n, d_x]`` (``angles``:
         :class:`matris.model.block.Angles`, local numbering): each bond's softmax over them ``(T, lse_t, S, lse_s)``
         ``[n, d_y]`` and the angles' update ``y' = m + w ⊙ y``; ``partial``: with log-sum-exps (the caller merges).
         ``shift`` ``(s_t, s_s)`` ``[n, d_y]``: instead the sums ``(N_t, D_t, N_s, D_s)`` relative to it
         (:meth:`matris.model.block.Angles.sums`), straight from the logits: ``w = exp(α − s)``, ``N = Σ w·m``,
-        ``D = Σ w`` (a shorter graph to differentiate twice than through ``lse``: training's rows)."""
-        m = self.edge_nonlinear_update.forward_terms([(y, None), (x, angles.tgt), (x, angles.src)], fused=k.fused)
+        ``D = Σ w`` (a shorter graph to differentiate twice than through ``lse``: training's rows). ``projected``
+        ``(p_t, p_s)`` ``[n, ·]``: the bonds' terms of Φ_edge's first layer in place of ``x``
+        (:meth:`line_projections`)."""
+        if projected is None:
+            m = self.edge_nonlinear_update.forward_terms([(y, None), (x, angles.tgt), (x, angles.src)], fused=k.fused)
+        else:
+            m = self.edge_nonlinear_update.forward_terms([(y, None)], list(zip(projected, (angles.tgt, angles.src))),
+                                                         fused=k.fused)
         if shift is not None:
             alpha_s, alpha_t = (y @ self._logit_weight().T).split(y.shape[-1], dim=-1)
             sums = []
@@ -71,6 +78,11 @@ class SeparableAttention(nn.Module):
         t, s, y_new = attention_pair(y, self._logit_weight(), None, m, angles.tgt, angles.src, angles.n,
                                      res_weight=self.edge_res_weight, segments=k.line_segments, fused=k.fused)
         return t, None, s, None, y_new
+
+    def line_projections(self, x: torch.Tensor, col: int) -> list:
+        """Φ_edge's first layer on the bonds ``x`` ``[B, d_x]``: their target and source terms ``[B, ·]`` (``col``: the
+        angles' width), once per step rather than per chunk of angles (training's rows: ``line_part(projected=)``)."""
+        return [p for p, _ in project_terms(self.edge_nonlinear_update, [(x, None), (x, None)], col)]
 
     def line_update(self, y: torch.Tensor, x: torch.Tensor, angles, k: Kernels) -> torch.Tensor:
         """The angles' update ``y' = m + w ⊙ y`` of :meth:`line_part` alone (no softmax)."""

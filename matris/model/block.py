@@ -170,17 +170,25 @@ class InteractionBlock(nn.Module):
         return h, e, a
 
     # the per-angle parts: on the angles ``angles`` (rows ``a`` of them) and their bonds' and atoms' rows
-    def line_attention(self, a, e, angles: Angles, k: Kernels, partial: bool = False, shift=None):
+    def line_attention(self, a, e, angles: Angles, k: Kernels, partial: bool = False, shift=None, projected=None):
         """``(T, lse_t, S, lse_s, a_mid)``: the bonds' softmax over these angles (``partial``: with the log-sum-exps,
         for a merge; ``shift`` (all bonds): the sums relative to it) and the angles' update
-        (:meth:`matris.model.attention.SeparableAttention.line_part`)."""
+        (:meth:`matris.model.attention.SeparableAttention.line_part`); ``projected`` (all bonds) in place of ``e``."""
         local = None if shift is None else [angles.of_bonds(x) for x in shift]
-        return self.attn_block_line_graph.line_part(a, angles.of_bonds(e), angles, k, partial, local)
+        proj = None if projected is None else [angles.of_bonds(p) for p in projected]
+        return self.attn_block_line_graph.line_part(a, None if e is None else angles.of_bonds(e), angles, k, partial,
+                                                    local, proj)
 
-    def line_refine(self, a, h, e, rbf_3b, angles: Angles, k: Kernels, last: bool = False):
-        """``(R, a_next)``: Refine's sums over these angles ``[n, d_e]`` and the angles' update."""
-        return self.refine_block_line_graph.line_part(a, angles.of_bonds(e), angles.of_atoms(h),
-                                                      angles.of_bonds(rbf_3b), angles, k, not last)
+    def line_refine(self, a, h, e, rbf_3b, angles: Angles, k: Kernels, last: bool = False, projected=None):
+        """``(R, a_next)``: Refine's sums over these angles ``[n, d_e]`` and the angles' update; ``projected``
+        ``(p_h, p_t, p_s, q)`` (all atoms and bonds, :meth:`matris.model.refine.Refine.line_projections`) in place of
+        ``h``, ``e``, ``rbf_3b``."""
+        ref = self.refine_block_line_graph
+        if projected is not None:
+            p_h, p_t, p_s, q = projected
+            local = (angles.of_atoms(p_h), angles.of_bonds(p_t), angles.of_bonds(p_s), angles.of_bonds(q))
+            return ref.line_part(a, None, None, None, angles, k, not last, projected=local)
+        return ref.line_part(a, angles.of_bonds(e), angles.of_atoms(h), angles.of_bonds(rbf_3b), angles, k, not last)
 
     # the bonds' and atoms' parts
     def bonds_attended(self, e, t, s):
@@ -240,8 +248,10 @@ class RowLines(Lines):
             return super().attention(block, e, a, g)
         shift = block.attn_block_line_graph.logit_max(a, g.angle_target_bond, g.angle_source_bond, g.n_bonds,
                                                       rows.chunk)
-        out = recompute.recomputed(_Part(block, "attention"), _arguments(g, shift), [a, e], rows.chunk,
-                                   row_inputs=(True, False), n_rows=n_angles,
+        # Φ_edge's first layer on the bonds once per step, not per chunk: the node's inputs are those terms
+        p = block.attn_block_line_graph.line_projections(e, a.shape[1])
+        out = recompute.recomputed(_Part(block, "attention"), _arguments(g, shift), [a, *p], rows.chunk,
+                                   row_inputs=(True, False, False), n_rows=n_angles,
                                    row_outputs=(False, False, False, False, True))
         n_t, d_t, n_s, d_s, a_mid = out
         # a bond without angles has N = D = 0: its aggregates are 0, as the softmax's
@@ -251,8 +261,9 @@ class RowLines(Lines):
         n_angles, rows = a.shape[0], g.rows
         if not rows.splits(n_angles):
             return super().refine(block, h, e, a, g, last)
-        out = recompute.recomputed(_Part(block, "refine"), _arguments(g, last), [a, h, e, g.rbf_3b], rows.chunk,
-                                   row_inputs=(True, False, False, False), n_rows=n_angles,
+        p = block.refine_block_line_graph.line_projections(e, h, g.rbf_3b, a.shape[1])
+        out = recompute.recomputed(_Part(block, "refine"), _arguments(g, last), [a, *p], rows.chunk,
+                                   row_inputs=(True, False, False, False, False), n_rows=n_angles,
                                    row_outputs=(False,) if last else (False, True))
         return block.bonds_refined(e, out[0]), (a if last else out[1])
 
@@ -270,8 +281,9 @@ def _arguments(g: BlockGraph, extra):
 
 class _Part(nn.Module):
     """A per-angle part on a chunk reduced into all bonds, as a module for :func:`matris.model.recompute.recomputed`:
-    ``"attention"`` ``(a, e, angles, n_bonds, shift, k)`` → ``(N_t, D_t, N_s, D_s)`` ``[B, d_t]``, ``a_mid``;
-    ``"refine"`` ``(a, h, e, rbf_3b, angles, n_bonds, last, k)`` → ``R`` ``[B, d_t]`` (and ``a_next``)."""
+    ``"attention"`` ``(a, p_t, p_s, angles, n_bonds, shift, k)`` → ``(N_t, D_t, N_s, D_s)`` ``[B, d_t]``, ``a_mid``;
+    ``"refine"`` ``(a, p_h, p_t, p_s, q, angles, n_bonds, last, k)`` → ``R`` ``[B, d_t]`` (and ``a_next``); the ``p``:
+    the atoms' and bonds' terms of Φ_edge's first layer, projected once per step (``line_projections``)."""
 
     def __init__(self, block: InteractionBlock, part: str):
         super().__init__()
@@ -282,11 +294,11 @@ class _Part(nn.Module):
 
     def forward(self, *args):
         if self.part == "attention":
-            a, e, angles, n_bonds, shift, k = args
-            *sums, a_mid = self.block.line_attention(a, e, angles, k, shift=shift)
+            a, p_t, p_s, angles, n_bonds, shift, k = args
+            *sums, a_mid = self.block.line_attention(a, None, angles, k, shift=shift, projected=(p_t, p_s))
             return (*[angles.to_bonds(x, n_bonds) for x in sums], a_mid)
-        a, h, e, rbf_3b, angles, n_bonds, last, k = args
-        r, a_next = self.block.line_refine(a, h, e, rbf_3b, angles, k, last)
+        a, p_h, p_t, p_s, q, angles, n_bonds, last, k = args
+        r, a_next = self.block.line_refine(a, None, None, None, angles, k, last, projected=(p_h, p_t, p_s, q))
         return (angles.to_bonds(r, n_bonds),) if last else (angles.to_bonds(r, n_bonds), a_next)
 
 

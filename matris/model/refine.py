@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels import Kernels, refine_edges, scatter_sum
-from .attention import call_phi, phi, pool_directed
+from .attention import call_phi, phi, pool_directed, project_terms
 from .layers import ffn
 from .recompute import RowRecompute
 
@@ -40,15 +40,22 @@ class Refine(nn.Module):
         delta = self.edge_FFN(u_g if self.smooth_delta_edge else u)
         return x_new, torch.addcmul(pool_directed(delta), self.edge_res_weight, y)
 
-    def line_part(self, y: torch.Tensor, x: torch.Tensor, h: torch.Tensor, basis: torch.Tensor, angles, k: Kernels,
-                  update_edges: bool = True):
+    def line_part(self, y: torch.Tensor, x: torch.Tensor | None, h: torch.Tensor | None, basis: torch.Tensor | None,
+                  angles, k: Kernels, update_edges: bool = True, projected=None):
         """Line-graph per-angle part on angles ``y`` ``[a, d_y]`` with their bonds' ``x`` and ``basis`` ``[n, ·]`` and
         atoms' ``h`` (``angles``: :class:`matris.model.block.Angles`): bonds' sums ``R = Σ_{tgt} u ⊙ q[src] ⊙ q[tgt]``
         ``[n, d_y]`` (``q = W_env·basis``) and the angles' update ``y'`` (``y`` if not ``update_edges``). One operator,
-        :func:`matris.kernels.refine_edges`, unless FFN_edge's dropout is active (training): then the composed ops."""
-        q = self.learnable_envelope(basis)
-        terms = [(y, None), (h, angles.atom), (x, angles.tgt), (x, angles.src)]
-        u = self.edge_nonlinear_update.forward_terms(terms, fused=k.fused)
+        :func:`matris.kernels.refine_edges`, unless FFN_edge's dropout is active (training): then the composed ops.
+        ``projected`` ``(p_h, p_t, p_s, q)``: the atoms' and bonds' terms and ``q`` in place of ``h``, ``x``, ``basis``
+        (:meth:`line_projections`)."""
+        if projected is None:
+            q = self.learnable_envelope(basis)
+            terms = [(y, None), (h, angles.atom), (x, angles.tgt), (x, angles.src)]
+            u = self.edge_nonlinear_update.forward_terms(terms, fused=k.fused)
+        else:
+            *p, q = projected
+            gathered = list(zip(p, (angles.atom, angles.tgt, angles.src)))
+            u = self.edge_nonlinear_update.forward_terms([(y, None)], gathered, fused=k.fused)
         if not (self.training and self.edge_FFN.layers[2].p > 0):
             out = refine_edges(u, q, angles.src, angles.tgt, angles.n, *self.edge_update(y, update_edges),
                                fused=k.fused)
@@ -58,6 +65,12 @@ class Refine(nn.Module):
         if not update_edges:
             return agg, y
         return agg, torch.addcmul(self.edge_FFN(u_g if self.smooth_delta_edge else u), self.edge_res_weight, y)
+
+    def line_projections(self, x: torch.Tensor, h: torch.Tensor, basis: torch.Tensor, col: int) -> list:
+        """``(p_h, p_t, p_s, q)``: Φ_edge's first layer on the atoms ``h`` and bonds ``x`` (``col``: the angles' width)
+        and ``q = W_env·basis`` ``[B, d_y]``, once per step rather than per chunk (``line_part(projected=)``)."""
+        terms = project_terms(self.edge_nonlinear_update, [(h, None), (x, None), (x, None)], col)
+        return [p for p, _ in terms] + [self.learnable_envelope(basis)]
 
     def edge_update(self, y: torch.Tensor, update_edges: bool) -> tuple:
         """The edge-update arguments of :func:`matris.kernels.refine_edges` (none: R alone)."""
