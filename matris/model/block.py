@@ -22,7 +22,7 @@ streamed without a graph with a hand-written backward (levels 2–3, :mod:`matri
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
@@ -71,7 +71,7 @@ class Angles:
 
     def to_bonds(self, x: torch.Tensor, n_bonds: int) -> torch.Tensor:
         """Local rows ``[n, C]`` → ``[n_bonds, C]`` (zero at the bonds not touched)."""
-        return x.new_zeros((n_bonds, x.shape[1])).index_copy(0, self.bonds, x)
+        return x if self.bonds is None else x.new_zeros((n_bonds, x.shape[1])).index_copy(0, self.bonds, x)
 
     def sums(self, t: torch.Tensor, lse: torch.Tensor, side: int, shift: torch.Tensor):
         """``(N, D)`` ``[n, C]`` of one side's partial softmax ``(T, lse)`` (side 0: by target, 1: by source) relative
@@ -107,7 +107,6 @@ class BlockGraph:
     rows: RowRecompute | None = None
     halo: object | None = None
     lines: "Lines | None" = None
-    chunks: dict = field(default_factory=dict)  # Angles of the row chunks, made once per graph
 
     def __post_init__(self):
         if self.lines is None:
@@ -128,11 +127,10 @@ class BlockGraph:
             return Angles(h.angle_target_end, h.angle_source_end, self.angle_atom, h.n_ends, bonds=h.end_bond)
         return Angles(self.angle_target_bond, self.angle_source_bond, self.angle_atom, self.n_bonds)
 
-    def chunk(self, rows: slice) -> Angles:
-        key = (rows.start, rows.stop)
-        if key not in self.chunks:
-            self.chunks[key] = Angles.chunk(self, rows)
-        return self.chunks[key]
+    def rows_of(self, rows: slice) -> Angles:
+        """The angles ``rows`` in the graph's numbering (training's row chunks: their sums land in all bonds)."""
+        return Angles(self.angle_target_bond[rows], self.angle_source_bond[rows], self.angle_atom[rows], self.n_bonds,
+                      rows=rows)
 
 
 class InteractionBlock(nn.Module):
@@ -274,7 +272,7 @@ def _arguments(g: BlockGraph, extra):
 
     def arguments(inputs, use_fast, rows):
         k = g.rows.kernels if use_fast else REFERENCES
-        return (*inputs, g.chunk(rows or slice(0, n_angles)), g.n_bonds, extra, k), {}
+        return (*inputs, g.rows_of(rows or slice(0, n_angles)), g.n_bonds, extra, k), {}
 
     return arguments
 

@@ -47,7 +47,7 @@ class Plan:
         self.width = self.embedding.swish_layer.linear.weight.shape[0]
         self.kernels = g.kernels
         self.rows = dataclasses.replace(g, rows=RowRecompute(self.chunk, g.kernels))
-        self.chunks = [g.chunk(slice(lo, min(lo + self.chunk, self.n_angles)))
+        self.chunks = [Angles.chunk(g, slice(lo, min(lo + self.chunk, self.n_angles)))
                        for lo in range(0, self.n_angles, self.chunk)]
         # chunks in local numbering on pre-gathered rows: no gradients or projections of all bonds per chunk
         self.local = [dataclasses.replace(ch, bonds=None, atoms=None) for ch in self.chunks]
