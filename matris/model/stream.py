@@ -104,20 +104,8 @@ class Softmax:
             agg.index_copy_(0, ch.bonds, merge_softmax([(old_agg, None, old_lse), (x, None, lse)]))
             top.index_copy_(0, ch.bonds, torch.logaddexp(old_lse, lse))
 
-    @property
-    def sums(self) -> list:
-        """``(N_t, D_t, N_s, D_s)`` relative to :attr:`shift`."""
-        ones = torch.ones_like(self.agg[0])
-        return [self.agg[0], ones, self.agg[1], ones]
-
     def merged(self):
         return tuple(self.agg)
-
-
-def merged(sums):
-    """``(T, S)`` from the split softmax's sums ``(N_t, D_t, N_s, D_s)`` (0 at a bond without angles)."""
-    n_t, d_t, n_s, d_s = sums
-    return merge_softmax([(n_t, d_t, None)]), merge_softmax([(n_s, d_s, None)])
 
 
 @dataclass
@@ -307,12 +295,10 @@ class _Backward:
         self._add_params(g_p)
         del out, leaves
         with torch.enable_grad():
-            leaves = _detached([e_k, *soft.sums], [True] * 5)
-            g_ek, *g_sums = _grads([plan.blocks[k].bonds_attended(leaves[0], *merged(leaves[1:]))], leaves + params,
-                                   [g_e1])
-        g_sums, g_p = g_sums[:4], g_sums[4:]
+            leaves = _detached([e_k, *soft.agg], [True] * 3)
+            g_ek, g_t, g_s, *g_p = _grads([plan.blocks[k].bonds_attended(*leaves)], leaves + params, [g_e1])
         self._add_params(g_p)
-        shift = soft.shift
+        agg, shift = soft.agg, soft.shift
         del leaves, soft
 
         _release(g_a)
@@ -330,7 +316,10 @@ class _Backward:
                 e_in = _detached([ch.of_bonds(e_k)], [True])
                 t, lse_t, s, lse_s, y_new = att(y, e_in[0], local, plan.kernels, partial=True)
                 parts = chunk_sums(ch, t, lse_t, s, lse_s, shift)
-                ups = [g.index_select(0, ch.bonds) if g is not None else None for g in g_sums]
+                ups = []  # ∂E/∂N = g, ∂E/∂D = −g·agg: the sums relative to shift = lse, where ΣD = 1
+                for g_side, agg_side in ((g_t, agg[0]), (g_s, agg[1])):
+                    g_b = None if g_side is None else g_side.index_select(0, ch.bonds)
+                    ups += [g_b, None if g_b is None else -g_b * agg_side.index_select(0, ch.bonds)]
                 got = _grads([*parts, y_new], ins + e_in + params, [*ups, g_a[rows]])
             if a is None:
                 self._rows(rows, got[0], got[1])
