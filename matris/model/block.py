@@ -11,8 +11,8 @@ line-graph Refine, atom-graph Refine. The atom-graph steps are per bond and atom
   chunks' ``(T_c, lse_c)`` (aggregate and log-sum-exp, :func:`matris.kernels.attention_pair_lse`), which relative to
   a shift ``s`` per bond are the sums ``N_c = T_c·exp(lse_c − s)``, ``D_c = exp(lse_c − s)`` (:meth:`Angles.sums`):
   the softmax is ``ΣN_c / ΣD_c``. ``s`` is the bond's largest logit where each chunk is its own autograd node
-  (:meth:`~matris.model.attention.SeparableAttention.logit_max`), or, streamed, its largest ``lse_c`` so far, the
-  earlier sums rescaled as it grows (:class:`matris.model.stream.Softmax`);
+  (:meth:`~matris.model.attention.SeparableAttention.logit_max`), or, streamed, the running log-sum-exp of the chunks
+  merged so far, the sums then ``(agg, 1)`` (:class:`matris.model.stream.Softmax`);
 - the **bonds' update** from those (:meth:`~InteractionBlock.bonds_attended`, ``bonds_refined``).
 
 A memory path drives the per-angle parts: all angles at once (:class:`Lines`, levels 0 and 1), a domain rank's with
